@@ -1,0 +1,3 @@
+"""moshi_mlx: Kyutai's Moshi speech-text model on MLX."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,153 @@
+"""The streaming transformer shared by Helium, the depformer and Mimi.
+
+Helium and the depformer use RMSNorm and a gated SiLU feed-forward; Mimi uses LayerNorm, a
+GELU feed-forward and layer scale. Attention is causal over a window of `context` positions,
+with interleaved ("traditional") RoPE as in Kyutai's reference, or no positional embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from moshi_mlx.modules.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    d_model: int
+    num_heads: int
+    num_layers: int
+    ffn_hidden: int  # width of the feed-forward hidden layer (one branch, for gated FFNs)
+    context: int  # each query attends to this many positions, itself included
+    norm: Literal["rms_norm", "layer_norm"] = "rms_norm"
+    norm_eps: float = 1e-8
+    gated: bool = True  # gated SiLU (Helium) or plain GELU (Mimi) feed-forward
+    positional_embedding: Literal["rope", "none"] = "rope"
+    max_period: float = 10_000.0
+    layer_scale: float | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, whatever the activations' dtype."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self.weight.astype(mx.float32)
+        return mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps).astype(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dims: int, init: float):
+        super().__init__()
+        self.scale = mx.full((dims,), init)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x * self.scale
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.use_rope = cfg.positional_embedding == "rope"
+        self.max_period = cfg.max_period
+        self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+        batch, steps, _ = x.shape  # (B, T, D)
+        qkv = self.in_proj(x).reshape(batch, steps, 3, self.num_heads, self.head_dim)
+        qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
+        queries, keys, values = qkv[0], qkv[1], qkv[2]
+        if self.use_rope:
+            rope = dict(traditional=True, base=self.max_period, scale=1.0, offset=cache.offset)
+            queries = mx.fast.rope(queries, self.head_dim, **rope)
+            keys = mx.fast.rope(keys, self.head_dim, **rope)
+        keys, values, mask = cache.update_and_fetch(keys, values)
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=self.scale, mask=mask
+        )
+        out = out.transpose(0, 2, 1, 3).reshape(batch, steps, -1)
+        return self.out_proj(out)
+
+
+class GatedFeedForward(nn.Module):
+    """SiLU(x W_gate) * (x W_up), with gate and up projections fused in `linear_in`."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.linear_in = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.linear_out = nn.Linear(hidden, d_model, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gate, up = mx.split(self.linear_in(x), 2, axis=-1)
+        return self.linear_out(nn.silu(gate) * up)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        if cfg.norm == "rms_norm":
+            self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        else:
+            self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+            self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.gated = cfg.gated
+        if cfg.gated:
+            self.gating = GatedFeedForward(cfg.d_model, cfg.ffn_hidden)
+        else:
+            self.linear1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+            self.linear2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+        self.has_layer_scale = cfg.layer_scale is not None
+        if cfg.layer_scale is not None:
+            self.layer_scale_1 = LayerScale(cfg.d_model, cfg.layer_scale)
+            self.layer_scale_2 = LayerScale(cfg.d_model, cfg.layer_scale)
+
+    def _feed_forward(self, x: mx.array) -> mx.array:
+        if self.gated:
+            return self.gating(x)
+        return self.linear2(nn.gelu(self.linear1(x)))
+
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+        attn = self.self_attn(self.norm1(x), cache)
+        if self.has_layer_scale:
+            attn = self.layer_scale_1(attn)
+        x = x + attn
+        ff = self._feed_forward(self.norm2(x))
+        if self.has_layer_scale:
+            ff = self.layer_scale_2(ff)
+        return x + ff
+
+
+class Transformer(nn.Module):
+    """A stack of `TransformerLayer`s; the caller owns the per-layer `KVCache`s."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = [TransformerLayer(cfg) for _ in range(cfg.num_layers)]
+
+    def make_caches(self) -> list[KVCache]:
+        """Fresh streaming state: one KV cache per layer."""
+        return [KVCache(self.cfg.context) for _ in self.layers]
+
+    def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, cache)
+        return x

@@ -1,0 +1,55 @@
+import mlx.core as mx
+import pytest
+
+from moshi_mlx.modules.transformer import Transformer, TransformerConfig
+
+CONFIGS = [
+    TransformerConfig(64, 4, 2, 96, context=5),
+    TransformerConfig(
+        64, 4, 2, 128, context=7, norm="layer_norm", norm_eps=1e-5, gated=False, layer_scale=0.1
+    ),
+]
+
+
+def _windowed_reference(t: Transformer, x: mx.array) -> mx.array:
+    """Full-sequence attention with an explicit window mask, no cache logic involved."""
+    cfg = t.cfg
+    steps = x.shape[1]
+    pos = mx.arange(steps)
+    delta = pos[:, None] - pos[None, :]
+    mask = (delta >= 0) & (delta < cfg.context)
+    for layer in t.layers:
+        attn = layer.self_attn
+        h = layer.norm1(x)
+        qkv = attn.in_proj(h).reshape(1, steps, 3, cfg.num_heads, cfg.head_dim)
+        q, k, v = qkv.transpose(2, 0, 3, 1, 4)
+        q = mx.fast.rope(q, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0)
+        k = mx.fast.rope(k, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0)
+        scores = (q @ k.transpose(0, 1, 3, 2)) * cfg.head_dim**-0.5
+        scores = mx.where(mask, scores, -mx.inf)
+        out = mx.softmax(scores, axis=-1) @ v
+        out = attn.out_proj(out.transpose(0, 2, 1, 3).reshape(1, steps, -1))
+        if layer.has_layer_scale:
+            out = layer.layer_scale_1(out)
+        x = x + out
+        ff = layer._feed_forward(layer.norm2(x))
+        if layer.has_layer_scale:
+            ff = layer.layer_scale_2(ff)
+        x = x + ff
+    return x
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_streaming_matches_windowed_full_sequence(cfg):
+    mx.random.seed(0)
+    t = Transformer(cfg)
+    x = mx.random.normal((1, 23, cfg.d_model))
+    expected = _windowed_reference(t, x)
+    full = t(x, t.make_caches())
+    caches = t.make_caches()
+    one_by_one = mx.concatenate([t(x[:, i : i + 1], caches) for i in range(23)], axis=1)
+    caches = t.make_caches()
+    chunks = mx.concatenate([t(x[:, i : i + 4], caches) for i in range(0, 23, 4)], axis=1)
+    for got in (full, one_by_one, chunks):
+        assert mx.allclose(got, expected, atol=1e-5).item()
+    assert caches[0].offset == 23 and caches[0].length == cfg.context

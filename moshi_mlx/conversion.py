@@ -1,0 +1,325 @@
+"""Moshi LM checkpoint names: Kyutai's PyTorch naming to the MLX naming of our `Lm`.
+
+Every tensor of the PyTorch release (`kyutai/moshiko-pytorch-bf16`) is mapped by one rule of
+`NAME_RULES`; the same table gives the inverse mapping (`to_pytorch_naming`, used to build test
+fixtures). Conversion is planned from names and shapes only (`plan_conversion`), so the 7B layout
+can be checked without data, and applied tensor by tensor (`TensorRecipe.apply`) on lazy arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import mlx.core as mx
+
+from moshi_mlx.errors import WeightsError
+
+Layout = Literal["same", "flatten", "split_slices", "every_slice"]
+Shape = tuple[int, ...]
+CheckpointFormat = Literal["mlx", "pytorch"]
+
+_DEP = "depformer.slices.{slice}.transformer.layers.{dep_layer}."
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """One PyTorch tensor name pattern and the MLX name(s) it becomes.
+
+    `layout` says how the data moves: "same" (renamed only), "flatten" (norm gains (1, 1, D) to
+    (D,)), "split_slices" (the depformer's packed weights: dim 0 holds every slice's rows in slice
+    order, split evenly), "every_slice" (a depformer norm shared by all slices, copied into each).
+    """
+
+    pytorch: str
+    mlx: str
+    layout: Layout = "same"
+    aliases: tuple[str, ...] = ()  # other PyTorch spellings accepted on input
+    slice_offset: int = 0  # `depformer_emb.{k}` feeds slice k + 1 (slice 0 embeds text)
+    invertible: bool = True  # False for input-only spellings covered by another rule
+
+
+NAME_RULES: tuple[NameRule, ...] = (
+    # Temporal transformer (Helium) and its embeddings.
+    NameRule("text_emb.weight", "text_emb.weight"),
+    NameRule("emb.{codebook}.weight", "audio_embs.{codebook}.weight"),
+    NameRule("text_linear.weight", "text_linear.weight"),
+    NameRule("out_norm.alpha", "out_norm.weight", "flatten"),
+    NameRule(
+        "transformer.layers.{layer}.self_attn.in_proj_weight",
+        "transformer.layers.{layer}.self_attn.in_proj.weight",
+        aliases=(
+            "transformer.layers.{layer}.self_attn.in_proj.weight",
+            "transformer.layers.{layer}.self_attn.in_projs.0.weight",
+        ),
+    ),
+    NameRule(
+        "transformer.layers.{layer}.self_attn.out_proj.weight",
+        "transformer.layers.{layer}.self_attn.out_proj.weight",
+        aliases=("transformer.layers.{layer}.self_attn.out_projs.0.weight",),
+    ),
+    NameRule(
+        "transformer.layers.{layer}.norm{norm}.alpha",
+        "transformer.layers.{layer}.norm{norm}.weight",
+        "flatten",
+    ),
+    NameRule(
+        "transformer.layers.{layer}.gating.linear_{io}.weight",
+        "transformer.layers.{layer}.gating.linear_{io}.weight",
+    ),
+    # Depformer: one set of weights per slice (= per generated codebook) in MLX.
+    NameRule("depformer_text_emb.weight", "depformer.slices.0.emb.weight"),
+    NameRule("depformer_emb.{slice}.weight", "depformer.slices.{slice}.emb.weight", slice_offset=1),
+    NameRule("depformer_in.{slice}.weight", "depformer.slices.{slice}.linear_in.weight"),
+    NameRule("linears.{slice}.weight", "depformer.slices.{slice}.linear_out.weight"),
+    NameRule(
+        "depformer.layers.{dep_layer}.self_attn.in_proj_weight",
+        _DEP + "self_attn.in_proj.weight",
+        "split_slices",
+        aliases=("depformer.layers.{dep_layer}.self_attn.in_proj.weight",),
+    ),
+    NameRule(
+        "depformer.layers.{dep_layer}.self_attn.in_projs.{slice}.weight",
+        _DEP + "self_attn.in_proj.weight",
+        invertible=False,
+    ),
+    NameRule(
+        "depformer.layers.{dep_layer}.self_attn.out_proj.weight",
+        _DEP + "self_attn.out_proj.weight",
+        "split_slices",
+    ),
+    NameRule(
+        "depformer.layers.{dep_layer}.self_attn.out_projs.{slice}.weight",
+        _DEP + "self_attn.out_proj.weight",
+        invertible=False,
+    ),
+    NameRule(
+        "depformer.layers.{dep_layer}.gating.{slice}.linear_{io}.weight",
+        _DEP + "gating.linear_{io}.weight",
+    ),
+    NameRule(
+        "depformer.layers.{dep_layer}.norm{norm}.alpha", _DEP + "norm{norm}.weight", "every_slice"
+    ),
+)
+
+_FIELD_PATTERNS = {"io": "in|out", "norm": "1|2"}
+_MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    parts = re.split(r"\{(\w+)\}", template)
+    regex = "".join(
+        re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELD_PATTERNS.get(part, r'[0-9]+')})"
+        for i, part in enumerate(parts)
+    )
+    return re.compile(regex)
+
+
+def _match(template: str, name: str) -> dict[str, str] | None:
+    found = _template_regex(template).fullmatch(name)
+    return None if found is None else found.groupdict()
+
+
+@dataclass(frozen=True)
+class TensorRecipe:
+    """How one MLX tensor is made: rows [start, stop) of `source` (all rows if None), reshaped."""
+
+    target: str
+    source: str
+    shape: Shape
+    rows: tuple[int, int] | None = None
+
+    def apply(self, source: mx.array) -> mx.array:
+        """The target tensor from the (lazy) source tensor."""
+        if self.rows is not None:
+            source = source[self.rows[0] : self.rows[1]]
+        return source.reshape(self.shape)
+
+
+def detect_format(names: Iterable[str], source: str = "checkpoint") -> CheckpointFormat:
+    """Tell Kyutai's MLX naming from its PyTorch naming; anything else is a `WeightsError`."""
+    names = set(names)
+    if any(name.endswith(".scales") for name in names):
+        raise WeightsError(
+            f"{source} is already quantized (it has '.scales' tensors); give a bf16 checkpoint"
+        )
+    found = [fmt for fmt, marker in _MARKERS.items() if marker in names]
+    if len(found) != 1:
+        raise WeightsError(
+            f"{source} is not a Moshi LM checkpoint: expected either Kyutai's PyTorch naming "
+            "(out_norm.alpha, emb.0.weight, depformer_in.0.weight, ...) or its MLX naming "
+            "(out_norm.weight, audio_embs.0.weight, depformer.slices.0.linear_in.weight, ...)"
+        )
+    return found[0]
+
+
+def _names_list(names: Sequence[str], limit: int = 5) -> str:
+    names = sorted(names)
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
+    num_slices = sum(1 for name in shapes if _match("linears.{slice}.weight", name))
+    if num_slices == 0:
+        raise WeightsError(f"{source}: no depformer output projection (linears.0.weight)")
+    recipes, unknown = [], []
+    for name, shape in shapes.items():
+        shape = tuple(shape)
+        for rule, fields in _find_rule(name):
+            recipes.extend(_pytorch_recipes(rule, fields, name, shape, num_slices, source))
+            break
+        else:
+            unknown.append(name)
+    if unknown:
+        raise WeightsError(
+            f"{source}: tensor(s) not part of a Moshi LM in Kyutai's PyTorch naming: "
+            f"{_names_list(unknown)}"
+        )
+    return recipes
+
+
+def _find_rule(name: str) -> Iterable[tuple[NameRule, dict[str, str]]]:
+    for rule in NAME_RULES:
+        for spelling in (rule.pytorch, *rule.aliases):
+            fields = _match(spelling, name)
+            if fields is not None:
+                yield rule, fields
+
+
+def _pytorch_recipes(
+    rule: NameRule, fields: dict[str, str], name: str, shape: Shape, num_slices: int, source: str
+) -> list[TensorRecipe]:
+    if "slice" in fields:
+        fields = {**fields, "slice": str(int(fields["slice"]) + rule.slice_offset)}
+    if rule.layout == "same":
+        return [TensorRecipe(rule.mlx.format(**fields), name, shape)]
+    if rule.layout == "flatten":
+        return [TensorRecipe(rule.mlx.format(**fields), name, (shape[-1],))]
+    if rule.layout == "every_slice":
+        return [
+            TensorRecipe(rule.mlx.format(**fields, slice=k), name, (shape[-1],))
+            for k in range(num_slices)
+        ]
+    rows, rest = shape[0], tuple(shape[1:])
+    if rows % num_slices:
+        raise WeightsError(
+            f"{source}: tensor {name} has {rows} rows, not a multiple of the {num_slices} "
+            "depformer slices"
+        )
+    step = rows // num_slices
+    return [
+        TensorRecipe(
+            rule.mlx.format(**fields, slice=k), name, (step, *rest), (k * step, (k + 1) * step)
+        )
+        for k in range(num_slices)
+    ]
+
+
+def _plan_mlx(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
+    templates = {rule.mlx for rule in NAME_RULES}
+    unknown = [n for n in shapes if not any(_match(t, n) is not None for t in templates)]
+    if unknown:
+        raise WeightsError(
+            f"{source}: tensor(s) not part of a Moshi LM in Kyutai's MLX naming: "
+            f"{_names_list(unknown)}"
+        )
+    return [TensorRecipe(name, name, tuple(shape)) for name, shape in shapes.items()]
+
+
+def check_complete(names: Iterable[str], source: str = "checkpoint") -> None:
+    """Raise `WeightsError` unless MLX `names` form a whole model: every layer, slice, codebook.
+
+    Each index (temporal layer, depformer layer, slice, codebook) must run from 0 without a gap,
+    and every tensor pattern must exist for every value of the indices it uses.
+    """
+    names = set(names)
+    templates = sorted({rule.mlx for rule in NAME_RULES})
+    matches = {t: [f for n in names if (f := _match(t, n)) is not None] for t in templates}
+    domains: dict[str, set[str]] = {}
+    for found in matches.values():
+        for fields in found:
+            for field, value in fields.items():
+                domains.setdefault(field, set()).add(value)
+    for field, values in domains.items():
+        if field not in _FIELD_PATTERNS:
+            indices = sorted(int(v) for v in values)
+            if indices != list(range(len(indices))):
+                raise WeightsError(f"{source}: {field} indices {indices} are not 0..N-1")
+    missing = []
+    for template in templates:
+        fields = re.findall(r"\{(\w+)\}", template)
+        for values in itertools.product(*(sorted(domains.get(f, ())) for f in fields)):
+            name = template.format(**dict(zip(fields, values)))
+            if name not in names:
+                missing.append(name)
+    if missing:
+        raise WeightsError(f"{source}: missing tensor(s) {_names_list(missing)}")
+
+
+def plan_conversion(
+    shapes: Mapping[str, Sequence[int]], source: str = "checkpoint"
+) -> tuple[CheckpointFormat, list[TensorRecipe]]:
+    """Detect the naming of a bf16 Moshi LM checkpoint and plan its MLX tensors.
+
+    `shapes` maps tensor names to shapes (arrays are not needed). Raises `WeightsError` for
+    unknown, duplicated or missing tensors.
+    """
+    shapes = {name: tuple(shape) for name, shape in shapes.items()}
+    fmt = detect_format(shapes, source)
+    recipes = _plan_pytorch(shapes, source) if fmt == "pytorch" else _plan_mlx(shapes, source)
+    targets = [r.target for r in recipes]
+    duplicated = [name for name, count in Counter(targets).items() if count > 1]
+    if duplicated:
+        raise WeightsError(f"{source}: several tensors give {_names_list(duplicated)}")
+    check_complete(targets, source)
+    return fmt, recipes
+
+
+def convert_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
+    """MLX tensor names and shapes of a checkpoint given by its names and shapes."""
+    return {r.target: r.shape for r in plan_conversion(shapes)[1]}
+
+
+def to_mlx_naming(
+    tensors: Mapping[str, mx.array], source: str = "checkpoint"
+) -> dict[str, mx.array]:
+    """Lazily convert a Moshi LM state dict in either naming to MLX naming."""
+    _, recipes = plan_conversion({name: a.shape for name, a in tensors.items()}, source)
+    return {r.target: r.apply(tensors[r.source]) for r in recipes}
+
+
+def to_pytorch_naming(tensors: Mapping[str, mx.array]) -> dict[str, mx.array]:
+    """Pack an MLX-named Moshi LM state dict into Kyutai's published PyTorch naming.
+
+    The inverse of `to_mlx_naming` (2024 spelling: packed `in_proj_weight` / `out_proj.weight`).
+    """
+    packed: dict[str, dict[int, mx.array]] = {}
+    for name, array in tensors.items():
+        for rule in NAME_RULES:
+            fields = _match(rule.mlx, name) if rule.invertible else None
+            if fields is None:
+                continue
+            slice_index = int(fields.pop("slice", 0))
+            if "{slice}" in rule.pytorch:
+                if slice_index < rule.slice_offset:
+                    continue
+                fields["slice"] = str(slice_index - rule.slice_offset)
+            if rule.layout in ("flatten", "every_slice"):
+                array = array.reshape(1, 1, -1)
+            packed.setdefault(rule.pytorch.format(**fields), {})[slice_index] = array
+            break
+        else:
+            raise WeightsError(f"tensor {name} is not part of a Moshi LM in MLX naming")
+    result = {}
+    for name, parts in packed.items():
+        rule = next(rule for rule, _ in _find_rule(name))
+        if rule.layout == "split_slices":
+            result[name] = mx.concatenate([parts[k] for k in sorted(parts)], axis=0)
+        else:
+            result[name] = parts[min(parts)]
+    return result

@@ -1,0 +1,266 @@
+"""Mimi, Kyutai's streaming neural audio codec: 24 kHz mono PCM <-> 12.5 Hz frames of codes.
+
+encode: SEANet encoder -> transformer -> stride-2 conv (25 -> 12.5 Hz) -> split RVQ.
+decode: split RVQ -> depthwise transposed conv (12.5 -> 25 Hz) -> transformer -> SEANet decoder.
+Public arrays use the conv layout of the reference, (B, C, T); inside, everything is (B, T, C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import mlx.core as mx
+from mlx import nn
+
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
+from moshi_mlx.modules.kv_cache import KVCache
+from moshi_mlx.modules.quantizer import QuantizerConfig, SplitResidualVectorQuantizer
+from moshi_mlx.modules.seanet import SeanetConfig, SeanetDecoder, SeanetEncoder
+from moshi_mlx.modules.transformer import Transformer, TransformerConfig
+
+
+def _mimi_transformer(
+    d_model: int = 512, num_heads: int = 8, num_layers: int = 8, ffn_hidden: int = 2048
+) -> TransformerConfig:
+    return TransformerConfig(
+        d_model=d_model,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        ffn_hidden=ffn_hidden,
+        context=250,
+        norm="layer_norm",
+        norm_eps=1e-5,
+        gated=False,
+        positional_embedding="rope",
+        max_period=10_000.0,
+        layer_scale=0.01,
+    )
+
+
+@dataclass(frozen=True)
+class MimiConfig:
+    sample_rate: int = 24_000
+    frame_rate: float = 12.5
+    seanet: SeanetConfig = field(default_factory=SeanetConfig)
+    transformer: TransformerConfig = field(default_factory=_mimi_transformer)
+    quantizer: QuantizerConfig = field(default_factory=QuantizerConfig)
+
+    @classmethod
+    def moshi(cls) -> MimiConfig:
+        """The published checkpoint (`tokenizer-e351c8d8-checkpoint125.safetensors`)."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> MimiConfig:
+        """A small random-weights model for tests: same rates and strides, narrow layers."""
+        return cls(
+            seanet=SeanetConfig(dimension=32, n_filters=4),
+            transformer=_mimi_transformer(d_model=32, num_heads=4, num_layers=2, ffn_hidden=64),
+            quantizer=QuantizerConfig(dimension=16, bins=64, total_codebooks=8),
+        )
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> MimiConfig:
+        """Build from Kyutai's Mimi config layout (`sample_rate`, `frame_rate`, and the
+        `seanet`, `transformer`, `quantizer` sections as in `moshi.models.loaders`)."""
+        seanet = config.get("seanet", {})
+        known = {f.name for f in fields(SeanetConfig)}
+        seanet_cfg = SeanetConfig(
+            **{k: tuple(v) if k == "ratios" else v for k, v in seanet.items() if k in known}
+        )
+        tr = config.get("transformer", {})
+        transformer = replace(
+            _mimi_transformer(),
+            **{
+                ours: tr[theirs]
+                for ours, theirs in [
+                    ("d_model", "d_model"),
+                    ("num_heads", "num_heads"),
+                    ("num_layers", "num_layers"),
+                    ("ffn_hidden", "dim_feedforward"),
+                    ("context", "context"),
+                    ("max_period", "max_period"),
+                    ("layer_scale", "layer_scale"),
+                ]
+                if theirs in tr
+            },
+        )
+        qz = config.get("quantizer", {})
+        quantizer = QuantizerConfig(
+            dimension=qz.get("dimension", 256),
+            bins=qz.get("bins", 2048),
+            total_codebooks=qz.get("n_q", 32),
+            semantic_codebooks=qz.get("n_q_semantic", 1),
+        )
+        cfg = cls(
+            sample_rate=config.get("sample_rate", 24_000),
+            frame_rate=config.get("frame_rate", 12.5),
+            seanet=seanet_cfg,
+            transformer=transformer,
+            quantizer=quantizer,
+        )
+        cfg.validate()
+        return cfg
+
+    @property
+    def frame_size(self) -> int:
+        """PCM samples per frame of codes (1920 for Mimi)."""
+        return int(self.sample_rate / self.frame_rate)
+
+    @property
+    def downsample_stride(self) -> int:
+        """Encoder frame rate (25 Hz) over the codes' frame rate (12.5 Hz)."""
+        return self.frame_size // self.seanet.hop_length
+
+    def validate(self) -> None:
+        if self.frame_size % self.seanet.hop_length != 0:
+            raise ConfigError(
+                f"frame size {self.frame_size} is not a multiple of the SEANet hop length "
+                f"{self.seanet.hop_length}"
+            )
+        if self.transformer.d_model != self.seanet.dimension:
+            raise ConfigError(
+                f"transformer d_model {self.transformer.d_model} must equal the SEANet "
+                f"dimension {self.seanet.dimension}"
+            )
+
+
+@dataclass
+class MimiState:
+    """Every streaming buffer of a `Mimi`: conv tails and attention caches, both directions."""
+
+    encoder: list
+    encoder_caches: list[KVCache]
+    downsample: ConvState
+    upsample: ConvTransposeState
+    decoder_caches: list[KVCache]
+    decoder: list
+
+    def _leaves(self) -> list:
+        leaves, stack = [], [
+            self.encoder, self.encoder_caches, self.downsample,
+            self.upsample, self.decoder_caches, self.decoder,
+        ]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            else:
+                leaves.append(item)
+        return leaves
+
+    def reset(self) -> None:
+        for leaf in self._leaves():
+            leaf.reset()
+
+    def arrays(self) -> list[mx.array]:
+        """The arrays to evaluate after each step so the lazy graph does not grow."""
+        out = []
+        for leaf in self._leaves():
+            if isinstance(leaf, KVCache):
+                out += [a for a in (leaf.keys, leaf.values) if a is not None]
+            else:
+                out += leaf.arrays()
+        return out
+
+
+class Mimi(nn.Module):
+    """The Mimi codec with `num_codebooks` active codebooks (Moshi uses 8)."""
+
+    def __init__(self, cfg: MimiConfig, num_codebooks: int = 8):
+        super().__init__()
+        cfg.validate()
+        total = cfg.quantizer.total_codebooks
+        if not cfg.quantizer.semantic_codebooks <= num_codebooks <= total:
+            raise ConfigError(
+                f"num_codebooks must be between {cfg.quantizer.semantic_codebooks} and {total}, "
+                f"got {num_codebooks}"
+            )
+        self.cfg = cfg
+        self.num_codebooks = num_codebooks
+        dim = cfg.seanet.dimension
+        stride = cfg.downsample_stride
+        self.encoder = SeanetEncoder(cfg.seanet)
+        self.encoder_transformer = Transformer(cfg.transformer)
+        self.downsample = Conv1d(dim, dim, 2 * stride, stride, bias=False, pad_mode="replicate")
+        self.quantizer = SplitResidualVectorQuantizer(dim, cfg.quantizer, num_codebooks)
+        self.upsample = ConvTranspose1d(dim, dim, 2 * stride, stride, groups=dim, bias=False)
+        self.decoder_transformer = Transformer(cfg.transformer)
+        self.decoder = SeanetDecoder(cfg.seanet)
+        self.stream_state = self.make_state()
+
+    @property
+    def frame_size(self) -> int:
+        return self.cfg.frame_size
+
+    @property
+    def sample_rate(self) -> int:
+        return self.cfg.sample_rate
+
+    def make_state(self) -> MimiState:
+        """A fresh streaming state (the model keeps one in `self.stream_state` for the step API)."""
+        return MimiState(
+            encoder=self.encoder.make_state(),
+            encoder_caches=self.encoder_transformer.make_caches(),
+            downsample=ConvState(),
+            upsample=ConvTransposeState(),
+            decoder_caches=self.decoder_transformer.make_caches(),
+            decoder=self.decoder.make_state(),
+        )
+
+    def reset(self) -> None:
+        """Start a new stream: forget every buffered sample and attention position."""
+        self.stream_state.reset()
+
+    # Channels-last internals: pcm (B, T, 1), latent (B, frames, D), codes (B, frames, K).
+    def _latent(self, pcm: mx.array, state: MimiState) -> mx.array:
+        x = self.encoder(pcm, state.encoder)
+        x = self.encoder_transformer(x, state.encoder_caches)
+        return self.downsample(x, state.downsample)
+
+    def _pcm(self, codes: mx.array, state: MimiState) -> mx.array:
+        x = self.upsample(self.quantizer.decode(codes), state.upsample)
+        x = self.decoder_transformer(x, state.decoder_caches)
+        return self.decoder(x, state.decoder)
+
+    def _pad_to_frames(self, pcm: mx.array) -> mx.array:
+        if pcm.ndim != 3 or pcm.shape[1] != 1:
+            raise ValueError(f"expected pcm of shape (B, 1, T), got {tuple(pcm.shape)}")
+        missing = -pcm.shape[-1] % self.frame_size
+        if missing:
+            pcm = mx.pad(pcm, [(0, 0), (0, 0), (0, missing)])
+        return pcm.transpose(0, 2, 1)
+
+    def encode_latent(self, pcm: mx.array) -> mx.array:
+        """pcm (B, 1, T) -> unquantized latent (B, D, ceil(T / frame_size))."""
+        return self._latent(self._pad_to_frames(pcm), self.make_state()).transpose(0, 2, 1)
+
+    def encode(self, pcm: mx.array) -> mx.array:
+        """pcm (B, 1, T) -> codes (B, K, ceil(T / frame_size)); the tail is zero-padded."""
+        latent = self._latent(self._pad_to_frames(pcm), self.make_state())
+        return self.quantizer.encode(latent).transpose(0, 2, 1)
+
+    def decode(self, codes: mx.array) -> mx.array:
+        """codes (B, K, frames) -> pcm (B, 1, frames * frame_size)."""
+        return self._pcm(codes.transpose(0, 2, 1), self.make_state()).transpose(0, 2, 1)
+
+    def encode_step(self, pcm: mx.array) -> mx.array:
+        """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), evaluated."""
+        if pcm.ndim != 3 or pcm.shape[1:] != (1, self.frame_size):
+            raise ValueError(f"expected pcm of shape (B, 1, {self.frame_size}), got {pcm.shape}")
+        latent = self._latent(pcm.transpose(0, 2, 1), self.stream_state)
+        codes = self.quantizer.encode(latent).transpose(0, 2, 1)
+        mx.eval(codes, self.stream_state.arrays())
+        return codes
+
+    def decode_step(self, codes: mx.array) -> mx.array:
+        """One streaming frame: codes (B, K, 1) -> pcm (B, 1, frame_size), evaluated."""
+        if codes.ndim != 3 or codes.shape[1:] != (self.num_codebooks, 1):
+            raise ValueError(
+                f"expected codes of shape (B, {self.num_codebooks}, 1), got {codes.shape}"
+            )
+        pcm = self._pcm(codes.transpose(0, 2, 1), self.stream_state).transpose(0, 2, 1)
+        mx.eval(pcm, self.stream_state.arrays())
+        return pcm

@@ -1,0 +1,83 @@
+"""Mimi's split residual vector quantizer: one semantic codebook plus acoustic ones.
+
+Both halves see the same latent, each through its own input projection; their decoded vectors
+are summed. Codebooks are plain (num_codebooks, bins, dim) arrays, precomputed at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx import nn
+
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    dimension: int = 256  # codebook vector width
+    bins: int = 2048  # entries per codebook
+    total_codebooks: int = 32  # in the checkpoint: semantic + acoustic
+    semantic_codebooks: int = 1
+
+
+class ResidualVectorQuantizer(nn.Module):
+    """Project, then quantize the residual codebook after codebook (nearest entry, L2)."""
+
+    def __init__(self, latent_dim: int, cfg: QuantizerConfig, num_codebooks: int):
+        super().__init__()
+        self.input_proj = nn.Linear(latent_dim, cfg.dimension, bias=False)
+        self.output_proj = nn.Linear(cfg.dimension, latent_dim, bias=False)
+        self.codebooks = mx.zeros((num_codebooks, cfg.bins, cfg.dimension))
+
+    @property
+    def num_codebooks(self) -> int:
+        return self.codebooks.shape[0]
+
+    def encode(self, latent: mx.array) -> mx.array:
+        """(B, T, latent_dim) -> codes (B, T, num_codebooks) uint32."""
+        residual = self.input_proj(latent)
+        codes = []
+        for codebook in self.codebooks:
+            # Squared distances to every entry, as in torch.cdist's matmul formulation.
+            distances = (
+                (residual * residual).sum(axis=-1, keepdims=True)
+                - 2 * residual @ codebook.T
+                + (codebook * codebook).sum(axis=-1)
+            )
+            index = mx.argmin(distances, axis=-1)
+            residual = residual - codebook[index]
+            codes.append(index)
+        return mx.stack(codes, axis=-1)
+
+    def decode(self, codes: mx.array) -> mx.array:
+        """codes (B, T, num_codebooks) -> (B, T, latent_dim)."""
+        quantized = self.codebooks[0][codes[..., 0]]
+        for k in range(1, codes.shape[-1]):
+            quantized = quantized + self.codebooks[k][codes[..., k]]
+        return self.output_proj(quantized)
+
+
+class SplitResidualVectorQuantizer(nn.Module):
+    """`semantic` quantizes with the first codebook(s), `acoustic` with the next ones."""
+
+    def __init__(self, latent_dim: int, cfg: QuantizerConfig, num_codebooks: int):
+        super().__init__()
+        self.num_semantic = cfg.semantic_codebooks
+        self.semantic = ResidualVectorQuantizer(latent_dim, cfg, cfg.semantic_codebooks)
+        self.num_acoustic = num_codebooks - cfg.semantic_codebooks
+        if self.num_acoustic > 0:
+            self.acoustic = ResidualVectorQuantizer(latent_dim, cfg, self.num_acoustic)
+
+    def encode(self, latent: mx.array) -> mx.array:
+        """(B, T, latent_dim) -> codes (B, T, num_codebooks)."""
+        codes = self.semantic.encode(latent)
+        if self.num_acoustic > 0:
+            codes = mx.concatenate([codes, self.acoustic.encode(latent)], axis=-1)
+        return codes
+
+    def decode(self, codes: mx.array) -> mx.array:
+        """codes (B, T, num_codebooks) -> (B, T, latent_dim)."""
+        latent = self.semantic.decode(codes[..., : self.num_semantic])
+        if self.num_acoustic > 0:
+            latent = latent + self.acoustic.decode(codes[..., self.num_semantic :])
+        return latent

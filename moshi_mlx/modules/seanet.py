@@ -1,0 +1,134 @@
+"""SEANet: Mimi's convolutional encoder (waveform -> latent) and decoder (latent -> waveform).
+
+Channels-last throughout: (B, T, C). Streaming state is a nested list of `ConvState` /
+`ConvTransposeState`, one per conv, built by `make_state()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx import nn
+
+from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
+
+
+@dataclass(frozen=True)
+class SeanetConfig:
+    channels: int = 1
+    dimension: int = 512  # latent width
+    n_filters: int = 64
+    n_residual_layers: int = 1
+    ratios: tuple[int, ...] = (8, 6, 5, 4)  # decoder order; the encoder uses them reversed
+    kernel_size: int = 7
+    residual_kernel_size: int = 3
+    last_kernel_size: int = 3
+    dilation_base: int = 2
+    compress: int = 2
+
+    @property
+    def hop_length(self) -> int:
+        hop = 1
+        for ratio in self.ratios:
+            hop *= ratio
+        return hop
+
+
+class ResnetBlock(nn.Module):
+    """x + conv2(elu(conv1(elu(x)))), the residual branch `compress` times narrower."""
+
+    def __init__(self, dim: int, cfg: SeanetConfig, dilation: int):
+        super().__init__()
+        hidden = dim // cfg.compress
+        self.conv1 = Conv1d(dim, hidden, cfg.residual_kernel_size, dilation=dilation)
+        self.conv2 = Conv1d(hidden, dim, 1)
+
+    def make_state(self) -> list[ConvState]:
+        return [ConvState(), ConvState()]
+
+    def __call__(self, x: mx.array, state: list[ConvState]) -> mx.array:
+        h = self.conv1(nn.elu(x), state[0])
+        return x + self.conv2(nn.elu(h), state[1])
+
+
+class EncoderBlock(nn.Module):
+    """Residual blocks at `dim` channels, then a strided conv to 2 * dim channels."""
+
+    def __init__(self, dim: int, ratio: int, cfg: SeanetConfig):
+        super().__init__()
+        self.residuals = [
+            ResnetBlock(dim, cfg, cfg.dilation_base**j) for j in range(cfg.n_residual_layers)
+        ]
+        self.downsample = Conv1d(dim, 2 * dim, 2 * ratio, stride=ratio)
+
+    def make_state(self) -> list:
+        return [block.make_state() for block in self.residuals] + [ConvState()]
+
+    def __call__(self, x: mx.array, state: list) -> mx.array:
+        for block, block_state in zip(self.residuals, state):
+            x = block(x, block_state)
+        return self.downsample(nn.elu(x), state[-1])
+
+
+class DecoderBlock(nn.Module):
+    """A transposed conv from `dim` to dim // 2 channels, then residual blocks."""
+
+    def __init__(self, dim: int, ratio: int, cfg: SeanetConfig):
+        super().__init__()
+        self.upsample = ConvTranspose1d(dim, dim // 2, 2 * ratio, stride=ratio)
+        self.residuals = [
+            ResnetBlock(dim // 2, cfg, cfg.dilation_base**j) for j in range(cfg.n_residual_layers)
+        ]
+
+    def make_state(self) -> list:
+        return [ConvTransposeState()] + [block.make_state() for block in self.residuals]
+
+    def __call__(self, x: mx.array, state: list) -> mx.array:
+        x = self.upsample(nn.elu(x), state[0])
+        for block, block_state in zip(self.residuals, state[1:]):
+            x = block(x, block_state)
+        return x
+
+
+class SeanetEncoder(nn.Module):
+    """(B, T, channels) waveform -> (B, T // hop_length, dimension) latent."""
+
+    def __init__(self, cfg: SeanetConfig):
+        super().__init__()
+        self.init_conv = Conv1d(cfg.channels, cfg.n_filters, cfg.kernel_size)
+        dims = [cfg.n_filters * 2**i for i in range(len(cfg.ratios))]
+        self.blocks = [
+            EncoderBlock(dim, ratio, cfg) for dim, ratio in zip(dims, reversed(cfg.ratios))
+        ]
+        self.final_conv = Conv1d(2 * dims[-1], cfg.dimension, cfg.last_kernel_size)
+
+    def make_state(self) -> list:
+        return [ConvState()] + [block.make_state() for block in self.blocks] + [ConvState()]
+
+    def __call__(self, x: mx.array, state: list) -> mx.array:
+        x = self.init_conv(x, state[0])
+        for block, block_state in zip(self.blocks, state[1:-1]):
+            x = block(x, block_state)
+        return self.final_conv(nn.elu(x), state[-1])
+
+
+class SeanetDecoder(nn.Module):
+    """(B, T, dimension) latent -> (B, T * hop_length, channels) waveform."""
+
+    def __init__(self, cfg: SeanetConfig):
+        super().__init__()
+        top = cfg.n_filters * 2 ** len(cfg.ratios)
+        self.init_conv = Conv1d(cfg.dimension, top, cfg.kernel_size)
+        dims = [top // 2**i for i in range(len(cfg.ratios))]
+        self.blocks = [DecoderBlock(dim, ratio, cfg) for dim, ratio in zip(dims, cfg.ratios)]
+        self.final_conv = Conv1d(cfg.n_filters, cfg.channels, cfg.last_kernel_size)
+
+    def make_state(self) -> list:
+        return [ConvState()] + [block.make_state() for block in self.blocks] + [ConvState()]
+
+    def __call__(self, x: mx.array, state: list) -> mx.array:
+        x = self.init_conv(x, state[0])
+        for block, block_state in zip(self.blocks, state[1:-1]):
+            x = block(x, block_state)
+        return self.final_conv(nn.elu(x), state[-1])

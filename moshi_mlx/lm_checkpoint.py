@@ -1,0 +1,172 @@
+"""Moshi LM checkpoints in Kyutai's MLX format: strict loading and random test files.
+
+Files hold `model.safetensors` (bf16) or `model.q8.safetensors` / `model.q4.safetensors`
+(MLX affine quantization: `X.weight` packed uint32, `X.scales`, `X.biases`). The quantization
+is read from the file: its metadata (`quantization_bits`, `quantization_group_size`) when
+present, else the widths of a quantized layer's tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx import nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from moshi_mlx.errors import WeightsError
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.weights import load_strict, read_json, read_safetensors
+
+DEFAULT_GROUP_SIZE = {4: 32, 8: 64}  # as in Kyutai's published q4 / q8 files
+CHECKPOINT_NAMES = ("model.safetensors", "model.q8.safetensors", "model.q4.safetensors")
+_QUANTIZABLE = (nn.Linear, nn.Embedding)
+_SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+_SUPPORTED_GROUPS = (32, 64, 128)
+
+
+def build_lm(
+    config: LmConfig,
+    dtype: mx.Dtype = mx.bfloat16,
+    bits: int | None = None,
+    group_size: int | None = None,
+) -> Lm:
+    """An `Lm` with lazily initialized (unevaluated) weights, optionally quantized like
+    Kyutai's files. Nothing is materialized until the weights are evaluated."""
+    model = Lm(config)
+    model.set_dtype(dtype)
+    if bits is not None:
+        quantize_lm(model, bits, group_size)
+    return model
+
+
+def quantize_lm(model: Lm, bits: int, group_size: int | None = None) -> None:
+    """Quantize in place every Linear and Embedding whose input width divides by the group
+    size (default: Kyutai's 32 for 4 bits, 64 for 8 bits)."""
+    group_size = group_size or DEFAULT_GROUP_SIZE.get(bits, 64)
+    nn.quantize(
+        model, group_size=group_size, bits=bits,
+        class_predicate=lambda _, m: isinstance(m, _QUANTIZABLE)
+        and m.weight.shape[-1] % group_size == 0,
+    )  # fmt: skip
+
+
+def _resolve_file(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (path / name).is_file():
+                return path / name
+        raise WeightsError(f"no LM checkpoint ({', '.join(CHECKPOINT_NAMES)}) in {path}")
+    return path
+
+
+def detect_quantization(
+    tensors: dict[str, mx.array], metadata: dict[str, str], config: LmConfig, source: str
+) -> tuple[int, int] | None:
+    """(bits, group_size) of a checkpoint, or None when it is not quantized."""
+    scales = sorted(name for name in tensors if name.endswith(".scales"))
+    if not scales:
+        return None
+    layer = scales[0].removesuffix(".scales")
+    float_params = dict(tree_flatten(Lm(config).parameters()))
+    reference = float_params.get(f"{layer}.weight")
+    packed = tensors.get(f"{layer}.weight")
+    if reference is None or packed is None or packed.dtype != mx.uint32:
+        raise WeightsError(f"{source}: unexpected quantized tensor {scales[0]}")
+    in_features = reference.shape[-1]
+    bits, rem_bits = divmod(packed.shape[-1] * 32, in_features)
+    group_size, rem_group = divmod(in_features, max(tensors[scales[0]].shape[-1], 1))
+    if "quantization_bits" in metadata or "quantization_group_size" in metadata:
+        try:
+            declared = (int(metadata["quantization_bits"]),
+                        int(metadata["quantization_group_size"]))  # fmt: skip
+        except (KeyError, ValueError):
+            raise WeightsError(f"{source}: malformed quantization metadata {metadata}") from None
+        if declared != (bits, group_size) or rem_bits or rem_group:
+            raise WeightsError(
+                f"{source}: metadata declares {declared[0]}-bit group {declared[1]} but tensor "
+                f"{layer}.weight is packed as {packed.shape[-1] * 32 / in_features:g}-bit "
+                f"with {tensors[scales[0]].shape[-1]} groups for {in_features} inputs"
+            )
+    if rem_bits or rem_group or bits not in _SUPPORTED_BITS or group_size not in _SUPPORTED_GROUPS:
+        raise WeightsError(
+            f"{source}: cannot read the quantization of {layer}: weight {tuple(packed.shape)}, "
+            f"scales {tuple(tensors[scales[0]].shape)} for {in_features} inputs"
+        )
+    return bits, group_size
+
+
+def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype = mx.bfloat16) -> Lm:
+    """Load an LM checkpoint strictly (a file, or a directory holding one).
+
+    Without `config`, a `config.json` beside the file is read, else Moshi 7B is assumed.
+    Floating tensors are cast to `dtype`; the quantization is detected from the file.
+    """
+    file = _resolve_file(path)
+    tensors, metadata = read_safetensors(file)
+    if config is None:
+        config_file = file.parent / "config.json"
+        config = (
+            LmConfig.from_dict(read_json(config_file)) if config_file.is_file()
+            else LmConfig.moshi_7b()
+        )  # fmt: skip
+    quantization = detect_quantization(tensors, metadata, config, str(file))
+    model = Lm(config)
+    model.set_dtype(dtype)
+    if quantization is not None:
+        bits, group_size = quantization
+        nn.quantize(
+            model, group_size=group_size, bits=bits,
+            class_predicate=lambda p, m: isinstance(m, _QUANTIZABLE) and f"{p}.scales" in tensors,
+        )  # fmt: skip
+    load_strict(model, tensors, str(file), dtype=dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:
+    """Gaussian weights scaled by 1/sqrt(fan_in), norm gains near 1."""
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    weights = {}
+    for (name, p), key in zip(params, keys):
+        noise = mx.random.normal(p.shape, key=key)
+        if p.ndim == 1:
+            weights[name] = 1.0 + 0.1 * noise
+        else:
+            weights[name] = noise * p.shape[-1] ** -0.5
+    return weights
+
+
+def write_random_lm_checkpoint(
+    path: str | Path,
+    config: LmConfig,
+    bits: int | None = None,
+    group_size: int | None = None,
+    seed: int = 0,
+    write_config: bool = False,
+) -> Path:
+    """Write a random checkpoint in Kyutai's MLX format (bf16, or quantized when `bits`).
+
+    `path` is the file, or a directory that receives `model.safetensors` /
+    `model.q{bits}.safetensors`. With `write_config`, Kyutai's `config.json` is written
+    beside it. Returns the checkpoint's path.
+    """
+    path = Path(path)
+    if path.is_dir() or not path.suffix:
+        name = "model.safetensors" if bits is None else f"model.q{bits}.safetensors"
+        path = path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build_lm(config, dtype=mx.float32)
+    model.update(tree_unflatten(list(_random_weights(model, seed).items())))
+    model.set_dtype(mx.bfloat16)
+    if bits is not None:
+        quantize_lm(model, bits, group_size)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(weights)
+    mx.save_safetensors(str(path), weights)
+    if write_config:
+        (path.parent / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    return path

@@ -1,0 +1,96 @@
+"""Moshi's depth transformer: samples one step's audio codebooks, one slice per codebook.
+
+Slice k has its own weights (input projection, token embedding, transformer layers, output
+head). It reads the temporal transformer's output plus the embedding of the previous token
+(the text token for slice 0, codebook k-1 otherwise). All slices of one step attend to each
+other through one small KV cache per layer, emptied at the start of every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+from mlx import nn
+
+from moshi_mlx.modules.kv_cache import KVCache
+from moshi_mlx.modules.transformer import Transformer, TransformerConfig
+
+if TYPE_CHECKING:
+    from moshi_mlx.models.lm import LmConfig
+
+ZERO_TOKEN = -1  # "no input": embeds to a zero vector
+
+# (logits (B, card), slice index) -> tokens (B,)
+SampleFn = Callable[[mx.array, int], mx.array]
+
+
+def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
+    """Embedding lookup where `ZERO_TOKEN` gives a zero vector; tokens (...) -> (..., D)."""
+    out = emb(mx.maximum(tokens, 0))
+    return mx.where((tokens == ZERO_TOKEN)[..., None], 0, out)
+
+
+class DepformerSlice(nn.Module):
+    def __init__(self, in_vocab: int, lm_dim: int, card: int, cfg: TransformerConfig):
+        super().__init__()
+        self.emb = nn.Embedding(in_vocab, cfg.d_model)
+        self.linear_in = nn.Linear(lm_dim, cfg.d_model, bias=False)
+        self.transformer = Transformer(cfg)
+        self.linear_out = nn.Linear(cfg.d_model, card, bias=False)
+
+    def __call__(
+        self, temporal_out: mx.array, prev_token: mx.array, caches: list[KVCache]
+    ) -> mx.array:
+        """temporal_out (B, 1, lm_dim), prev_token (B,) -> logits (B, card)."""
+        x = self.linear_in(temporal_out) + embed(self.emb, prev_token)[:, None]
+        x = self.transformer(x, caches)
+        return self.linear_out(x[:, 0])
+
+
+class Depformer(nn.Module):
+    def __init__(self, cfg: LmConfig):
+        super().__init__()
+        tcfg = cfg.depformer_config()
+        self.slices = [
+            DepformerSlice(cfg.text_card + 1 if k == 0 else cfg.card + 1, cfg.dim, cfg.card, tcfg)
+            for k in range(cfg.dep_q)
+        ]
+
+    def make_caches(self) -> list[KVCache]:
+        """One KV cache per layer, shared by all slices of a step."""
+        return self.slices[0].transformer.make_caches()
+
+    def sample(
+        self,
+        temporal_out: mx.array,
+        text_token: mx.array,
+        caches: list[KVCache],
+        sample_fn: SampleFn,
+    ) -> mx.array:
+        """Sample one step's codebooks: temporal_out (B, 1, lm_dim), text_token (B,) -> (B, dep_q).
+
+        Everything stays lazy: each sampled token feeds the next slice inside one graph.
+        """
+        for cache in caches:
+            cache.reset()
+        prev = text_token
+        tokens = []
+        for k, depformer_slice in enumerate(self.slices):
+            prev = sample_fn(depformer_slice(temporal_out, prev, caches), k)
+            tokens.append(prev)
+        return mx.stack(tokens, axis=1)
+
+    def logits(
+        self, temporal_out: mx.array, prev_tokens: mx.array, caches: list[KVCache]
+    ) -> mx.array:
+        """Teacher-forced logits: prev_tokens (B, dep_q) (text, then codebooks 0..dep_q-2)
+        -> (B, dep_q, card)."""
+        for cache in caches:
+            cache.reset()
+        out = [
+            depformer_slice(temporal_out, prev_tokens[:, k], caches)
+            for k, depformer_slice in enumerate(self.slices)
+        ]
+        return mx.stack(out, axis=1)

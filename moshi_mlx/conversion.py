@@ -297,6 +297,7 @@ def to_pytorch_naming(tensors: Mapping[str, mx.array]) -> dict[str, mx.array]:
     """Pack an MLX-named Moshi LM state dict into Kyutai's published PyTorch naming.
 
     The inverse of `to_mlx_naming` (2024 spelling: packed `in_proj_weight` / `out_proj.weight`).
+    The depformer norms must be equal in every slice, as in Kyutai's files (PyTorch shares them).
     """
     packed: dict[str, dict[int, mx.array]] = {}
     for name, array in tensors.items():
@@ -318,8 +319,13 @@ def to_pytorch_naming(tensors: Mapping[str, mx.array]) -> dict[str, mx.array]:
     result = {}
     for name, parts in packed.items():
         rule = next(rule for rule, _ in _find_rule(name))
+        first = parts[min(parts)]
         if rule.layout == "split_slices":
             result[name] = mx.concatenate([parts[k] for k in sorted(parts)], axis=0)
+        elif rule.layout == "every_slice" and not all(
+            mx.array_equal(part, first).item() for part in parts.values()
+        ):
+            raise WeightsError(f"the depformer slices' copies of {name} differ; PyTorch shares one")
         else:
-            result[name] = parts[min(parts)]
+            result[name] = first
     return result

@@ -20,11 +20,12 @@ from moshi_mlx.weights import check_tensors, load_strict, read_safetensors
 CLUSTER_USAGE_EPS = 1e-5  # the reference clamps codebook usage counts to this before dividing
 
 Layout = Literal[
-    "same",  # linear weights, norms, biases, layer scales
-    "conv",  # (out, in, k) -> (out, k, in)
+    "same",  # norms, biases, layer scales
+    "linear",  # (out, in), stored input-major (see `_input_major`)
+    "conv",  # (out, in, k) -> (k, in, out)
     "convtr",  # (in, out, k) -> (in, k, out): our transposed conv is a matmul per step
     "depthwise_convtr",  # (C, 1, k) -> (k, C)
-    "pointwise",  # 1x1 conv (out, in, 1) -> linear (out, in)
+    "pointwise",  # 1x1 conv (out, in, 1) -> linear (out, in), stored input-major
     "embedding_sum",  # codebook k: sum of assigned vectors (bins, dim)
     "cluster_usage",  # codebook k: usage counts (bins,)
     "flag",  # `_initialized`, not needed for inference
@@ -55,43 +56,63 @@ def _resnet(name: str, target: str, dim: int, cfg: MimiConfig):
 
 def _encoder(cfg: MimiConfig):
     sn = cfg.seanet
-    yield from _conv("encoder.model.0.conv.conv", "encoder.init_conv", sn.n_filters,
-                     sn.channels, sn.kernel_size)
+    yield from _conv(
+        "encoder.model.0.conv.conv", "encoder.init_conv", sn.n_filters, sn.channels, sn.kernel_size
+    )
     index, dim = 1, sn.n_filters
     for i, ratio in enumerate(reversed(sn.ratios)):
         for j in range(sn.n_residual_layers):
-            yield from _resnet(f"encoder.model.{index}", f"encoder.blocks.{i}.residuals.{j}",
-                               dim, cfg)
+            yield from _resnet(
+                f"encoder.model.{index}", f"encoder.blocks.{i}.residuals.{j}", dim, cfg
+            )
             index += 1
         index += 1  # ELU
-        yield from _conv(f"encoder.model.{index}.conv.conv", f"encoder.blocks.{i}.downsample",
-                         2 * dim, dim, 2 * ratio)
+        yield from _conv(
+            f"encoder.model.{index}.conv.conv",
+            f"encoder.blocks.{i}.downsample",
+            2 * dim,
+            dim,
+            2 * ratio,
+        )
         index, dim = index + 1, 2 * dim
     index += 1  # ELU
-    yield from _conv(f"encoder.model.{index}.conv.conv", "encoder.final_conv", sn.dimension,
-                     dim, sn.last_kernel_size)
+    yield from _conv(
+        f"encoder.model.{index}.conv.conv",
+        "encoder.final_conv",
+        sn.dimension,
+        dim,
+        sn.last_kernel_size,
+    )
 
 
 def _decoder(cfg: MimiConfig):
     sn = cfg.seanet
     dim = sn.n_filters * 2 ** len(sn.ratios)
-    yield from _conv("decoder.model.0.conv.conv", "decoder.init_conv", dim, sn.dimension,
-                     sn.kernel_size)
+    yield from _conv(
+        "decoder.model.0.conv.conv", "decoder.init_conv", dim, sn.dimension, sn.kernel_size
+    )
     index = 1
     for i, ratio in enumerate(sn.ratios):
         index += 1  # ELU
         name, target = f"decoder.model.{index}.convtr.convtr", f"decoder.blocks.{i}.upsample"
-        yield TensorEntry(f"{name}.weight", (dim, dim // 2, 2 * ratio), f"{target}.weight",
-                          "convtr")
+        yield TensorEntry(
+            f"{name}.weight", (dim, dim // 2, 2 * ratio), f"{target}.weight", "convtr"
+        )
         yield TensorEntry(f"{name}.bias", (dim // 2,), f"{target}.bias", "same")
         index, dim = index + 1, dim // 2
         for j in range(sn.n_residual_layers):
-            yield from _resnet(f"decoder.model.{index}", f"decoder.blocks.{i}.residuals.{j}",
-                               dim, cfg)
+            yield from _resnet(
+                f"decoder.model.{index}", f"decoder.blocks.{i}.residuals.{j}", dim, cfg
+            )
             index += 1
     index += 1  # ELU
-    yield from _conv(f"decoder.model.{index}.conv.conv", "decoder.final_conv", sn.channels,
-                     dim, sn.last_kernel_size)
+    yield from _conv(
+        f"decoder.model.{index}.conv.conv",
+        "decoder.final_conv",
+        sn.channels,
+        dim,
+        sn.last_kernel_size,
+    )
 
 
 def _transformer(side: str, cfg: MimiConfig):
@@ -112,26 +133,38 @@ def _transformer(side: str, cfg: MimiConfig):
             ("layer_scale_1.scale", "layer_scale_1.scale", (d,)),
             ("layer_scale_2.scale", "layer_scale_2.scale", (d,)),
         ]:
-            yield TensorEntry(f"{name}.{torch_suffix}", shape, f"{target}.{ours}", "same")
+            layout = "linear" if len(shape) == 2 else "same"
+            yield TensorEntry(f"{name}.{torch_suffix}", shape, f"{target}.{ours}", layout)
 
 
 def _quantizer(cfg: MimiConfig):
     qz, latent = cfg.quantizer, cfg.seanet.dimension
-    halves = [("rvq_first", "semantic", qz.semantic_codebooks),
-              ("rvq_rest", "acoustic", qz.total_codebooks - qz.semantic_codebooks)]
+    halves = [
+        ("rvq_first", "semantic", qz.semantic_codebooks),
+        ("rvq_rest", "acoustic", qz.total_codebooks - qz.semantic_codebooks),
+    ]
     for name, target, count in halves:
         name, target = f"quantizer.{name}", f"quantizer.{target}"
-        yield TensorEntry(f"{name}.input_proj.weight", (qz.dimension, latent, 1),
-                          f"{target}.input_proj.weight", "pointwise")
-        yield TensorEntry(f"{name}.output_proj.weight", (latent, qz.dimension, 1),
-                          f"{target}.output_proj.weight", "pointwise")
+        yield TensorEntry(
+            f"{name}.input_proj.weight",
+            (qz.dimension, latent, 1),
+            f"{target}.input_proj.weight",
+            "pointwise",
+        )
+        yield TensorEntry(
+            f"{name}.output_proj.weight",
+            (latent, qz.dimension, 1),
+            f"{target}.output_proj.weight",
+            "pointwise",
+        )
         for k in range(count):
             prefix = f"{name}.vq.layers.{k}._codebook"
             codebooks = f"{target}.codebooks"
             yield TensorEntry(f"{prefix}._initialized", (1,), codebooks, "flag", k)
             yield TensorEntry(f"{prefix}.cluster_usage", (qz.bins,), codebooks, "cluster_usage", k)
-            yield TensorEntry(f"{prefix}.embedding_sum", (qz.bins, qz.dimension), codebooks,
-                              "embedding_sum", k)
+            yield TensorEntry(
+                f"{prefix}.embedding_sum", (qz.bins, qz.dimension), codebooks, "embedding_sum", k
+            )
 
 
 def mimi_tensor_table(cfg: MimiConfig) -> list[TensorEntry]:
@@ -143,19 +176,31 @@ def mimi_tensor_table(cfg: MimiConfig) -> list[TensorEntry]:
         *_transformer("encoder", cfg),
         *_transformer("decoder", cfg),
         *_quantizer(cfg),
-        TensorEntry("downsample.conv.conv.conv.weight", (dim, dim, 2 * stride),
-                    "downsample.weight", "conv"),
-        TensorEntry("upsample.convtr.convtr.convtr.weight", (dim, 1, 2 * stride),
-                    "upsample.weight", "depthwise_convtr"),
+        TensorEntry(
+            "downsample.conv.conv.conv.weight", (dim, dim, 2 * stride), "downsample.weight", "conv"
+        ),
+        TensorEntry(
+            "upsample.convtr.convtr.convtr.weight",
+            (dim, 1, 2 * stride),
+            "upsample.weight",
+            "depthwise_convtr",
+        ),
     ]
+
+
+def _input_major(weight: mx.array) -> mx.array:
+    """An (out, in) `nn.Linear` weight whose memory is (in, out): `x @ weight.T` then reads it
+    contiguously, which the CPU's reference BLAS does twice as fast. Same values, same shape."""
+    return mx.contiguous(weight.T).T
 
 
 _LAYOUT_CHANGES = {
     "same": lambda w: w,
-    "conv": lambda w: w.transpose(0, 2, 1),
-    "convtr": lambda w: w.transpose(0, 2, 1),
-    "depthwise_convtr": lambda w: w[:, 0, :].T,
-    "pointwise": lambda w: w[:, :, 0],
+    "linear": _input_major,
+    "conv": lambda w: mx.contiguous(w.transpose(2, 1, 0)),
+    "convtr": lambda w: mx.contiguous(w.transpose(0, 2, 1)),
+    "depthwise_convtr": lambda w: mx.contiguous(w[:, 0, :].T),
+    "pointwise": lambda w: _input_major(w[:, :, 0]),
 }
 
 
@@ -188,9 +233,7 @@ def convert_mimi_tensors(
     return converted
 
 
-def load_mimi(
-    path: str | Path, num_codebooks: int = 8, config: MimiConfig | None = None
-) -> Mimi:
+def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | None = None) -> Mimi:
     """Load a Mimi checkpoint in the published PyTorch layout (strict: every tensor, exact
     shapes), in float32, with `num_codebooks` active codebooks."""
     cfg = config or MimiConfig.moshi()
@@ -239,4 +282,3 @@ def write_random_mimi_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
     return path
-

@@ -139,10 +139,17 @@ class MimiState:
     decoder: list
 
     def _leaves(self) -> list:
-        leaves, stack = [], [
-            self.encoder, self.encoder_caches, self.downsample,
-            self.upsample, self.decoder_caches, self.decoder,
-        ]
+        leaves, stack = (
+            [],
+            [
+                self.encoder,
+                self.encoder_caches,
+                self.downsample,
+                self.upsample,
+                self.decoder_caches,
+                self.decoder,
+            ],
+        )
         while stack:
             item = stack.pop()
             if isinstance(item, list):

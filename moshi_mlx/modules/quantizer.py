@@ -33,19 +33,31 @@ class ResidualVectorQuantizer(nn.Module):
     def num_codebooks(self) -> int:
         return self.codebooks.shape[0]
 
+    def _search_tables(self) -> tuple[mx.array, mx.array]:
+        """Codebooks as (K, dim, bins), contiguous for the distance matmul, and their squared
+        norms (K, 1, bins); derived from `codebooks` once per set of weights."""
+        cached = getattr(self, "_tables", None)
+        if cached is None or cached[0] is not self.codebooks:
+            columns = mx.contiguous(self.codebooks.transpose(0, 2, 1))
+            norms = (self.codebooks * self.codebooks).sum(axis=-1)[:, None, :]
+            mx.eval(columns, norms)
+            self._tables = (self.codebooks, columns, norms)
+        return self._tables[1], self._tables[2]
+
     def encode(self, latent: mx.array) -> mx.array:
         """(B, T, latent_dim) -> codes (B, T, num_codebooks) uint32."""
+        columns, norms = self._search_tables()
         residual = self.input_proj(latent)
         codes = []
-        for codebook in self.codebooks:
+        for k in range(self.num_codebooks):
             # Squared distances to every entry, as in torch.cdist's matmul formulation.
             distances = (
                 (residual * residual).sum(axis=-1, keepdims=True)
-                - 2 * residual @ codebook.T
-                + (codebook * codebook).sum(axis=-1)
+                - 2 * residual @ columns[k]
+                + norms[k]
             )
             index = mx.argmin(distances, axis=-1)
-            residual = residual - codebook[index]
+            residual = residual - self.codebooks[k][index]
             codes.append(index)
         return mx.stack(codes, axis=-1)
 

@@ -1,0 +1,174 @@
+"""The embedding API: load Moshi once, then hold conversations 80 ms at a time.
+
+    from moshi_mlx.api import MoshiModel
+    from moshi_mlx.sampling import SamplingConfig
+
+    model = MoshiModel.load()  # kyutai/moshiko-mlx-q4, or local files
+    with model.conversation(sampling=SamplingConfig(), seed=42) as conv:
+        for mic_frame in frames:  # float32 (1920,) at 24 kHz
+            reply = conv.step(mic_frame)  # reply.pcm (1920,), reply.text
+
+There is no global state: a model holds the LM weights and codec instances, a conversation
+holds its own streaming state (LM caches, codec state, random key, text decoder).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.errors import AudioError, ConfigError, MoshiError
+from moshi_mlx.generate import LmGen
+from moshi_mlx.hub import WeightFiles, resolve_weights
+from moshi_mlx.lm_checkpoint import load_lm
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.models.mimi import MimiConfig
+from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.tokenizer import TextDecoder
+from moshi_mlx.weights import read_json
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text."""
+
+    pcm: np.ndarray
+    text: str
+
+
+class MoshiModel:
+    """Loaded weights of Moshi: the LM, the Mimi codec and the text tokenizer."""
+
+    sample_rate = SAMPLE_RATE
+    frame_size = FRAME_SIZE
+
+    def __init__(self, lm: Lm, files: WeightFiles, codec_backend: str = "mlx"):
+        self.lm = lm
+        self.files = files
+        self.codec_backend = codec_backend
+        cfg = lm.cfg
+        if cfg.n_q - cfg.dep_q != cfg.dep_q:
+            raise ConfigError(
+                f"the LM config has {cfg.dep_q} Moshi and {cfg.n_q - cfg.dep_q} user codebooks; "
+                "the codec needs the same number of both"
+            )
+        codec_card = MimiConfig.moshi().quantizer.bins
+        if cfg.card != codec_card:
+            raise ConfigError(
+                f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
+                f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
+            )
+        self._idle_codecs: list[Codec] = [self._load_codec()]
+        TextDecoder(files.tokenizer)  # fail now, not in the first conversation
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        hf_repo: str | None = None,
+        quantize: int | None = None,
+        moshi_weight: str | Path | None = None,
+        mimi_weight: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        lm_config: str | Path | LmConfig | None = None,
+        codec_backend: str = "mlx",
+        dtype: mx.Dtype = mx.bfloat16,
+    ) -> MoshiModel:
+        """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
+        `moshi_mlx.hub`) and load them. `quantize` is 4, 8 or 16 (bf16); `lm_config` is a
+        Kyutai `config.json` path or an `LmConfig` (default: the repo's config, else Moshi 7B).
+        """
+        config_path = None if isinstance(lm_config, LmConfig) else lm_config
+        files = resolve_weights(
+            hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path
+        )
+        if isinstance(lm_config, LmConfig):
+            config = lm_config
+        elif files.lm_config is not None:
+            config = LmConfig.from_dict(read_json(files.lm_config))
+        else:
+            config = LmConfig.moshi_7b()
+        return cls(load_lm(files.moshi, config, dtype=dtype), files, codec_backend)
+
+    def _load_codec(self) -> Codec:
+        return load_codec(self.files.mimi, self.codec_backend, num_codebooks=self.lm.cfg.dep_q)
+
+    def conversation(
+        self, sampling: SamplingConfig | None = None, seed: int | None = None
+    ) -> Conversation:
+        """Start a conversation; several may be open at once (each gets its own codec)."""
+        with self._lock:
+            codec = self._idle_codecs.pop() if self._idle_codecs else None
+        if codec is None:
+            codec = self._load_codec()
+        return Conversation(self, codec, LmGen(self.lm, sampling, seed))
+
+    def _release(self, codec: Codec) -> None:
+        codec.reset()
+        with self._lock:
+            self._idle_codecs.append(codec)
+
+
+class Conversation:
+    """A full-duplex stream: 80 ms of the user's audio in, 80 ms of Moshi's audio out.
+
+    Until the LM's delays fill (the first steps), Moshi's audio is silence of full length, so
+    a live stream keeps its cadence. Use as a context manager or call `close()`.
+    """
+
+    def __init__(self, model: MoshiModel, codec: Codec, generator: LmGen):
+        self._model = model
+        self._codec = codec
+        self._generator = generator
+        self._text = TextDecoder(model.files.tokenizer)
+        self._silence = np.zeros(model.frame_size, dtype=np.float32)
+        self._closed = False
+
+    @property
+    def seed(self) -> int:
+        """The seed of this conversation's random stream (drawn at random if none was given)."""
+        return self._generator.seed
+
+    def step(self, pcm: np.ndarray) -> StepResult:
+        """Feed one frame of the user's audio (1920,) float32 at 24 kHz; get Moshi's frame."""
+        if self._closed:
+            raise MoshiError("this conversation is closed; start a new one")
+        pcm = np.asarray(pcm, dtype=np.float32)
+        if pcm.shape != (self._model.frame_size,):
+            raise AudioError(
+                f"Conversation.step takes {self._model.frame_size} samples (80 ms at "
+                f"{self._model.sample_rate} Hz), got an array of shape {pcm.shape}"
+            )
+        user_codes = self._codec.encode_step(pcm)
+        out = self._generator.step(user_codes)
+        text = self._text.decode(out.text_token)
+        if out.moshi_codes is None:
+            return StepResult(self._silence.copy(), text)
+        return StepResult(self._codec.decode_step(out.moshi_codes), text)
+
+    def reset(self) -> None:
+        """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""
+        self._generator.reset()
+        self._codec.reset()
+        self._text.reset()
+
+    def close(self) -> None:
+        """Give the codec back to the model; the conversation cannot be used afterwards."""
+        if not self._closed:
+            self._closed = True
+            self._model._release(self._codec)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

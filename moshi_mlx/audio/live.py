@@ -1,0 +1,252 @@
+"""The real-time loop between sound-card callbacks and the model.
+
+The two callbacks only copy frames in and out of preallocated `FrameRing`s, log their times
+and poke the worker through a non-blocking pipe. The worker thread runs the model on mic
+frames in order; when it falls more than `max_lag_frames` behind it drops the oldest mic
+frames, so the conversation never drifts further behind real time.
+
+Latency of a frame: from the moment its mic block reached the app to the moment the reply
+block computed from it reaches the speaker (the output callback time plus the device's output
+latency). It excludes Moshi's own 80-160 ms of model delay (the codebook delays).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moshi_mlx.audio.ring import FrameRing, StampLog
+
+StepFn = Callable[[np.ndarray], tuple[np.ndarray, str]]
+_MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
+
+
+class Wakeup:
+    """A self-pipe: `notify()` never blocks (safe in a callback); `wait()` sleeps until poked."""
+
+    def __init__(self):
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def notify(self) -> None:
+        try:
+            os.write(self._write_fd, b"\0")
+        except OSError:  # pipe full (the worker is already due to wake) or closed
+            pass
+
+    def wait(self, timeout: float) -> None:
+        ready, _, _ = select.select([self._read_fd], [], [], timeout)
+        if ready:
+            try:
+                os.read(self._read_fd, 4096)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+
+
+@dataclass
+class LiveStats:
+    """What a live session measured; `summary()` is the line printed at exit."""
+
+    input_times: np.ndarray
+    output_times: np.ndarray
+    latencies: np.ndarray  # seconds, one per reply frame played
+    step_times: np.ndarray  # seconds per model step
+    dropped_frames: int
+    lag_events: int
+    mic_overflows: int
+    speaker_underruns: int
+    extra: dict = field(default_factory=dict)
+
+    @staticmethod
+    def _rate(times: np.ndarray) -> float:
+        if len(times) < 2 or times[-1] <= times[0]:
+            return 0.0
+        return (len(times) - 1) / float(times[-1] - times[0])
+
+    def as_dict(self) -> dict:
+        lat = self.latencies * 1000
+        return {
+            "input_callbacks": len(self.input_times),
+            "output_callbacks": len(self.output_times),
+            "input_rate_hz": self._rate(self.input_times),
+            "output_rate_hz": self._rate(self.output_times),
+            "input_times": self.input_times.tolist(),
+            "output_times": self.output_times.tolist(),
+            "steps": len(self.step_times),
+            "step_ms_mean": float(self.step_times.mean() * 1000) if len(self.step_times) else 0.0,
+            "latencies_ms": lat.tolist(),
+            "latency_ms_median": float(np.median(lat)) if len(lat) else None,
+            "latency_ms_p90": float(np.percentile(lat, 90)) if len(lat) else None,
+            "dropped_frames": self.dropped_frames,
+            "lag_events": self.lag_events,
+            "mic_overflows": self.mic_overflows,
+            "speaker_underruns": self.speaker_underruns,
+            **self.extra,
+        }
+
+    def summary(self) -> str:
+        d = self.as_dict()
+        latency = (
+            f"latency median {d['latency_ms_median']:.0f} ms, p90 {d['latency_ms_p90']:.0f} ms"
+            if d["latency_ms_median"] is not None else "no reply played"
+        )  # fmt: skip
+        return (
+            f"{d['input_callbacks']} mic blocks ({d['input_rate_hz']:.1f}/s), "
+            f"{d['output_callbacks']} speaker blocks ({d['output_rate_hz']:.1f}/s), "
+            f"{d['steps']} model steps ({d['step_ms_mean']:.0f} ms each), {latency}, "
+            f"{d['dropped_frames']} mic frames dropped for lag"
+        )
+
+
+class LiveLoop:
+    """Callbacks + worker for one live conversation.
+
+    `step` turns a mic frame into (reply frame, text). `on_text` receives new text,
+    `on_frames(mic, reply)` every mic frame (reply is silence for dropped frames) and
+    `on_status` short messages (lag, latency); they run on the worker thread.
+    """
+
+    def __init__(
+        self,
+        step: StepFn,
+        frame_size: int = 1920,
+        sample_rate: int = 24_000,
+        max_lag_frames: int = 3,
+        on_text: Callable[[str], None] | None = None,
+        on_frames: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
+        status_every: float = 5.0,
+    ):
+        self._step = step
+        self.frame_size = frame_size
+        self.frame_seconds = frame_size / sample_rate
+        self.max_lag_frames = max_lag_frames
+        self._on_text = on_text or (lambda text: None)
+        self._on_frames = on_frames or (lambda mic, reply: None)
+        self._on_status = on_status or (lambda message: None)
+        self._status_every = status_every
+        # Enough room for a burst of late callbacks; the worker trims the backlog itself.
+        self.mic = FrameRing(max(16, 4 * max_lag_frames), frame_size)
+        self.speaker = FrameRing(16, frame_size)
+        self._reply = np.zeros(frame_size, dtype=np.float32)  # output-callback scratch
+        self._input_log = StampLog(_MAX_LOGGED)
+        self._output_log = StampLog(_MAX_LOGGED)
+        self._latency_log = StampLog(_MAX_LOGGED)
+        self._step_times: list[float] = []
+        self.dropped_frames = 0
+        self.lag_events = 0
+        self.speaker_underruns = 0
+        self._replies_started = False
+        self.output_latency = 0.0  # seconds from an output callback to the speaker
+        self._wakeup = Wakeup()
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    # --- audio callbacks: copy, log, poke; nothing that can block, allocate much or raise ---
+    def input_callback(self, indata, frames, time_info, status) -> None:
+        now = time.monotonic()
+        self._input_log.append(now)
+        self.mic.push(indata[:, 0], now)
+        self._wakeup.notify()
+
+    def output_callback(self, outdata, frames, time_info, status) -> None:
+        now = time.monotonic()
+        self._output_log.append(now)
+        stamp = self.speaker.pop_into(self._reply)
+        if stamp is None:
+            outdata.fill(0)
+            if self._replies_started:
+                self.speaker_underruns += 1
+            return
+        self._replies_started = True
+        n = min(frames, self.frame_size)
+        for channel in range(outdata.shape[1]):
+            outdata[:n, channel] = self._reply[:n]
+        outdata[n:] = 0
+        self._latency_log.append(now + self.output_latency - stamp)
+
+    # --- worker -------------------------------------------------------------------------
+    def run(self) -> None:
+        """The worker thread's body: runs until `stop_event` is set or the model fails."""
+        try:
+            self._work()
+        except Exception as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
+            self.error = exc
+            self.stop_event.set()
+
+    def _work(self) -> None:
+        frame = np.zeros(self.frame_size, dtype=np.float32)
+        silence = np.zeros(self.frame_size, dtype=np.float32)
+        last_status = last_lag_message = time.monotonic()
+        dropped_since_message = 0
+        while not self.stop_event.is_set():
+            backlog = len(self.mic)
+            if backlog == 0:
+                self._wakeup.wait(0.1)
+                continue
+            if backlog > self.max_lag_frames:
+                self.lag_events += 1
+                for _ in range(backlog - 1):  # keep only the newest frame
+                    self.mic.pop_into(frame)
+                    self._on_frames(frame, silence)
+                self.dropped_frames += backlog - 1
+                dropped_since_message += backlog - 1
+                now = time.monotonic()
+                if now - last_lag_message >= 1.0:
+                    self._on_status(
+                        f"lag: the model is slower than real time; dropped "
+                        f"{dropped_since_message} mic frames "
+                        f"({dropped_since_message * self.frame_seconds:.2f} s) to catch up"
+                    )
+                    last_lag_message, dropped_since_message = now, 0
+            stamp = self.mic.pop_into(frame)
+            started = time.monotonic()
+            reply, text = self._step(frame)
+            self._step_times.append(time.monotonic() - started)
+            reply = np.clip(np.nan_to_num(reply), -1.0, 1.0)
+            self.speaker.push(reply, stamp)
+            self._on_frames(frame, reply)
+            if text:
+                self._on_text(text)
+            now = time.monotonic()
+            if now - last_status >= self._status_every:
+                self._on_status(self._live_status(now - last_status))
+                last_status = now
+
+    def _live_status(self, window: float) -> str:
+        frames = max(1, int(window / self.frame_seconds))
+        recent = self._latency_log.values()[-frames:]
+        steps = self._step_times[-frames:]
+        latency = f"{np.median(recent) * 1000:.0f} ms" if len(recent) else "-"
+        return (
+            f"latency {latency} (median, last {window:.0f} s), model step "
+            f"{np.mean(steps) * 1000:.0f} ms, {self.dropped_frames} mic frames dropped so far"
+        )
+
+    def stats(self, **extra) -> LiveStats:
+        """Everything measured so far."""
+        return LiveStats(
+            input_times=self._input_log.values(),
+            output_times=self._output_log.values(),
+            latencies=self._latency_log.values(),
+            step_times=np.array(self._step_times),
+            dropped_frames=self.dropped_frames,
+            lag_events=self.lag_events,
+            mic_overflows=self.mic.overflows,
+            speaker_underruns=self.speaker_underruns,
+            extra=extra,
+        )
+
+    def close(self) -> None:
+        self._wakeup.close()

@@ -1,0 +1,91 @@
+"""Command-line plumbing shared by the entry points: model flags and the error boundary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.hub import DEFAULT_REPO, WEIGHTS_ENV
+from moshi_mlx.sampling import SamplingConfig
+
+USER_ERROR_EXIT = 2
+INTERRUPTED_EXIT = 130
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Flags choosing the weights, the codec backend and sampling."""
+    weights = parser.add_argument_group(
+        "weights",
+        f"files are looked up in this order: the path flags, the weights folder "
+        f"(${WEIGHTS_ENV}, else ./weights), the Hugging Face hub (and its cache)",
+    )
+    weights.add_argument("--hf-repo", help=f"Hugging Face repo (default {DEFAULT_REPO})")
+    weights.add_argument(
+        "-q", "--quantize", type=int, choices=(4, 8, 16),
+        help="LM precision: 4 or 8 bits, 16 = bf16 (picks the matching kyutai repo)",
+    )  # fmt: skip
+    weights.add_argument("--moshi-weight", help="local LM weights (.safetensors)")
+    weights.add_argument("--mimi-weight", help="local Mimi codec weights (.safetensors)")
+    weights.add_argument("--tokenizer", help="local text tokenizer (SentencePiece .model)")
+    weights.add_argument("--lm-config", help="local LM config.json in Kyutai's format")
+    weights.add_argument(
+        "--codec", choices=("mlx", "rustymimi"), default="mlx",
+        help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
+    )  # fmt: skip
+    defaults = SamplingConfig()
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+    sampling.add_argument(
+        "--temp",
+        type=float,
+        default=defaults.audio_temp,
+        help="audio temperature, 0 = greedy (default %(default)s)",
+    )
+    sampling.add_argument(
+        "--text-temp",
+        type=float,
+        default=defaults.text_temp,
+        help="text temperature, 0 = greedy (default %(default)s)",
+    )
+    sampling.add_argument(
+        "--top-k", type=int, default=defaults.audio_top_k, help="audio top-k (default %(default)s)"
+    )
+    sampling.add_argument(
+        "--text-top-k",
+        type=int,
+        default=defaults.text_top_k,
+        help="text top-k (default %(default)s)",
+    )
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
+    """The `SamplingConfig` that the sampling flags describe."""
+    return SamplingConfig(
+        text_temp=args.text_temp, text_top_k=args.text_top_k,
+        audio_temp=args.temp, audio_top_k=args.top_k,
+    )  # fmt: skip
+
+
+def load_model(args: argparse.Namespace):
+    """Load the `MoshiModel` that the weight flags describe."""
+    from moshi_mlx.api import MoshiModel
+
+    return MoshiModel.load(
+        hf_repo=args.hf_repo, quantize=args.quantize, moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight, tokenizer=args.tokenizer, lm_config=args.lm_config,
+        codec_backend=args.codec,
+    )  # fmt: skip
+
+
+def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
+    """Run `command`, printing a `MoshiError` as one line on stderr (exit code 2)."""
+    try:
+        return command(argv)
+    except MoshiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT

@@ -1,0 +1,123 @@
+"""Finding Moshi's weight files: explicit paths, the local `weights/` folder, or the HF hub.
+
+Each file is looked up in this order: a path given by the user; the weights folder
+(`$MOSHI_MLX_WEIGHTS`, else `./weights`); the Hugging Face hub through `hf_hub_download`,
+which uses (and fills) the usual Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from moshi_mlx.errors import ConfigError, WeightsError
+
+DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
+MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
+TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
+CONFIG_FILE = "config.json"
+# quantization bits -> (repo name suffix, LM file name); 16 means the bf16 release
+LM_FILES = {
+    4: ("q4", "model.q4.safetensors"),
+    8: ("q8", "model.q8.safetensors"),
+    16: ("bf16", "model.safetensors"),
+}
+_REPO_SUFFIX = re.compile(r"-(q4|q8|bf16)$")
+WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """Local paths of everything a Moshi model needs; `lm_config` is None for the 7B preset."""
+
+    moshi: Path
+    mimi: Path
+    tokenizer: Path
+    lm_config: Path | None
+
+
+def weights_dir() -> Path:
+    """The folder searched before the hub: `$MOSHI_MLX_WEIGHTS`, else `./weights`."""
+    return Path(os.environ.get(WEIGHTS_ENV) or "weights")
+
+
+def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, str]:
+    """The hub repo and LM file name for `--hf-repo` / `-q` (4, 8 or 16 = bf16)."""
+    if quantize is not None and quantize not in LM_FILES:
+        raise ConfigError(f"-q/--quantize must be 4, 8 or 16 (bf16), got {quantize}")
+    repo = hf_repo or DEFAULT_REPO
+    if quantize is None:
+        match = _REPO_SUFFIX.search(repo)
+        suffix = match.group(1) if match else "q4"
+        quantize = next(bits for bits, (s, _) in LM_FILES.items() if s == suffix)
+    elif _REPO_SUFFIX.search(repo):
+        repo = _REPO_SUFFIX.sub("-" + LM_FILES[quantize][0], repo)
+    return repo, LM_FILES[quantize][1]
+
+
+def _user_path(path: str | Path, flag: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise WeightsError(f"{flag} {path}: file not found")
+    return path
+
+
+def _download(repo: str, filename: str, flag: str) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, filename))
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo/file, HTTP or disk errors
+        reason = type(exc).__name__
+        raise WeightsError(
+            f"cannot get {filename} from the Hugging Face repo {repo} ({reason}: offline or not "
+            f"downloaded); download it from https://huggingface.co/{repo} and put it in "
+            f"{weights_dir()}/ (or pass {flag} PATH)"
+        ) from None
+
+
+def _find(filename: str, repo: str, flag: str, given: str | Path | None) -> Path:
+    if given is not None:
+        return _user_path(given, flag)
+    local = weights_dir() / filename
+    if local.is_file():
+        return local
+    return _download(repo, filename, flag)
+
+
+def resolve_weights(
+    hf_repo: str | None = None,
+    quantize: int | None = None,
+    moshi_weight: str | Path | None = None,
+    mimi_weight: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    lm_config: str | Path | None = None,
+) -> WeightFiles:
+    """Find (downloading if needed) every file of a Moshi model; see the module docstring."""
+    repo, lm_file = repo_and_lm_file(hf_repo, quantize)
+    moshi = _find(lm_file, repo, "--moshi-weight", moshi_weight)
+    mimi = _find(MIMI_FILE, repo, "--mimi-weight", mimi_weight)
+    text = _find(TOKENIZER_FILE, repo, "--tokenizer", tokenizer)
+    if lm_config is not None:
+        config = _user_path(lm_config, "--lm-config")
+    else:
+        from_hub = moshi_weight is None and not (weights_dir() / lm_file).is_file()
+        config = _optional_config(repo, moshi, from_hub)
+    return WeightFiles(moshi=moshi, mimi=mimi, tokenizer=text, lm_config=config)
+
+
+def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:
+    """Kyutai's config.json next to the LM weights, in the weights folder, or on the hub."""
+    for candidate in (moshi.parent / CONFIG_FILE, weights_dir() / CONFIG_FILE):
+        if candidate.is_file():
+            return candidate
+    if not from_hub:
+        return None
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, CONFIG_FILE))
+    except Exception:  # noqa: BLE001 - no config.json in the repo: use the 7B preset
+        return None

@@ -1,0 +1,76 @@
+"""Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
+
+python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [weight flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from moshi_mlx.audio.wav import read_audio, write_audio
+from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m moshi_mlx.run_inference",
+        description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
+        "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
+    )
+    parser.add_argument("input", help="the user's audio (wav, flac, ogg)")
+    parser.add_argument("output", help="where to write Moshi's audio (wav)")
+    add_model_args(parser)
+    return parser.parse_args(argv)
+
+
+def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) -> np.ndarray:
+    """Feed `user_pcm` frame by frame (zero-padding the last one); Moshi's audio, same length."""
+    n_frames = -(-len(user_pcm) // frame_size)
+    padded = np.zeros(n_frames * frame_size, dtype=np.float32)
+    padded[: len(user_pcm)] = user_pcm
+    replies = []
+    for i in range(n_frames):
+        result = conversation.step(padded[i * frame_size : (i + 1) * frame_size])
+        replies.append(result.pcm)
+        if result.text and on_text is not None:
+            on_text(result.text)
+    return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    model = load_model(args)
+    user_pcm = read_audio(args.input, model.sample_rate)
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    started = time.monotonic()
+    with model.conversation(sampling=sampling_from_args(args), seed=args.seed) as conversation:
+        moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
+        seed = conversation.seed
+    elapsed = time.monotonic() - started
+    sys.stdout.write("\n")
+    write_audio(args.output, moshi_pcm, model.sample_rate)
+    seconds = len(user_pcm) / model.sample_rate
+    print(
+        f"wrote {args.output}: {seconds:.2f} s of audio in {elapsed:.1f} s "
+        f"({seconds / max(elapsed, 1e-9):.2f}x real time), seed {seed}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.run_inference`."""
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Tiny random Moshi weight files for the app tests (tiny LM, full-size random Mimi).
+
+Run as a script to write them into a folder: `python tests/tiny_moshi.py DIR`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+SENTENCES = [
+    "hello there how are you today",
+    "i am moshi a speech model running on your computer",
+    "the quick brown fox jumps over the lazy dog",
+    "what a nice day to talk about the weather",
+]
+
+
+def write_tokenizer(path: Path) -> Path:
+    """Train a small SentencePiece model (tens of pieces) at `path`."""
+    import sentencepiece
+
+    prefix = path.with_suffix("")
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES * 20), model_prefix=str(prefix), vocab_size=100,
+        hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    return prefix.with_suffix(".model")
+
+
+def tiny_config():
+    """The LM tests' tiny config, with Mimi's 2048 audio tokens per codebook."""
+    from moshi_mlx.models.lm import LmConfig
+
+    return replace(LmConfig.tiny(), card=2048)
+
+
+def write_tiny_moshi(root: Path) -> dict[str, Path]:
+    """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
+    from moshi_mlx.hub import MIMI_FILE, TOKENIZER_FILE
+    from moshi_mlx.lm_checkpoint import write_random_lm_checkpoint
+    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    moshi = write_random_lm_checkpoint(
+        root / "model.q4.safetensors", tiny_config(), bits=4, group_size=32, seed=3,
+        write_config=True,
+    )  # fmt: skip
+    return {
+        "moshi": moshi,
+        "lm_config": root / "config.json",
+        "mimi": write_random_mimi_checkpoint(root / MIMI_FILE, seed=5),
+        "tokenizer": write_tokenizer(root / TOKENIZER_FILE),
+    }
+
+
+def weight_flags(files: dict[str, Path]) -> list[str]:
+    """The CLI flags that point at `files`."""
+    return [
+        "--moshi-weight", str(files["moshi"]), "--mimi-weight", str(files["mimi"]),
+        "--tokenizer", str(files["tokenizer"]), "--lm-config", str(files["lm_config"]),
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    for name, path in write_tiny_moshi(Path(sys.argv[1])).items():
+        print(name, path)

@@ -51,8 +51,8 @@ _RULES = [
      "depformer.slices.{2}.transformer.layers.{0}.self_attn.{1}_proj.weight"),
     (r"depformer\.layers\.(\d+)\.gating\.(\d+)\.(linear_in|linear_out)\.weight",
      "depformer.slices.{1}.transformer.layers.{0}.gating.{2}.weight"),
-    (r"(transformer\.layers\.\d+\.gating\.linear_(?:in|out)\.weight|text_emb\.weight"
-     r"|text_linear\.weight)", "{0}"),
+    (r"(transformer\.layers\.\d+\.gating\.linear_(?:in|out)\.weight)", "{0}"),
+    (r"(text_emb\.weight|text_linear\.weight)", "{0}"),
 ]  # fmt: skip
 
 

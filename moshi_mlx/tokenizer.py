@@ -1,0 +1,48 @@
+"""Turning Moshi's text tokens into readable text, one token at a time."""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+import sentencepiece
+
+from moshi_mlx.errors import WeightsError
+
+PADDING_IDS = (0, 3)  # Moshi's text padding tokens: not text
+_WORD_START = "\u2581"  # SentencePiece's leading-space marker
+
+
+class TextDecoder:
+    """Incremental decoder over a SentencePiece model (`tokenizer_spm_32k_3.model`).
+
+    `decode(token)` returns the text the token adds: "" for padding and control tokens, word
+    pieces with their leading marker turned into a space, byte pieces joined into UTF-8.
+    """
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if not path.is_file():
+            raise WeightsError(f"text tokenizer not found: {path}")
+        try:
+            self.processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as exc:
+            raise WeightsError(f"cannot read {path} as a SentencePiece model: {exc}") from None
+        self._bytes = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def reset(self) -> None:
+        """Drop any incomplete UTF-8 sequence from byte pieces."""
+        self._bytes.reset()
+
+    def decode(self, token: int) -> str:
+        """The text contributed by one token."""
+        sp = self.processor
+        token = int(token)
+        if token in PADDING_IDS or not 0 <= token < sp.get_piece_size():
+            return ""
+        if sp.is_control(token) or sp.is_unknown(token):
+            return ""
+        piece = sp.id_to_piece(token)
+        if sp.is_byte(token):  # "<0xAB>"
+            return self._bytes.decode(bytes([int(piece[3:5], 16)]))
+        return self._bytes.decode(b"", final=True) + piece.replace(_WORD_START, " ")

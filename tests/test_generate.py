@@ -1,0 +1,106 @@
+"""Sampling and the streaming generator: seeds, delays, reset, long runs with flat memory."""
+
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.generate import LmGen
+from moshi_mlx.lm_checkpoint import load_lm
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.sampling import SamplingConfig, sample
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_lm_checkpoints):
+    return load_lm(tiny_lm_checkpoints["bf16"])
+
+
+def _user_codes(steps: int, card: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, card, (steps, 8))
+
+
+def _run(gen: LmGen, user: np.ndarray) -> tuple[list[int], np.ndarray]:
+    texts, codes = [], []
+    for user_codes in user:
+        step = gen.step(user_codes)
+        texts.append(step.text_token)
+        if step.moshi_codes is not None:
+            codes.append(step.moshi_codes)
+    return texts, np.stack(codes)
+
+
+def test_sample_greedy_and_top_k():
+    logits = mx.array([[0.0, 3.0, 1.0, 2.9, -1.0]] * 2000)
+    assert sample(logits, 0.0, 0, None).tolist() == [1] * 2000
+    tokens = np.array(sample(logits, 1.0, 2, mx.random.key(0)))
+    assert set(np.unique(tokens)) == {1, 3}
+    assert 0.4 < (tokens == 1).mean() < 0.65  # e^3 / (e^3 + e^2.9) = 0.525
+    spread = np.array(sample(logits, 5.0, 0, mx.random.key(1)))
+    assert set(np.unique(spread)) == {0, 1, 2, 3, 4}
+    sharp = np.array(sample(logits, 0.05, 0, mx.random.key(1)))
+    assert (sharp == 1).mean() > 0.85
+
+
+def test_sample_is_a_function_of_the_key():
+    logits = mx.random.normal((4, 100), key=mx.random.key(5))
+    a = sample(logits, 0.8, 25, mx.random.key(9))
+    b = sample(logits, 0.8, 25, mx.random.key(9))
+    assert a.tolist() == b.tolist()
+    draws = {tuple(sample(logits, 0.8, 25, mx.random.key(s)).tolist()) for s in range(10)}
+    assert len(draws) > 1
+
+
+def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):
+    user = _user_codes(25, tiny_lm.cfg.card)
+    first = _run(LmGen(tiny_lm, seed=42), user)
+    again = _run(LmGen(tiny_lm, seed=42), user)
+    other = _run(LmGen(tiny_lm, seed=43), user)
+    assert first[0] == again[0] and np.array_equal(first[1], again[1])
+    assert first[0] != other[0] or not np.array_equal(first[1], other[1])
+    gen = LmGen(tiny_lm, seed=42)
+    _run(gen, user[:7])
+    gen.reset()
+    after_reset = _run(gen, user)
+    assert after_reset[0] == first[0] and np.array_equal(after_reset[1], first[1])
+
+
+def test_step_outputs_and_delays(tiny_lm):
+    cfg = tiny_lm.cfg
+    gen = LmGen(tiny_lm, SamplingConfig(text_temp=1.0, audio_temp=1.0), seed=0)
+    steps = [gen.step(codes) for codes in _user_codes(5, cfg.card)]
+    assert steps[0].moshi_codes is None  # max delay 1: the first frame is not complete yet
+    for step in steps[1:]:
+        assert step.moshi_codes.shape == (cfg.dep_q,) and step.moshi_codes.dtype == np.int32
+        assert ((step.moshi_codes >= 0) & (step.moshi_codes < cfg.card)).all()
+    assert all(0 <= step.text_token < cfg.text_card for step in steps)
+    gen.step(mx.array([-1] * 8))  # "no input" codes and mx arrays are accepted
+    with pytest.raises(MoshiError, match="8 user codes"):
+        gen.step(np.zeros(7, np.int64))
+
+
+def test_long_run_memory_is_flat():
+    """Thousands of steps far past the context (16): memory and step time stay flat.
+
+    A slimmer config than `tiny()` (fewer layers and codebooks) keeps this test fast; the
+    caches are the same objects whatever the sizes.
+    """
+    slim = {"num_layers": 1, "depformer_num_layers": 1, "n_q": 4, "dep_q": 2,
+            "delays": [0, 0, 1, 0, 1]}  # fmt: skip
+    lm = Lm(LmConfig.from_dict(LmConfig.tiny().to_dict() | slim))
+    mx.eval(lm.parameters())
+    gen = LmGen(lm, seed=0)
+    user = np.random.default_rng(0).integers(0, lm.cfg.card, (256, 2))
+    steps = 3200
+    memory, times = {}, []
+    for t in range(steps):
+        start = time.perf_counter()
+        gen.step(user[t % len(user)])
+        times.append(time.perf_counter() - start)
+        if t in (200, steps - 1):
+            memory[t] = mx.get_active_memory()
+    assert gen.step_index == steps
+    assert memory[steps - 1] <= memory[200] + 64 * 1024, memory
+    assert np.median(times[-500:]) < 3 * np.median(times[200:700])

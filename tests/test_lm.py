@@ -1,0 +1,163 @@
+"""LmConfig, the 7B parameter layout against the published manifests, and the model's math."""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.lm_checkpoint import build_lm
+from moshi_mlx.models.lm import Lm, LmConfig
+
+FORMATS = Path(__file__).resolve().parents[2] / "shared" / "formats"
+
+
+def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    rows = (FORMATS / name).read_text().splitlines()[1:]
+    out = {}
+    for row in rows:
+        tensor, shape, dtype = row.split("\t")
+        out[tensor] = (tuple(int(s) for s in shape.split(",")), dtype)
+    return out
+
+
+@pytest.mark.skipif(not FORMATS.is_dir(), reason="shared/formats manifests not available")
+@pytest.mark.parametrize(
+    "manifest, bits, group_size",
+    [("moshiko_mlx_bf16.tsv", None, None), ("moshiko_mlx_q8.tsv", 8, 64),
+     ("moshiko_mlx_q4.tsv", 4, 32)],
+)  # fmt: skip
+def test_7b_parameters_equal_published_manifest(manifest, bits, group_size):
+    model = build_lm(LmConfig.moshi_7b(), bits=bits, group_size=group_size)  # lazy: no eval
+    ours = {
+        name: (tuple(p.shape), str(p.dtype).removeprefix("mlx.core."))
+        for name, p in tree_flatten(model.parameters())
+    }
+    expected = _manifest(manifest)
+    assert sorted(set(ours) ^ set(expected)) == []
+    assert {n: ours[n] for n in ours if ours[n] != expected[n]} == {}
+    assert mx.get_active_memory() < 1e9  # nothing of the 7B was materialized
+
+
+def test_7b_preset_numbers():
+    cfg = LmConfig.moshi_7b()
+    assert cfg.ffn_hidden == 11264
+    assert cfg.depformer_ffn_hidden == 2816
+    assert cfg.temporal_config().norm_eps == 1e-8
+    assert (cfg.context, cfg.depformer_config().context, cfg.max_delay) == (3000, 8, 1)
+    assert cfg.delays == (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
+
+
+def test_ffn_hidden_follows_reference_rule():
+    base = LmConfig.tiny().to_dict()
+    assert LmConfig.from_dict(base | {"hidden_scale": 4}).ffn_hidden == 21 * 64 // 8
+    assert LmConfig.from_dict(base | {"hidden_scale": 4.5}).ffn_hidden == 2 * 288 // 3
+
+
+@pytest.mark.parametrize("preset", [LmConfig.moshi_7b, LmConfig.tiny])
+def test_config_round_trip(preset):
+    cfg = preset()
+    data = cfg.to_dict()
+    assert data["delays"] == list(cfg.delays)
+    assert data["depformer_weights_per_step"] is True
+    assert LmConfig.from_dict(data) == cfg
+
+
+def test_from_dict_kyutai_keys_and_defaults():
+    data = {
+        "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8,
+        "card": 2048, "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125, "causal": True,
+        "layer_scale": None, "context": 3000, "max_period": 10000, "gating": "silu",
+        "norm": "rms_norm_f32", "positional_embedding": "rope", "depformer_dim": 1024,
+        "depformer_dim_feedforward": 4224, "depformer_num_heads": 16,
+        "depformer_num_layers": 6, "depformer_layer_scale": None,
+        "depformer_multi_linear": True, "depformer_context": 8, "depformer_max_period": 10000,
+        "depformer_gating": "silu", "depformer_pos_emb": "none",
+        "depformer_weights_per_step": True, "delays": [0, 0] + [1] * 7 + [0] + [1] * 7,
+        "moshi_name": "model.q4.safetensors", "model_type": "moshi", "lm_gen_config": {},
+        "conditioners": {},
+    }  # fmt: skip
+    cfg = LmConfig.from_dict(data)
+    assert cfg.moshi_name == "model.q4.safetensors"
+    assert cfg.to_dict() | {"moshi_name": "model.safetensors"} == LmConfig.moshi_7b().to_dict()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"delays": [0] * 16}, "delays"),
+        ({"dim": 66}, "heads"),
+        ({"depformer_num_heads": 3}, "heads"),
+        ({"norm": "layer_norm"}, "norm"),
+        ({"gating": "gelu"}, "gating"),
+        ({"positional_embedding": "sin"}, "positional_embedding"),
+        ({"dep_q": 20}, "dep_q"),
+        ({"num_layers": 0}, "num_layers"),
+        ({"card": "2048"}, "card"),
+        ({"depformer_weights_per_step": False}, "depformer_weights_per_step"),
+        ({"layer_scale": 0.1}, "layer_scale"),
+        ({"conditioners": {"a": {}}}, "conditioners"),
+        ({"existing_text_padding_id": 100}, "padding"),
+    ],
+)
+def test_invalid_configs_raise_config_error(change, message):
+    with pytest.raises(ConfigError, match=message):
+        LmConfig.from_dict(LmConfig.tiny().to_dict() | change)
+
+
+def test_missing_key_is_named():
+    data = LmConfig.tiny().to_dict()
+    del data["card"]
+    with pytest.raises(ConfigError, match="card"):
+        LmConfig.from_dict(data)
+
+
+def _random_tokens(cfg: LmConfig, steps: int, seed: int = 0) -> mx.array:
+    rng = np.random.default_rng(seed)
+    text = rng.integers(0, cfg.text_card + 1, (1, 1, steps))
+    audio = rng.integers(0, cfg.card + 1, (1, cfg.n_q, steps))
+    return mx.array(np.concatenate([text, audio], axis=1).astype(np.int32))
+
+
+def test_zero_token_embeds_to_zero():
+    cfg = LmConfig.tiny()
+    lm = Lm(cfg)
+    tokens = mx.full((1, cfg.num_codebooks, 1), -1, mx.int32)
+    assert mx.abs(lm.embed(tokens)).max().item() == 0.0
+    one = tokens.at[:, 3].add(6)  # audio codebook 2, token 5
+    expected = lm.audio_embs[2].weight[5]
+    assert mx.allclose(lm.embed(one)[0, 0], expected).item()
+
+
+def test_whole_sequence_equals_step_by_step():
+    """Prefill (many tokens per call, past the context) gives the same outputs as streaming."""
+    cfg = LmConfig.tiny()
+    lm = Lm(cfg)
+    tokens = _random_tokens(cfg, steps=40)
+    out_all, logits_all = lm.forward_text(tokens, lm.make_caches())
+    caches = lm.make_caches()
+    steps = [lm.forward_text(tokens[:, :, t : t + 1], caches)[1] for t in range(40)]
+    np.testing.assert_allclose(
+        np.array(logits_all), np.array(mx.concatenate(steps, axis=1)), rtol=1e-5, atol=1e-5
+    )
+    assert out_all.shape == (1, 40, cfg.dim)
+
+
+def test_depformer_slices_share_one_cache_per_layer():
+    cfg = LmConfig.tiny()
+    lm = Lm(cfg)
+    caches = lm.depformer.make_caches()
+    assert len(caches) == cfg.depformer_num_layers
+    temporal = mx.random.normal((1, 1, cfg.dim), key=mx.random.key(0))
+    prev = mx.array([[5, 1, 2, 3, 4, 5, 6, 7]])
+    logits = lm.depformer.logits(temporal, prev, caches)
+    assert logits.shape == (1, cfg.dep_q, cfg.card)
+    assert all(cache.offset == cfg.dep_q for cache in caches)
+    # Slice 3 sees slices 0..2: changing slice 0's input changes slice 3's logits.
+    other = lm.depformer.logits(temporal, prev.at[0, 0].add(1), caches)
+    assert not mx.allclose(logits[0, 3], other[0, 3]).item()
+    # ... but never the later ones: slice 2's logits do not depend on token 3.
+    later = lm.depformer.logits(temporal, prev.at[0, 3].add(1), caches)
+    assert mx.allclose(logits[0, 2], later[0, 2]).item()

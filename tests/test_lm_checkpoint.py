@@ -1,0 +1,128 @@
+"""Tiny random LM checkpoints in the published formats: writing, strict loading, detection."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from moshi_mlx.errors import ConfigError, WeightsError
+from moshi_mlx.lm_checkpoint import detect_quantization, load_lm, write_random_lm_checkpoint
+from moshi_mlx.models.lm import LmConfig
+
+
+def _forward(lm, steps: int = 6) -> np.ndarray:
+    cfg = lm.cfg
+    rng = np.random.default_rng(3)
+    tokens = np.concatenate(
+        [rng.integers(0, cfg.text_card, (1, 1, steps)), rng.integers(0, cfg.card, (1, 16, steps))],
+        axis=1,
+    )
+    _, logits = lm.forward_text(mx.array(tokens.astype(np.int32)), lm.make_caches())
+    return np.array(logits.astype(mx.float32))
+
+
+@pytest.mark.parametrize("variant, bits, group_size", [("bf16", None, None), ("q8", 8, 64),
+                                                        ("q4", 4, 32)])  # fmt: skip
+def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, group_size):
+    path = tiny_lm_checkpoints[variant]
+    assert path.name == ("model.safetensors" if bits is None else f"model.q{bits}.safetensors")
+    tensors, metadata = mx.load(str(path), return_metadata=True)
+    cfg = LmConfig.tiny()
+    assert detect_quantization(tensors, metadata, cfg, str(path)) == (
+        None if bits is None else (bits, group_size)
+    )
+    lm = load_lm(path.parent)  # directory + config.json beside the file
+    assert lm.cfg == cfg
+    params = dict(tree_flatten(lm.parameters()))
+    assert params.keys() == tensors.keys()
+    if bits is None:
+        assert all(p.dtype == mx.bfloat16 for p in params.values())
+    else:
+        assert params["text_linear.weight"].dtype == mx.uint32
+        assert params["depformer.slices.3.emb.scales"].shape == (cfg.card + 1, 64 // group_size)
+        assert params["out_norm.weight"].dtype == mx.bfloat16
+
+
+def test_quantized_logits_track_bf16(tiny_lm_checkpoints):
+    reference = _forward(load_lm(tiny_lm_checkpoints["bf16"], dtype=mx.float32))
+    scale = np.abs(reference).max()
+    for variant, tolerance in (("q8", 0.05), ("q4", 0.5)):
+        quantized = _forward(load_lm(tiny_lm_checkpoints[variant], dtype=mx.float32))
+        error = np.abs(quantized - reference).max() / scale
+        assert 0 < error < tolerance, (variant, error)
+
+
+def test_quantization_metadata_is_honoured_and_checked(tiny_lm_checkpoints, tmp_path):
+    tensors = mx.load(str(tiny_lm_checkpoints["q4"]))
+    good = tmp_path / "good.safetensors"
+    mx.save_safetensors(str(good), tensors, {"quantization_bits": "4",
+                                             "quantization_group_size": "32"})  # fmt: skip
+    assert load_lm(good, LmConfig.tiny()).cfg == LmConfig.tiny()
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), tensors, {"quantization_bits": "8",
+                                            "quantization_group_size": "64"})  # fmt: skip
+    with pytest.raises(WeightsError, match="bad.safetensors.*8-bit"):
+        load_lm(bad, LmConfig.tiny())
+
+
+def _rewrite(source, tmp_path, edit):
+    tensors = dict(mx.load(str(source)))
+    edit(tensors)
+    path = tmp_path / "edited.safetensors"
+    mx.save_safetensors(str(path), tensors)
+    return path
+
+
+@pytest.mark.parametrize("variant", ["bf16", "q4"])
+def test_strict_load_names_missing_tensor(tiny_lm_checkpoints, tmp_path, variant):
+    name = "depformer.slices.5.transformer.layers.1.gating.linear_out.weight"
+    path = _rewrite(tiny_lm_checkpoints[variant], tmp_path, lambda t: t.pop(name))
+    with pytest.raises(WeightsError, match=rf"edited.safetensors: missing tensor\(s\) {name}"):
+        load_lm(path, LmConfig.tiny())
+
+
+def test_strict_load_names_unexpected_tensor(tiny_lm_checkpoints, tmp_path):
+    path = _rewrite(
+        tiny_lm_checkpoints["bf16"], tmp_path,
+        lambda t: t.update({"depformer.slices.8.linear_in.weight": mx.zeros((64, 64))}),
+    )  # fmt: skip
+    with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) depformer.slices.8.linear_in"):
+        load_lm(path, LmConfig.tiny())
+
+
+def test_strict_load_names_mis_shaped_tensor(tiny_lm_checkpoints, tmp_path):
+    path = _rewrite(
+        tiny_lm_checkpoints["bf16"], tmp_path,
+        lambda t: t.update({"audio_embs.4.weight": mx.zeros((64, 64))}),
+    )  # fmt: skip
+    with pytest.raises(WeightsError, match=r"audio_embs.4.weight has shape \(64, 64\), expected "
+                                           r"\(65, 64\)"):  # fmt: skip
+        load_lm(path, LmConfig.tiny())
+
+
+def test_wrong_config_for_file(tiny_lm_checkpoints):
+    other = LmConfig.from_dict(LmConfig.tiny().to_dict() | {"num_layers": 3})
+    with pytest.raises(WeightsError, match=r"missing tensor\(s\) transformer.layers.2"):
+        load_lm(tiny_lm_checkpoints["bf16"], other)
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(WeightsError, match="not found"):
+        load_lm(tmp_path / "nope.safetensors", LmConfig.tiny())
+    with pytest.raises(WeightsError, match="no LM checkpoint"):
+        load_lm(tmp_path, LmConfig.tiny())
+    write_random_lm_checkpoint(tmp_path, LmConfig.tiny(), write_config=True)
+    (tmp_path / "config.json").write_text(json.dumps({"dim": 64}))
+    with pytest.raises(ConfigError, match="missing key"):
+        load_lm(tmp_path)
+
+
+def test_random_checkpoint_is_seeded(tmp_path):
+    a = write_random_lm_checkpoint(tmp_path / "a.safetensors", LmConfig.tiny(), seed=1)
+    b = write_random_lm_checkpoint(tmp_path / "b.safetensors", LmConfig.tiny(), seed=1)
+    c = write_random_lm_checkpoint(tmp_path / "c.safetensors", LmConfig.tiny(), seed=2)
+    ta, tb, tc = (mx.load(str(p)) for p in (a, b, c))
+    assert mx.array_equal(ta["text_emb.weight"], tb["text_emb.weight"]).item()
+    assert not mx.array_equal(ta["text_emb.weight"], tc["text_emb.weight"]).item()

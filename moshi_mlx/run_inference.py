@@ -14,6 +14,7 @@ import numpy as np
 
 from moshi_mlx.audio.wav import read_audio, write_audio
 from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
+from moshi_mlx.codec import SAMPLE_RATE
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -44,8 +45,8 @@ def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) 
 
 def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
+    user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
     model = load_model(args)
-    user_pcm = read_audio(args.input, model.sample_rate)
 
     def show(text: str) -> None:
         sys.stdout.write(text)

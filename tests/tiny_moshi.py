@@ -67,3 +67,34 @@ def weight_flags(files: dict[str, Path]) -> list[str]:
 if __name__ == "__main__":
     for name, path in write_tiny_moshi(Path(sys.argv[1])).items():
         print(name, path)
+
+
+def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
+    """`write_tiny_moshi` once per pytest session (shared by the test files that need it)."""
+    from moshi_mlx.hub import MIMI_FILE, TOKENIZER_FILE
+
+    root = tmp_path_factory.getbasetemp() / "tiny_moshi"
+    files = {
+        "moshi": root / "model.q4.safetensors",
+        "lm_config": root / "config.json",
+        "mimi": root / MIMI_FILE,
+        "tokenizer": root / TOKENIZER_FILE,
+    }
+    if not all(path.is_file() for path in files.values()):
+        files = write_tiny_moshi(root)
+    return files
+
+
+def espeak_speech(path: Path, text: str, rate: int = 24_000, channels: int = 1) -> Path | None:
+    """Speech from `espeak-ng` converted by `sox` to `rate`/`channels`; None if not installed."""
+    import shutil
+    import subprocess
+
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        return None
+    raw = path.with_suffix(".espeak.wav")
+    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    subprocess.run(
+        ["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True
+    )
+    return path

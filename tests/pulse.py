@@ -1,0 +1,170 @@
+"""A private PulseAudio server for audio tests: a null sink as the speaker and a pipe source
+as the microphone, in a temporary runtime dir so it never touches a user's sound setup.
+
+    with PulseServer(tmp_path) as pulse:
+        env = pulse.env()  # PULSE_SERVER, XDG_RUNTIME_DIR, HOME for child processes
+        pulse.feed_mic(pcm_int16_bytes)  # real-time paced writes into the virtual mic
+        pulse.start_recording(path)  # the speaker's monitor, raw s16le mono 24 kHz
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+RATE = 24_000
+SPEAKER = "moshi_test_speaker"
+MIC = "moshi_test_mic"
+
+
+def pulseaudio_missing_reason() -> str | None:
+    """Why the audio tests cannot run here, or None if they can."""
+    for tool in ("pulseaudio", "parec", "pactl"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (Debian: apt install pulseaudio)"
+    return None
+
+
+class PulseServer:
+    """Starts `pulseaudio` in the foreground; `close()` (or leaving the `with`) stops it."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.runtime = self.root / "runtime"
+        self.home = self.root / "home"
+        self.socket = self.runtime / "native"
+        self.fifo = self.runtime / "mic.fifo"
+        self._server: subprocess.Popen | None = None
+        self._recorder: subprocess.Popen | None = None
+        self._feeder: threading.Thread | None = None
+        self._stop_feeding = threading.Event()
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients of this server (PortAudio's ALSA 'pulse' plugin included)."""
+        env = dict(os.environ)
+        env.update(
+            PULSE_SERVER=f"unix:{self.socket}",
+            XDG_RUNTIME_DIR=str(self.runtime),
+            HOME=str(self.home),
+            PULSE_SINK=SPEAKER,
+            PULSE_SOURCE=MIC,
+        )
+        return env
+
+    def start(self) -> Self:
+        self.runtime.mkdir(parents=True, mode=0o700)
+        self.home.mkdir(parents=True)
+        script = self.root / "server.pa"
+        script.write_text(
+            f"load-module module-native-protocol-unix socket={self.socket} auth-anonymous=1\n"
+            f"load-module module-null-sink sink_name={SPEAKER} rate={RATE} channels=1\n"
+            f"load-module module-pipe-source source_name={MIC} file={self.fifo} "
+            f"format=s16le rate={RATE} channels=1\n"
+            f"set-default-sink {SPEAKER}\n"
+            f"set-default-source {MIC}\n"
+        )
+        # -n: no default.pa; --use-pid-file=no lets several servers (and root) coexist.
+        command = [
+            "pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "-n", "-F", str(script),
+            "--use-pid-file=no", "--log-target=stderr", "--log-level=error",
+        ]  # fmt: skip
+        self._server = subprocess.Popen(
+            command,
+            env=self.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "pulseaudio.log", "wb"),  # noqa: SIM115
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self._server.poll() is not None:
+                raise RuntimeError(f"pulseaudio exited: {self.log()}")
+            ready = subprocess.run(
+                ["pactl", "list", "short", "sources"], env=self.env(), capture_output=True, check=False,
+                text=True,
+            )  # fmt: skip
+            if ready.returncode == 0 and MIC in ready.stdout:
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"pulseaudio did not come up: {self.log()}")
+
+    def log(self) -> str:
+        path = self.root / "pulseaudio.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def feed_mic(self, pcm: np.ndarray, then_silence: bool = True) -> None:
+        """Write float `pcm` (24 kHz) into the virtual mic at real-time pace in 20 ms chunks,
+        then silence until `close()`. (The pipe source delivers only what is written.)"""
+        data = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+        chunk = RATE // 50
+
+        def run() -> None:
+            with open(self.fifo, "wb", buffering=0) as fifo:
+                start = time.monotonic()
+                written = 0
+                silence = np.zeros(chunk, "<i2").tobytes()
+                while not self._stop_feeding.is_set():
+                    if written < len(data):
+                        block = data[written : written + chunk].tobytes()
+                    elif then_silence:
+                        block = silence
+                    else:
+                        return
+                    try:
+                        fifo.write(block)
+                    except BrokenPipeError:
+                        return
+                    written += chunk
+                    ahead = start + written / RATE - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+
+        self._feeder = threading.Thread(target=run, daemon=True)
+        self._feeder.start()
+
+    def start_recording(self, path: Path) -> None:
+        """Record the speaker (null sink monitor) into `path` as raw s16le mono 24 kHz."""
+        command = [
+            "parec", "-d", f"{SPEAKER}.monitor", "--rate", str(RATE), "--channels", "1",
+            "--format", "s16le", "--raw", "--latency-msec", "20",
+        ]  # fmt: skip
+        self._recorder = subprocess.Popen(
+            command,
+            env=self.env(),
+            stdout=open(path, "wb"),  # noqa: SIM115
+        )
+
+    def stop_recording(self) -> None:
+        if self._recorder is not None:
+            self._recorder.terminate()
+            self._recorder.wait(5)
+            self._recorder = None
+
+    def close(self) -> None:
+        self._stop_feeding.set()
+        self.stop_recording()
+        if self._server is not None:
+            self._server.terminate()
+            try:
+                self._server.wait(5)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait(5)
+            self._server = None
+        if self._feeder is not None:
+            self._feeder.join(2)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,175 @@
+"""Ring buffers, the live loop's lag handling and latency, resampling and wav reading."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from moshi_mlx.audio.live import LiveLoop
+from moshi_mlx.audio.resample import resample
+from moshi_mlx.audio.ring import FrameRing, StampLog
+from moshi_mlx.audio.wav import WavRecorder, read_audio
+from moshi_mlx.errors import AudioError
+
+FRAME = 1920
+
+
+def test_frame_ring_fifo_overflow_and_drop():
+    ring = FrameRing(capacity=3, frame_size=4)
+    out = np.zeros(4, np.float32)
+    assert ring.pop_into(out) is None
+    for i in range(4):
+        assert ring.push(np.full(4, i, np.float32), stamp=10.0 + i) is (i < 3)
+    assert len(ring) == 3 and ring.overflows == 1
+    assert ring.pop_into(out) == 10.0 and out.tolist() == [0, 0, 0, 0]
+    assert ring.drop_oldest(1) == 1
+    assert ring.pop_into(out) == 12.0 and out.tolist() == [2, 2, 2, 2]
+    # wrap around; short input is zero-padded, long input cut
+    assert ring.push(np.ones(2, np.float32), 20.0) and ring.push(np.arange(6.0), 21.0)
+    assert ring.pop_into(out) == 20.0 and out.tolist() == [1, 1, 0, 0]
+    assert ring.pop_into(out) == 21.0 and out.tolist() == [0, 1, 2, 3]
+    assert len(ring) == 0 and ring.drop_oldest(5) == 0
+
+
+def test_frame_ring_threads_keep_every_frame_in_order():
+    ring = FrameRing(capacity=8, frame_size=16)
+    n = 2000
+    received = []
+
+    def consume():
+        out = np.zeros(16, np.float32)
+        while len(received) < n:
+            if ring.pop_into(out) is not None:
+                assert (out == out[0]).all()
+                received.append(int(out[0]))
+            else:
+                time.sleep(1e-4)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    i = 0
+    while i < n:
+        if ring.push(np.full(16, i, np.float32)):
+            i += 1
+        else:
+            time.sleep(1e-4)
+    consumer.join(10)
+    assert received == list(range(n))
+
+
+def test_stamp_log_stops_storing_at_capacity():
+    log = StampLog(3)
+    for v in range(5):
+        log.append(float(v))
+    assert log.count == 5 and log.values().tolist() == [0.0, 1.0, 2.0]
+
+
+def _drive(loop: LiveLoop, seconds: float) -> None:
+    """Call the callbacks like a sound card would: one input and one output block per 80 ms."""
+    indata = np.zeros((FRAME, 1), np.float32)
+    outdata = np.zeros((FRAME, 1), np.float32)
+    start = time.monotonic()
+    for k in range(int(seconds / 0.08)):
+        indata[:, 0] = k + 1  # frame k carries the value k + 1
+        loop.input_callback(indata, FRAME, None, None)
+        loop.output_callback(outdata, FRAME, None, None)
+        delay = start + (k + 1) * 0.08 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _run_loop(step_seconds: float, seconds: float = 2.0):
+    seen = []
+    messages = []
+
+    def step(pcm):
+        seen.append(int(pcm[0]))
+        time.sleep(step_seconds)
+        return pcm * 0.5, ""
+
+    loop = LiveLoop(step, max_lag_frames=3, on_status=messages.append, status_every=60)
+    worker = threading.Thread(target=loop.run)
+    worker.start()
+    _drive(loop, seconds)
+    loop.stop_event.set()
+    worker.join(2)
+    loop.close()
+    return loop, seen, messages
+
+
+def test_live_loop_in_real_time_keeps_every_frame():
+    loop, seen, messages = _run_loop(step_seconds=0.01)
+    stats = loop.stats()
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) >= 24
+    assert stats.dropped_frames == 0 and not messages
+    assert 12.0 < stats.as_dict()["input_rate_hz"] < 13.0
+    # reply k is played by the output callback of frame k + 1 at the latest
+    assert len(stats.latencies) >= 23
+    assert np.median(stats.latencies) < 0.1 and stats.latencies.max() < 0.2
+
+
+def test_live_loop_when_slow_drops_oldest_frames_and_does_not_drift():
+    loop, seen, messages = _run_loop(step_seconds=0.3, seconds=3.0)
+    stats = loop.stats()
+    assert stats.dropped_frames > 10 and stats.lag_events >= 3
+    assert any(m.startswith("lag:") for m in messages)
+    assert seen == sorted(seen)  # still in order, frames skipped
+    # Bounded latency: the model step plus at most max_lag frames of backlog plus one block.
+    lat = stats.latencies
+    assert lat.max() < 0.3 + 4 * 0.08 + 0.15
+    half = len(lat) // 2
+    assert np.median(lat[half:]) < np.median(lat[:half]) + 0.1
+
+
+def _sine(rate, freq, seconds=1.0, channels=1):
+    t = np.arange(int(rate * seconds)) / rate
+    tone = 0.5 * np.sin(2 * np.pi * freq * t)
+    return np.stack([tone] * channels, axis=1) if channels > 1 else tone
+
+
+@pytest.mark.parametrize("rate_in", [8000, 16000, 22050, 44100, 48000])
+def test_resample_matches_the_ideal_sine(rate_in):
+    out = resample(_sine(rate_in, 1000.0), rate_in, 24000)
+    assert len(out) == 24000 and out.dtype == np.float32
+    ideal = _sine(24000, 1000.0)
+    inner = slice(500, -500)  # edges see the zero padding
+    assert np.abs(out[inner] - ideal[inner]).max() < 1e-3
+
+
+def test_resample_removes_tones_above_the_new_nyquist():
+    out = resample(_sine(48000, 15000.0), 48000, 24000)  # 15 kHz cannot exist at 24 kHz
+    assert np.abs(out[500:-500]).max() < 0.01
+
+
+def test_read_audio_mixes_to_mono_and_resamples(tmp_path):
+    left = _sine(44100, 440.0, 0.5)
+    stereo = np.stack([left, -0.5 * left], axis=1)  # mono mix = 0.25 * left
+    sf.write(tmp_path / "s.wav", stereo, 44100, subtype="FLOAT")
+    pcm = read_audio(tmp_path / "s.wav")
+    assert pcm.shape == (12000,)
+    ideal = 0.25 * _sine(24000, 440.0, 0.5)
+    assert np.abs(pcm[300:-300] - ideal[300:-300]).max() < 1e-3
+
+
+def test_read_audio_errors(tmp_path):
+    with pytest.raises(AudioError, match="not found"):
+        read_audio(tmp_path / "missing.wav")
+    (tmp_path / "bad.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk" * 4)
+    with pytest.raises(AudioError, match="cannot read .*bad.wav as audio"):
+        read_audio(tmp_path / "bad.wav")
+    sf.write(tmp_path / "low.wav", _sine(4000, 300.0), 4000)
+    with pytest.raises(AudioError, match="4000 Hz, too low for speech"):
+        read_audio(tmp_path / "low.wav")
+
+
+def test_wav_recorder_writes_two_channels(tmp_path):
+    rec = WavRecorder(tmp_path / "r.wav", channels=2)
+    rec.write(np.full(FRAME, 0.25, np.float32), np.full(FRAME, -0.5, np.float32))
+    rec.write(np.zeros(FRAME, np.float32), np.full(FRAME, 2.0, np.float32))  # clipped
+    rec.close()
+    data, rate = sf.read(tmp_path / "r.wav")
+    assert rate == 24000 and data.shape == (2 * FRAME, 2)
+    np.testing.assert_allclose(data[0], [0.25, -0.5], atol=1e-4)
+    np.testing.assert_allclose(data[-1], [0.0, 1.0], atol=1e-4)

@@ -104,7 +104,8 @@ class RustyMimiCodec:
         try:
             return self._rustymimi.Tokenizer(self.weight_path, num_codebooks=self.num_codebooks)
         except (ValueError, RuntimeError, OSError) as exc:  # what rustymimi raises
-            raise WeightsError(f"rustymimi cannot load {self.weight_path}: {exc}") from None
+            reason = str(exc).splitlines()[0]  # drop the Rust backtrace
+            raise WeightsError(f"rustymimi cannot load {self.weight_path}: {reason}") from None
 
     def encode_step(self, pcm: np.ndarray) -> np.ndarray:
         codes = self._tokenizer.encode_step(_check_pcm(pcm)[None, None, :])

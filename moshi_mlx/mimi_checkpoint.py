@@ -247,20 +247,24 @@ def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | Non
     return model
 
 
+# Random codebooks at the scale of a random model's latents, so that codes vary with the input.
+_RANDOM_CODEBOOK_STD = 0.005
+
+
 def _random_tensor(entry: TensorEntry, rng: np.random.Generator) -> np.ndarray:
     name, shape = entry.name, entry.shape
     if entry.layout == "flag":
         return np.ones(shape, np.float32)
     if entry.layout == "cluster_usage":
         return rng.uniform(0.5, 2.0, shape).astype(np.float32)
-    if entry.layout == "embedding_sum":
-        return rng.normal(0.0, 1.0, shape).astype(np.float32)
+    if entry.layout == "embedding_sum":  # scaled by the usage in write_random_mimi_checkpoint
+        return rng.normal(0.0, _RANDOM_CODEBOOK_STD, shape).astype(np.float32)
     if name.endswith(("layer_scale_1.scale", "layer_scale_2.scale")):
         return np.full(shape, 0.01, np.float32)
     if ".norm" in name:
         return (np.ones(shape) if name.endswith("weight") else np.zeros(shape)).astype(np.float32)
     if len(shape) == 1:  # biases
-        return rng.uniform(-0.05, 0.05, shape).astype(np.float32)
+        return rng.uniform(-0.01, 0.01, shape).astype(np.float32)
     # Like PyTorch's default init: uniform in +-1/sqrt(fan_in).
     fan_in = shape[1] * (shape[2] if len(shape) == 3 else 1)
     if entry.layout == "convtr":
@@ -277,7 +281,13 @@ def write_random_mimi_checkpoint(
 
     cfg = config or MimiConfig.moshi()
     rng = np.random.default_rng(seed)
-    tensors = {entry.name: _random_tensor(entry, rng) for entry in mimi_tensor_table(cfg)}
+    tensors = {}
+    for entry in mimi_tensor_table(cfg):
+        tensor = _random_tensor(entry, rng)
+        if entry.layout == "embedding_sum":  # codebook = embedding_sum / cluster_usage
+            usage = tensors[entry.name.replace("embedding_sum", "cluster_usage")]
+            tensor = tensor * usage[:, None]
+        tensors[entry.name] = tensor
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))

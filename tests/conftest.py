@@ -35,3 +35,45 @@ def golden_lm():
 
 
 # --- end of LM section -----------------------------------------------------------------------
+
+
+# --- Mimi (models/mimi.py, mimi_checkpoint.py, codec.py) -------------------------------------
+MIMI_FIXTURES = Path(__file__).parent / "fixtures" / "mimi"
+MIMI_MANIFEST = Path(__file__).parents[2] / "shared" / "formats" / "mimi_checkpoint.tsv"
+
+
+@pytest.fixture(scope="session")
+def tiny_mimi_checkpoint(tmp_path_factory):
+    """(path, config) of a random tiny Mimi in the published PyTorch layout."""
+    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+    from moshi_mlx.models.mimi import MimiConfig
+
+    config = MimiConfig.tiny()
+    path = tmp_path_factory.mktemp("mimi") / "tiny_mimi.safetensors"
+    return write_random_mimi_checkpoint(path, config, seed=3), config
+
+
+@pytest.fixture(scope="session")
+def full_mimi_checkpoint(tmp_path_factory):
+    """A random full-size Mimi (385 MB, the published names and shapes), written once."""
+    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+
+    path = tmp_path_factory.mktemp("mimi_full") / "tokenizer-random.safetensors"
+    return write_random_mimi_checkpoint(path, seed=0)
+
+
+@pytest.fixture(scope="session")
+def mimi_signal():
+    """signal(samples, seed=0): a modulated two-tone float32 signal with a little noise."""
+
+    def signal(samples: int, seed: int = 0) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        t = np.arange(samples) / 24000
+        tones = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1375 * t)
+        noise = 0.05 * rng.normal(size=samples)
+        return (tones * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)) + noise).astype(np.float32)
+
+    return signal
+
+
+# --- end of Mimi section ---------------------------------------------------------------------

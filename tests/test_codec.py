@@ -1,0 +1,130 @@
+"""The codec interface over our MLX Mimi and rustymimi, and both on real (synthetic) speech."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from math import ceil
+
+import numpy as np
+import pytest
+
+from moshi_mlx.codec import Codec, MlxCodec, RustyMimiCodec, load_codec
+from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.mimi_checkpoint import load_mimi
+
+FRAME = 1920
+
+
+def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
+
+
+def _round_trip(codec: Codec, pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stream pcm (T,), T a multiple of the frame size: codes (K, frames) and decoded pcm."""
+    codec.reset()
+    codes = [codec.encode_step(frame) for frame in pcm.reshape(-1, FRAME)]
+    decoded = [codec.decode_step(frame_codes) for frame_codes in codes]
+    return np.stack(codes, axis=1), np.concatenate(decoded)
+
+
+@pytest.fixture(scope="module")
+def codecs(full_mimi_checkpoint) -> dict[str, Codec]:
+    pytest.importorskip("rustymimi")
+    return {name: load_codec(full_mimi_checkpoint, name) for name in ("mlx", "rustymimi")}
+
+
+def test_unknown_backend(tiny_mimi_checkpoint):
+    path, _ = tiny_mimi_checkpoint
+    with pytest.raises(MoshiError, match="unknown codec backend 'torch'; choose one of mlx"):
+        load_codec(path, "torch")
+
+
+def test_missing_rustymimi_is_a_clear_error(tiny_mimi_checkpoint, monkeypatch):
+    path, _ = tiny_mimi_checkpoint
+    monkeypatch.setitem(sys.modules, "rustymimi", None)  # makes `import rustymimi` fail
+    with pytest.raises(MoshiError, match=r"pip install 'moshi_mlx\[rustymimi\]'"):
+        load_codec(path, "rustymimi")
+
+
+def test_rustymimi_rejects_a_wrong_file_in_one_line(tiny_mimi_checkpoint, tmp_path):
+    pytest.importorskip("rustymimi")
+    path, _ = tiny_mimi_checkpoint
+    with pytest.raises(WeightsError, match="rustymimi cannot load .*shape mismatch") as error:
+        load_codec(path, "rustymimi")
+    assert "\n" not in str(error.value)
+    with pytest.raises(WeightsError, match="not found"):
+        load_codec(tmp_path / "missing.safetensors", "rustymimi")
+
+
+def test_mlx_codec_frames(tiny_mimi_checkpoint, mimi_signal):
+    path, config = tiny_mimi_checkpoint
+    codec = MlxCodec(load_mimi(path, num_codebooks=4, config=config))
+    assert isinstance(codec, Codec)
+    assert (codec.sample_rate, codec.frame_size, codec.num_codebooks) == (24000, FRAME, 4)
+    codes = codec.encode_step(mimi_signal(FRAME))
+    assert codes.shape == (4,) and codes.dtype == np.int32
+    pcm = codec.decode_step(codes)
+    assert pcm.shape == (FRAME,) and pcm.dtype == np.float32
+    with pytest.raises(ValueError, match="1920"):
+        codec.encode_step(np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match=r"\(4,\)"):
+        codec.decode_step(np.zeros(8, np.int32))
+
+
+def test_mlx_matches_rustymimi(codecs, mimi_signal):
+    assert isinstance(codecs["rustymimi"], RustyMimiCodec)
+    assert isinstance(codecs["rustymimi"], Codec)
+    pcm = mimi_signal(5 * FRAME)
+    ours_codes, ours_pcm = _round_trip(codecs["mlx"], pcm)
+    rust_codes, rust_pcm = _round_trip(codecs["rustymimi"], pcm)
+    agreement = float((ours_codes == rust_codes).mean())
+    print(f"code agreement with rustymimi: {agreement:.1%}")
+    assert ours_codes.shape == rust_codes.shape == (8, 5)
+    assert agreement >= 0.9
+    assert len(np.unique(ours_codes)) > 10
+    # Decode identical codes with both.
+    codecs["rustymimi"].reset()
+    rust_pcm = np.concatenate([codecs["rustymimi"].decode_step(c) for c in ours_codes.T])
+    error = _relative_error(ours_pcm, rust_pcm)
+    print(f"decoded pcm relative error vs rustymimi: {error:.2e}")
+    assert error < 1e-4
+
+
+def _espeak_speech(tmp_path) -> np.ndarray:
+    """Synthetic English speech at 24 kHz, float32."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    soundfile = pytest.importorskip("soundfile")
+    signal = pytest.importorskip("scipy.signal")
+    wav = tmp_path / "speech.wav"
+    text = "Hello, this is a test of Mimi."
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
+    pcm, rate = soundfile.read(wav, dtype="float32")
+    assert rate == 22050  # espeak-ng's native rate
+    return signal.resample_poly(pcm, 160, 147).astype(np.float32)  # 22050 * 160 / 147 = 24000
+
+
+def test_speech_keeps_length_and_frame_rate(codecs, tmp_path):
+    import mlx.core as mx
+
+    speech = _espeak_speech(tmp_path)
+    seconds = len(speech) / 24000
+    assert 1.0 < seconds < 4.0
+    mimi = codecs["mlx"].model
+    codes = np.array(mimi.encode(mx.array(speech)[None, None]))
+    frames = ceil(len(speech) / FRAME)
+    assert codes.shape == (1, 8, frames)
+    assert abs(frames / seconds - 12.5) < 12.5 / frames + 1e-9  # 12.5 frames per second
+    decoded = np.array(mimi.decode(mx.array(codes)))[0, 0]
+    assert decoded.shape == (frames * FRAME,)
+    assert decoded[: len(speech)].shape == speech.shape
+    assert np.isfinite(decoded).all() and np.abs(decoded).max() > 0
+
+    # rustymimi streaming on the same speech gives (nearly) the same codes.
+    padded = np.pad(speech, (0, frames * FRAME - len(speech)))
+    rust_codes, _ = _round_trip(codecs["rustymimi"], padded)
+    agreement = float((rust_codes == codes[0]).mean())
+    print(f"speech: {seconds:.2f} s, {frames} frames, code agreement MLX/rustymimi {agreement:.1%}")
+    assert agreement >= 0.9

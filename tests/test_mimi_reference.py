@@ -1,0 +1,65 @@
+"""Full-size golden parity: Kyutai's PyTorch Mimi, run on our random published-layout file.
+
+Needs the reference environment (`/opt/venvs/ref`, torch + Kyutai's `moshi`); skipped without.
+`scripts/make_mimi_fixtures.py --full --weights FILE` runs the reference in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.mimi_checkpoint import load_mimi
+from moshi_mlx.models.mimi import MimiConfig
+
+REFERENCE_PYTHON = Path("/opt/venvs/ref/bin/python")
+SCRIPT = Path(__file__).parents[1] / "scripts" / "make_mimi_fixtures.py"
+
+
+def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
+
+
+@pytest.fixture(scope="module")
+def reference(full_mimi_checkpoint, tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    if not REFERENCE_PYTHON.is_file():
+        pytest.skip(f"no reference environment at {REFERENCE_PYTHON}")
+    out = tmp_path_factory.mktemp("mimi_reference")
+    command = [
+        str(REFERENCE_PYTHON),
+        str(SCRIPT),
+        "--full",
+        "--weights",
+        str(full_mimi_checkpoint),
+        "--out",
+        str(out),
+    ]
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    return out, dict(np.load(out / "golden.npz"))
+
+
+def test_full_size_matches_pytorch(full_mimi_checkpoint, reference):
+    out, ref = reference
+    config = MimiConfig.from_dict(json.loads((out / "config.json").read_text()))
+    assert config == MimiConfig.moshi()
+    mimi = load_mimi(full_mimi_checkpoint, num_codebooks=8)
+    pcm = mx.array(ref["pcm"])
+
+    latent_error = _relative_error(np.array(mimi.encode_latent(pcm)), ref["latent"])
+    codes = np.array(mimi.encode(pcm))
+    agreement = float((codes == ref["codes"]).mean())
+    pcm_error = _relative_error(
+        np.array(mimi.decode(mx.array(ref["given_codes"]))), ref["decoded_given"]
+    )
+    print(
+        f"full size vs PyTorch: latent {latent_error:.2e}, pcm {pcm_error:.2e}, "
+        f"codes {agreement:.1%}"
+    )
+    assert latent_error < 1e-4
+    assert pcm_error < 1e-4
+    assert agreement >= 0.9

@@ -9,9 +9,11 @@ present, else the widths of a quantized layer's tensors.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
@@ -24,6 +26,8 @@ CHECKPOINT_NAMES = ("model.safetensors", "model.q8.safetensors", "model.q4.safet
 _QUANTIZABLE = (nn.Linear, nn.Embedding)
 _SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 _SUPPORTED_GROUPS = (32, 64, 128)
+_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32",
+                       mx.uint32: "U32"}  # fmt: skip
 
 
 def build_lm(
@@ -126,17 +130,43 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype = 
     return model
 
 
+def save_safetensors_lazily(path: str | Path, tensors: dict[str, mx.array]) -> None:
+    """Write lazy arrays to a safetensors file, evaluating and releasing one at a time.
+
+    Memory stays at about one tensor, so a 7B-sized random checkpoint never sits in memory
+    whole. `tensors` is emptied as it is written.
+    """
+    names = sorted(tensors)
+    header, offset = {}, 0
+    for name in names:
+        array = tensors[name]
+        size = array.size * array.itemsize
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + size]}  # fmt: skip
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(blob)) + blob)
+        for name in names:
+            array = tensors.pop(name)
+            raw = array.reshape(-1).view(mx.uint8)  # bytes of any dtype, numpy-readable
+            file.write(np.asarray(raw).tobytes())
+            del array, raw
+
+
 def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:
-    """Gaussian weights scaled by 1/sqrt(fan_in), norm gains near 1."""
+    """Uniform weights with variance 1/fan_in (cheaper to draw than Gaussians at 7B scale),
+    norm gains in [0.8, 1.2]."""
     params = tree_flatten(model.parameters())
     keys = mx.random.split(mx.random.key(seed), len(params))
     weights = {}
     for (name, p), key in zip(params, keys):
-        noise = mx.random.normal(p.shape, key=key)
         if p.ndim == 1:
-            weights[name] = 1.0 + 0.1 * noise
+            weights[name] = mx.random.uniform(0.8, 1.2, p.shape, key=key)
         else:
-            weights[name] = noise * p.shape[-1] ** -0.5
+            bound = (3 / p.shape[-1]) ** 0.5
+            weights[name] = mx.random.uniform(-bound, bound, p.shape, key=key)
     return weights
 
 
@@ -165,8 +195,8 @@ def write_random_lm_checkpoint(
     if bits is not None:
         quantize_lm(model, bits, group_size)
     weights = dict(tree_flatten(model.parameters()))
-    mx.eval(weights)
-    mx.save_safetensors(str(path), weights)
+    del model
+    save_safetensors_lazily(path, weights)
     if write_config:
         (path.parent / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     return path

@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from safetensors import safe_open
 
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.lm_checkpoint import detect_quantization, load_lm, write_random_lm_checkpoint
@@ -126,3 +127,5 @@ def test_random_checkpoint_is_seeded(tmp_path):
     ta, tb, tc = (mx.load(str(p)) for p in (a, b, c))
     assert mx.array_equal(ta["text_emb.weight"], tb["text_emb.weight"]).item()
     assert not mx.array_equal(ta["text_emb.weight"], tc["text_emb.weight"]).item()
+    with safe_open(a, "numpy") as independent_reader:  # the file follows the format
+        assert set(independent_reader.keys()) == set(ta)

@@ -55,18 +55,7 @@ class MoshiModel:
         self.lm = lm
         self.files = files
         self.codec_backend = codec_backend
-        cfg = lm.cfg
-        if cfg.n_q - cfg.dep_q != cfg.dep_q:
-            raise ConfigError(
-                f"the LM config has {cfg.dep_q} Moshi and {cfg.n_q - cfg.dep_q} user codebooks; "
-                "the codec needs the same number of both"
-            )
-        codec_card = MimiConfig.moshi().quantizer.bins
-        if cfg.card != codec_card:
-            raise ConfigError(
-                f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-                f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
-            )
+        _check_codec_fits(lm.cfg)
         self._idle_codecs: list[Codec] = [self._load_codec()]
         TextDecoder(files.tokenizer)  # fail now, not in the first conversation
         self._lock = threading.Lock()
@@ -97,6 +86,7 @@ class MoshiModel:
             config = LmConfig.from_dict(read_json(files.lm_config))
         else:
             config = LmConfig.moshi_7b()
+        _check_codec_fits(config)  # before reading gigabytes of weights
         return cls(load_lm(files.moshi, config, dtype=dtype), files, codec_backend)
 
     def _load_codec(self) -> Codec:
@@ -116,6 +106,21 @@ class MoshiModel:
         codec.reset()
         with self._lock:
             self._idle_codecs.append(codec)
+
+
+def _check_codec_fits(cfg: LmConfig) -> None:
+    """Raise `ConfigError` unless the LM's audio streams match Mimi's codebooks."""
+    if cfg.n_q - cfg.dep_q != cfg.dep_q:
+        raise ConfigError(
+            f"the LM config has {cfg.dep_q} Moshi and {cfg.n_q - cfg.dep_q} user codebooks; "
+            "the codec needs the same number of both"
+        )
+    codec_card = MimiConfig.moshi().quantizer.bins
+    if cfg.card != codec_card:
+        raise ConfigError(
+            f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
+            f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
+        )
 
 
 class Conversation:

@@ -78,15 +78,6 @@ def _download(repo: str, filename: str, flag: str) -> Path:
         ) from None
 
 
-def _find(filename: str, repo: str, flag: str, given: str | Path | None) -> Path:
-    if given is not None:
-        return _user_path(given, flag)
-    local = weights_dir() / filename
-    if local.is_file():
-        return local
-    return _download(repo, filename, flag)
-
-
 def resolve_weights(
     hf_repo: str | None = None,
     quantize: int | None = None,
@@ -97,15 +88,31 @@ def resolve_weights(
 ) -> WeightFiles:
     """Find (downloading if needed) every file of a Moshi model; see the module docstring."""
     repo, lm_file = repo_and_lm_file(hf_repo, quantize)
-    moshi = _find(lm_file, repo, "--moshi-weight", moshi_weight)
-    mimi = _find(MIMI_FILE, repo, "--mimi-weight", mimi_weight)
-    text = _find(TOKENIZER_FILE, repo, "--tokenizer", tokenizer)
-    if lm_config is not None:
-        config = _user_path(lm_config, "--lm-config")
-    else:
-        from_hub = moshi_weight is None and not (weights_dir() / lm_file).is_file()
-        config = _optional_config(repo, moshi, from_hub)
-    return WeightFiles(moshi=moshi, mimi=mimi, tokenizer=text, lm_config=config)
+    wanted = {  # field: (file name in the repo, flag, path given by the user)
+        "moshi": (lm_file, "--moshi-weight", moshi_weight),
+        "mimi": (MIMI_FILE, "--mimi-weight", mimi_weight),
+        "tokenizer": (TOKENIZER_FILE, "--tokenizer", tokenizer),
+    }
+    # Check every given path before any (slow) download, so a typo fails at once.
+    found = {
+        field: _user_path(given, flag)
+        for field, (_, flag, given) in wanted.items()
+        if given is not None
+    }
+    config = _user_path(lm_config, "--lm-config") if lm_config is not None else None
+    from_hub = False
+    for field, (filename, flag, _) in wanted.items():
+        if field in found:
+            continue
+        local = weights_dir() / filename
+        if local.is_file():
+            found[field] = local
+        else:
+            found[field] = _download(repo, filename, flag)
+            from_hub = from_hub or field == "moshi"
+    if lm_config is None:
+        config = _optional_config(repo, found["moshi"], from_hub)
+    return WeightFiles(lm_config=config, **found)
 
 
 def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:

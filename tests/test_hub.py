@@ -1,0 +1,103 @@
+"""Where weights come from: path flags, the weights folder, the Hugging Face cache, offline."""
+
+import subprocess
+import sys
+
+import pytest
+
+from moshi_mlx import hub
+from moshi_mlx.errors import ConfigError, WeightsError
+
+NAMES = (hub.MIMI_FILE, hub.TOKENIZER_FILE)
+
+
+@pytest.mark.parametrize(
+    ("repo", "bits", "expected"),
+    [
+        (None, None, ("kyutai/moshiko-mlx-q4", "model.q4.safetensors")),
+        (None, 8, ("kyutai/moshiko-mlx-q8", "model.q8.safetensors")),
+        (None, 16, ("kyutai/moshiko-mlx-bf16", "model.safetensors")),
+        ("kyutai/moshika-mlx-q4", None, ("kyutai/moshika-mlx-q4", "model.q4.safetensors")),
+        ("kyutai/moshika-mlx-q4", 8, ("kyutai/moshika-mlx-q8", "model.q8.safetensors")),
+        ("kyutai/moshika-mlx-bf16", None, ("kyutai/moshika-mlx-bf16", "model.safetensors")),
+        ("me/my-moshi", 8, ("me/my-moshi", "model.q8.safetensors")),
+    ],
+)
+def test_repo_and_lm_file(repo, bits, expected):
+    assert hub.repo_and_lm_file(repo, bits) == expected
+
+
+def test_bad_quantize_is_a_config_error():
+    with pytest.raises(ConfigError, match="must be 4, 8 or 16"):
+        hub.repo_and_lm_file(None, 5)
+
+
+def _touch(folder, names):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"x")
+    return folder
+
+
+def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
+    folder = _touch(tmp_path / "w", ("model.q8.safetensors", "config.json", *NAMES))
+    monkeypatch.setenv(hub.WEIGHTS_ENV, str(folder))
+    files = hub.resolve_weights(quantize=8)
+    assert files == hub.WeightFiles(
+        moshi=folder / "model.q8.safetensors", mimi=folder / hub.MIMI_FILE,
+        tokenizer=folder / hub.TOKENIZER_FILE, lm_config=folder / "config.json",
+    )  # fmt: skip
+    mine = _touch(tmp_path / "mine", ("lm.safetensors",)) / "lm.safetensors"
+    files = hub.resolve_weights(moshi_weight=mine)
+    assert files.moshi == mine and files.mimi == folder / hub.MIMI_FILE
+    assert files.lm_config == folder / "config.json"  # none beside lm.safetensors
+
+
+def test_missing_flag_path_names_the_flag(tmp_path):
+    with pytest.raises(WeightsError, match="--mimi-weight .*nope.safetensors: file not found"):
+        hub.resolve_weights(mimi_weight=tmp_path / "nope.safetensors")
+
+
+def _resolve_in_subprocess(tmp_path, hf_home, *args):
+    """huggingface_hub reads HF_HOME / HF_HUB_OFFLINE at import: use a fresh interpreter."""
+    env = {
+        "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+        hub.WEIGHTS_ENV: str(tmp_path / "empty"), "PATH": "/usr/bin:/bin",
+    }  # fmt: skip
+    code = (
+        "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.hub import resolve_weights"
+        "\ndef go(argv):\n    print(resolve_weights(*[int(a) if a.isdigit() else a for a in argv])); return 0"
+        "\nsys.exit(run_cli(go, sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_files_come_from_the_hugging_face_cache(tmp_path):
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = tmp_path / "hf" / "hub" / "models--kyutai--moshika-mlx-q8"
+    _touch(repo_dir / "snapshots" / revision, ("model.q8.safetensors", *NAMES))
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revision)
+    done = _resolve_in_subprocess(tmp_path, tmp_path / "hf", "kyutai/moshika-mlx-q4", "8")
+    assert done.returncode == 0, done.stderr
+    snapshot = repo_dir / "snapshots" / revision
+    assert f"moshi=PosixPath('{snapshot}/model.q8.safetensors')" in done.stdout
+    assert f"tokenizer=PosixPath('{snapshot}/{hub.TOKENIZER_FILE}')" in done.stdout
+    assert "lm_config=None" in done.stdout  # no config.json in the repo: the 7B preset
+
+
+def test_offline_without_files_says_what_to_download_and_where(tmp_path):
+    done = _resolve_in_subprocess(tmp_path, tmp_path / "empty_hf")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith("error: cannot get model.q4.safetensors")
+    assert "https://huggingface.co/kyutai/moshiko-mlx-q4" in lines[0]
+    assert f"put it in {tmp_path / 'empty'}/" in lines[0] and "--moshi-weight" in lines[0]

@@ -1,0 +1,113 @@
+"""Every user error ends the CLIs with one line on stderr, no traceback, exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import soundfile as sf
+from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
+
+HIDE_PORTAUDIO = (
+    "import ctypes.util, runpy, sys\n"
+    "find = ctypes.util.find_library\n"
+    "ctypes.util.find_library = lambda name: None if name == 'portaudio' else find(name)\n"
+    "sys.argv = ['moshi_mlx.local', *sys.argv[1:]]\n"
+    "runpy.run_module('moshi_mlx.local', run_name='__main__')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return cached_tiny_moshi(tmp_path_factory)
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Offline, empty caches, and a sound server that does not exist (so: no devices)."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+        MOSHI_MLX_WEIGHTS=str(tmp_path / "no_weights"),
+        PULSE_SERVER=f"unix:{tmp_path / 'no_pulse'}", XDG_RUNTIME_DIR=str(tmp_path),
+    )  # fmt: skip
+    return env
+
+
+@pytest.fixture
+def wav(tmp_path):
+    path = tmp_path / "in.wav"
+    sf.write(path, np.zeros(4800, np.float32), 24000)
+    return path
+
+
+def _fails(env, *args, module="moshi_mlx.run_inference"):
+    """Run the CLI; assert it failed cleanly and return its one-line error."""
+    command = [sys.executable, "-m", module] if module else [sys.executable]
+    done = subprocess.run(
+        [*command, *map(str, args)], env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_corrupt_wav(env, tmp_path):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt " + bytes(range(40)))
+    line = _fails(env, bad, tmp_path / "out.wav")
+    assert f"cannot read {bad} as audio" in line and "give a valid wav/flac/ogg file" in line
+
+
+def test_missing_wav(env, tmp_path):
+    line = _fails(env, tmp_path / "nope.wav", tmp_path / "out.wav")
+    assert line == f"error: audio file not found: {tmp_path / 'nope.wav'}"
+
+
+def test_wav_sample_rate_too_low(env, tmp_path):
+    low = tmp_path / "low.wav"
+    sf.write(low, np.zeros(4000, np.float32), 4000)
+    line = _fails(env, low, tmp_path / "out.wav")
+    assert "4000 Hz, too low for speech" in line and "24000 Hz is best" in line
+
+
+def test_offline_without_weights(env, wav, tmp_path):
+    line = _fails(env, wav, tmp_path / "out.wav")
+    assert "cannot get model.q4.safetensors" in line and "huggingface.co/kyutai" in line
+    assert "no_weights/" in line
+
+
+def test_missing_weight_file(env, wav, tmp_path, files):
+    flags = weight_flags({**files, "mimi": tmp_path / "gone.safetensors"})
+    line = _fails(env, wav, tmp_path / "out.wav", *flags)
+    assert line == f"error: --mimi-weight {tmp_path / 'gone.safetensors'}: file not found"
+
+
+def test_corrupt_weight_file(env, wav, tmp_path, files):
+    junk = tmp_path / "model.q4.safetensors"
+    junk.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}" + bytes(100))
+    line = _fails(env, wav, tmp_path / "out.wav", *weight_flags({**files, "moshi": junk}))
+    assert f"cannot read {junk} as safetensors" in line
+
+
+def test_weights_do_not_fit_the_config(env, wav, tmp_path, files):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(replace(tiny_config(), num_layers=3).to_dict()))
+    line = _fails(env, wav, tmp_path / "out.wav", *weight_flags({**files, "lm_config": config}))
+    assert str(files["moshi"]) in line and "missing tensor(s) transformer.layers.2" in line
+
+
+def test_no_audio_device(env):
+    line = _fails(env, module="moshi_mlx.local")
+    assert "no audio input device found" in line and "--list-devices" in line
+
+
+def test_portaudio_missing(env):
+    line = _fails(env, "-c", HIDE_PORTAUDIO, "--list-devices", module=None)
+    assert "PortAudio is not available" in line and "apt install libportaudio2" in line

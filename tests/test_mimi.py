@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import MIMI_FIXTURES
 
+from moshi_mlx.errors import ConfigError
 from moshi_mlx.mimi_checkpoint import load_mimi
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
@@ -129,3 +130,10 @@ def test_full_size_streaming_equals_batch(full_mimi_checkpoint, mimi_signal):
     np.testing.assert_array_equal(stream_codes, codes)
     assert _relative_error(stream_pcm, decoded) < 1e-5
     assert decoded.shape == (1, 1, 3 * FRAME)
+
+
+def test_config_from_dict_rejects_unsupported_options():
+    config = json.loads((MIMI_FIXTURES / "config.json").read_text())
+    config["transformer"]["gating"] = "silu"
+    with pytest.raises(ConfigError, match="transformer.gating = 'silu' is not supported"):
+        MimiConfig.from_dict(config)

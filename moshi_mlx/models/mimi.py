@@ -39,6 +39,36 @@ def _mimi_transformer(
     )
 
 
+# Options of Kyutai's Mimi config that this implementation fixes to the published model's values.
+_FIXED_OPTIONS = {
+    "seanet": {
+        "causal": True,
+        "pad_mode": "constant",
+        "norm": "none",
+        "true_skip": True,
+        "activation": "ELU",
+        "lstm": 0,
+    },
+    "transformer": {
+        "causal": True,
+        "norm": "layer_norm",
+        "gating": "none",
+        "positional_embedding": "rope",
+        "conv_layout": True,
+    },
+}
+
+
+def _check_supported(config: dict[str, Any]) -> None:
+    for section, options in _FIXED_OPTIONS.items():
+        for key, supported in options.items():
+            value = config.get(section, {}).get(key, supported)
+            if value != supported:
+                raise ConfigError(
+                    f"Mimi config {section}.{key} = {value!r} is not supported (only {supported!r})"
+                )
+
+
 @dataclass(frozen=True)
 class MimiConfig:
     sample_rate: int = 24_000
@@ -65,6 +95,7 @@ class MimiConfig:
     def from_dict(cls, config: dict[str, Any]) -> MimiConfig:
         """Build from Kyutai's Mimi config layout (`sample_rate`, `frame_rate`, and the
         `seanet`, `transformer`, `quantizer` sections as in `moshi.models.loaders`)."""
+        _check_supported(config)
         seanet = config.get("seanet", {})
         known = {f.name for f in fields(SeanetConfig)}
         seanet_cfg = SeanetConfig(

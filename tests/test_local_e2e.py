@@ -1,0 +1,141 @@
+"""`python -m moshi_mlx.local` against a private PulseAudio server: espeak-ng speech into a
+virtual microphone, Moshi's audio recorded from the null sink's monitor."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+from pulse import PulseServer, pulseaudio_missing_reason
+from tiny_moshi import cached_tiny_moshi, espeak_speech, weight_flags
+
+from moshi_mlx.audio.wav import read_audio
+
+pytestmark = [
+    pytest.mark.audio,
+    pytest.mark.skipif(
+        pulseaudio_missing_reason() is not None, reason=str(pulseaudio_missing_reason())
+    ),
+]
+BLOCKS_PER_SECOND = 24000 / 1920  # 12.5
+RUN_SECONDS = 6.0
+
+
+@pytest.fixture(scope="module")
+def pulse(tmp_path_factory):
+    with PulseServer(tmp_path_factory.mktemp("pulse")) as server:
+        yield server
+
+
+def _local(pulse, *args, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "-m", "moshi_mlx.local", *map(str, args)], env=pulse.env(), **kwargs
+    )
+
+
+def _wait_for(path, text, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, path.read_text(errors="replace")
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in {path.read_text(errors='replace')}")
+
+
+def test_list_and_pick_devices(pulse):
+    listing = subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", "--list-devices"], env=pulse.env(),
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert "pulse" in listing.stdout and "idx  in  out  name" in listing.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", "--input-device", "no-such-mic"],
+        env=pulse.env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == (
+        "error: no input device name contains 'no-such-mic'; see --list-devices and pass "
+        "--input-device"
+    )
+
+
+def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
+    files = cached_tiny_moshi(tmp_path_factory)
+    speech_file = espeak_speech(
+        tmp_path / "user.wav", "Hello Moshi. Can you hear me? Tell me about the weather today."
+    )
+    if speech_file is None:
+        pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
+    speech = read_audio(speech_file)
+    stderr_path, stats_path = tmp_path / "stderr.txt", tmp_path / "stats.json"
+    record, transcript = tmp_path / "both.wav", tmp_path / "moshi.txt"
+    pulse.start_recording(tmp_path / "speaker.raw")
+    with open(stderr_path, "w") as stderr:
+        proc = _local(
+            pulse, *weight_flags(files), "--seed", 1, "--input-device", "pulse",
+            "--output-device", "pulse", "--record", record, "--transcript", transcript,
+            "--stats", stats_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
+        try:
+            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            pulse.feed_mic(speech)  # real-time paced, then silence
+            time.sleep(RUN_SECONDS)
+            interrupted = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=10)
+            exit_seconds = time.monotonic() - interrupted
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    pulse.stop_recording()
+    err = stderr_path.read_text()
+
+    # Ctrl-C: clean exit within a second, summary printed
+    assert proc.returncode == 0, err
+    assert exit_seconds < 1.0, exit_seconds
+    assert "Traceback" not in err and "summary:" in err
+    print(f"\nexit after SIGINT in {exit_seconds:.2f} s; {err.split('summary: ')[-1]}")
+
+    # Callbacks at the real-time cadence
+    stats = json.loads(stats_path.read_text())
+    for side in ("input", "output"):
+        times = np.array(stats[f"{side}_times"])
+        span = times[-1] - times[0]
+        assert span > RUN_SECONDS - 1
+        steady = times[times > times[0] + 1.0]  # skip start-up buffer filling
+        rate = (len(steady) - 1) / (steady[-1] - steady[0])
+        assert abs(rate - BLOCKS_PER_SECOND) < 0.5, (side, rate)
+    assert stats["mic_overflows"] == 0
+
+    # The full-size random Mimi is slower than real time here: lag is reported and handled by
+    # dropping old mic frames, so latency stays bounded instead of growing.
+    assert stats["step_ms_mean"] > 80 and stats["dropped_frames"] > 0
+    assert "lag: the model is slower than real time" in err
+    latencies = np.array(stats["latencies_ms"])
+    assert len(latencies) >= 5
+    max_lag_ms = 3 * 80
+    bound = (
+        2 * stats["step_ms_mean"] + max_lag_ms + 2 * 80 + 1000 * stats["latency_output_device_s"]
+    )
+    assert latencies.max() < bound, (latencies, bound)
+    half = len(latencies) // 2
+    assert np.median(latencies[half:]) < np.median(latencies[:half]) + 250, latencies
+
+    # Moshi's audio reached the speaker: the null sink's monitor is not silent
+    speaker = np.fromfile(tmp_path / "speaker.raw", "<i2").astype(np.float32) / 32768
+    blocks = speaker[: len(speaker) // 1920 * 1920].reshape(-1, 1920)
+    loud_blocks = int((np.abs(blocks).max(axis=1) > 1e-3).sum())
+    assert loud_blocks >= 3, loud_blocks
+
+    # Recording: 2 channels, the user's speech on the left, Moshi on the right
+    both, rate = sf.read(record)
+    assert rate == 24000 and both.ndim == 2 and both.shape[1] == 2
+    assert len(both) >= 0.8 * stats["input_callbacks"] * 1920
+    assert np.abs(both[:, 0]).max() > 0.1 and np.abs(both[:, 1]).max() > 1e-3
+    # Transcript: the text printed live, saved to the file
+    assert transcript.read_text().strip() == out.strip()

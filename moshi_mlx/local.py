@@ -179,9 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m moshi_mlx.local`."""
     code = run_cli(_run, argv)
     worker_busy = any(t.name == WORKER_NAME and t.is_alive() for t in threading.enumerate())
-    if worker_busy and __name__ == "__main__":
-        # A model step is still running (seconds on a slow CPU); the files are closed and the
-        # streams are shut, so leave now rather than wait for it.
+    if worker_busy:
+        # A model step is still running (up to seconds on a slow CPU). The streams are shut
+        # and the files closed, so leave now rather than wait for it (Ctrl-C must be prompt).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

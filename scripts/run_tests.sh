@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in pulseaudio libportaudio2 libsndfile1 espeak-ng sox; do
+# pulseaudio(-utils) + the ALSA pulse plugin carry the audio tests' virtual sound card.
+for pkg in pulseaudio pulseaudio-utils libasound2-plugins libportaudio2 libsndfile1 espeak-ng sox; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -23,7 +23,7 @@ from moshi.models.loaders import _mimi_config, get_mimi
 from safetensors.torch import load_file, save_file
 
 NUM_CODEBOOKS = 8
-INPUT_SAMPLES = 7 * 1920 + 1000  # odd length: the encoder pads it to 8 frames
+TAIL_SAMPLES = 1000  # the input ends mid-frame: the encoder pads it to a whole frame
 
 # Same as `MimiConfig.tiny()` in moshi_mlx, in Kyutai's config layout.
 TINY_CONFIG = {
@@ -61,9 +61,9 @@ def published_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_signal(seed: int) -> torch.Tensor:
+def test_signal(frames: int, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
-    t = np.arange(INPUT_SAMPLES) / 24000
+    t = np.arange((frames - 1) * 1920 + TAIL_SAMPLES) / 24000
     pcm = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1375 * t)
     pcm = pcm * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)) + 0.05 * rng.normal(size=t.shape)
     return torch.tensor(pcm, dtype=torch.float32).view(1, 1, -1)
@@ -101,14 +101,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/mimi"))
     parser.add_argument("--full", action="store_true", help="the published (full-size) config")
     parser.add_argument("--weights", type=Path, help="load these weights instead of random ones")
+    parser.add_argument("--frames", type=int, default=8, help="frames of input (the last partial)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     config = _mimi_config if args.full else TINY_CONFIG
+    torch.manual_seed(args.seed)  # the default initialisation too, for reproducible fixtures
     model = get_mimi(None, config, num_codebooks=NUM_CODEBOOKS)
     model.eval()
-    pcm = test_signal(args.seed)
+    pcm = test_signal(args.frames, args.seed)
     if args.weights:
         model.load_state_dict(load_file(str(args.weights)))
     else:

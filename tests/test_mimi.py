@@ -137,3 +137,15 @@ def test_config_from_dict_rejects_unsupported_options():
     config["transformer"]["gating"] = "silu"
     with pytest.raises(ConfigError, match="transformer.gating = 'silu' is not supported"):
         MimiConfig.from_dict(config)
+
+
+def test_long_stream_past_the_attention_context(tiny_mimi, mimi_signal):
+    """140 frames = 280 steps of each transformer: the KV rings wrap, batch masks the window."""
+    frames = 140
+    pcm = mimi_signal(frames * FRAME)[None, None]
+    codes = np.array(tiny_mimi.encode(mx.array(pcm)))
+    decoded = np.array(tiny_mimi.decode(mx.array(codes)))
+    stream_codes, stream_pcm = _stream(tiny_mimi, pcm)
+    np.testing.assert_array_equal(stream_codes, codes)
+    late = slice(126 * FRAME, None)
+    assert _relative_error(stream_pcm[..., late], decoded[..., late]) < 1e-5

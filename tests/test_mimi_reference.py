@@ -63,3 +63,24 @@ def test_full_size_matches_pytorch(full_mimi_checkpoint, reference):
     assert latent_error < 1e-4
     assert pcm_error < 1e-4
     assert agreement >= 0.9
+
+
+def test_beyond_the_attention_context_matches_pytorch(tmp_path):
+    """140 frames = 280 transformer steps, past the 250-step window, on the tiny config."""
+    if not REFERENCE_PYTHON.is_file():
+        pytest.skip(f"no reference environment at {REFERENCE_PYTHON}")
+    command = [str(REFERENCE_PYTHON), str(SCRIPT), "--frames", "140", "--out", str(tmp_path)]
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    ref = dict(np.load(tmp_path / "golden.npz"))
+    config = MimiConfig.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    mimi = load_mimi(tmp_path / "weights.safetensors", num_codebooks=8, config=config)
+
+    latent = np.array(mimi.encode_latent(mx.array(ref["pcm"])))
+    assert latent.shape == (1, 32, 140)
+    late = slice(126, 140)  # frames whose transformer steps no longer see the start
+    assert _relative_error(latent[..., late], ref["latent"][..., late]) < 1e-4
+    decoded = np.array(mimi.decode(mx.array(ref["given_codes"])))
+    samples = slice(126 * 1920, 140 * 1920)
+    assert _relative_error(decoded[..., samples], ref["decoded_given"][..., samples]) < 1e-4
+    codes = np.array(mimi.encode(mx.array(ref["pcm"])))
+    assert (codes == ref["codes"]).mean() >= 0.95

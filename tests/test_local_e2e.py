@@ -112,10 +112,13 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
         assert abs(rate - BLOCKS_PER_SECOND) < 0.5, (side, rate)
     assert stats["mic_overflows"] == 0
 
-    # The full-size random Mimi is slower than real time here: lag is reported and handled by
-    # dropping old mic frames, so latency stays bounded instead of growing.
-    assert stats["step_ms_mean"] > 80 and stats["dropped_frames"] > 0
-    assert "lag: the model is slower than real time" in err
+    # On this CPU the full-size random Mimi is slower than real time: lag is reported and
+    # handled by dropping old mic frames, so latency stays bounded instead of growing.
+    if stats["step_ms_mean"] > 100:
+        assert stats["dropped_frames"] > 0 and "lag: the model is slower than real time" in err
+    elif stats["step_ms_mean"] < 60:  # a fast machine keeps up
+        assert stats["dropped_frames"] == 0
+    assert "(median, last 5 s)" in err  # the live latency line
     latencies = np.array(stats["latencies_ms"])
     assert len(latencies) >= 5
     max_lag_ms = 3 * 80

@@ -94,7 +94,5 @@ def espeak_speech(path: Path, text: str, rate: int = 24_000, channels: int = 1) 
         return None
     raw = path.with_suffix(".espeak.wav")
     subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-    subprocess.run(
-        ["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True
-    )
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True)
     return path

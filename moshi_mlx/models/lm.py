@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.models.depformer import Depformer, embed
+from moshi_mlx.models.depformer import ZERO_TOKEN, Depformer
 from moshi_mlx.modules.kv_cache import KVCache
 from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfig
 
@@ -245,10 +245,10 @@ class Lm(nn.Module):
 
         Token -1 stands for "no input" and contributes a zero vector.
         """
-        x = embed(self.text_emb, tokens[:, 0])
-        for k, emb in enumerate(self.audio_embs):
-            x = x + embed(emb, tokens[:, k + 1])
-        return x
+        clamped = mx.maximum(tokens, 0)
+        tables = [self.text_emb, *self.audio_embs]
+        embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
+        return mx.where((tokens == ZERO_TOKEN)[..., None], 0, embs).sum(axis=1)
 
     def forward_text(
         self, tokens: mx.array, caches: list[KVCache]

@@ -72,6 +72,8 @@ def detect_quantization(
     """(bits, group_size) of a checkpoint, or None when it is not quantized."""
     scales = sorted(name for name in tensors if name.endswith(".scales"))
     if not scales:
+        if "quantization_bits" in metadata:
+            raise WeightsError(f"{source}: metadata declares quantization but no tensor is")
         return None
     layer = scales[0].removesuffix(".scales")
     float_params = dict(tree_flatten(Lm(config).parameters()))

@@ -66,6 +66,11 @@ def test_quantization_metadata_is_honoured_and_checked(tiny_lm_checkpoints, tmp_
                                             "quantization_group_size": "64"})  # fmt: skip
     with pytest.raises(WeightsError, match="bad.safetensors.*8-bit"):
         load_lm(bad, LmConfig.tiny())
+    plain = tmp_path / "plain.safetensors"
+    mx.save_safetensors(str(plain), mx.load(str(tiny_lm_checkpoints["bf16"])),
+                        {"quantization_bits": "4"})  # fmt: skip
+    with pytest.raises(WeightsError, match="plain.safetensors.*no tensor is"):
+        load_lm(plain, LmConfig.tiny())
 
 
 def _rewrite(source, tmp_path, edit):

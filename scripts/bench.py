@@ -1,0 +1,383 @@
+"""Speed of moshi_mlx's streaming loop on random weights, optionally beside Kyutai's moshi_mlx.
+
+    python scripts/bench.py                                  # tiny + 1B, bf16 + q4, all parts
+    python scripts/bench.py --shapes tiny --quant bf16,q8,q4 --parts lm --steps 100
+    python scripts/bench.py --shapes tiny,1b --quant bf16,q4 --kyutai --json bench.json
+
+Parts: `lm` (ms per LM step: the whole step as `LmGen.step` runs it, and its split into
+temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone),
+`mimi` (ms per streaming 80 ms frame, encode and decode, per codec backend), `pipeline`
+(encode + LM step + decode per frame, real-time factor, time to the first audio frame).
+Peak memory is MLX's (`mx.get_peak_memory`), reset before every case. Percentiles are over
+the measured steps, after `--warmup` steps. Weights are random, written in the published
+formats into `--weights-dir` (default: a temporary folder), never fetched.
+
+With `--kyutai`, every LM case and the MLX Mimi case also run Kyutai's `moshi_mlx` 0.3.0
+(`scripts/bench_kyutai.py` in `--kyutai-python`'s environment) on the same files, right after
+ours, and the table shows the ratio ours / theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, summarize
+
+from moshi_mlx.codec import load_codec
+from moshi_mlx.generate import LmGen
+from moshi_mlx.lm_checkpoint import load_lm, write_random_lm_checkpoint
+from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.models.mimi import MimiConfig
+from moshi_mlx.sampling import SamplingConfig, sample
+
+SCRIPTS = Path(__file__).resolve().parent
+KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
+
+
+def _fresh_memory() -> None:
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+
+
+def _peak_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+# Weights ----------------------------------------------------------------------------------
+def lm_weights(folder: Path, shape: str, quant: str) -> Path:
+    """The random LM file of a case, written once per folder in Kyutai's MLX format."""
+    bits, group_size = QUANT_BITS[quant]
+    path = folder / f"lm_{shape}_{quant}.safetensors"
+    if not path.exists():
+        config = LmConfig.from_dict(LM_SHAPES[shape])
+        write_random_lm_checkpoint(path, config, bits=bits, group_size=group_size, seed=0)
+    return path
+
+
+def mimi_weights(folder: Path) -> Path:
+    """The random Mimi file, in the published PyTorch layout (all 32 codebooks)."""
+    path = folder / "mimi.safetensors"
+    if not path.exists():
+        write_random_mimi_checkpoint(path, MimiConfig.moshi(), seed=0)
+    return path
+
+
+def _user_codes(card: int, count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, card, size=(count, 8)).astype(np.int32)
+
+
+# LM ---------------------------------------------------------------------------------------
+def _audio_sampler(sampling: SamplingConfig, keys: mx.array):
+    return lambda logits, k: sample(logits, sampling.audio_temp, sampling.audio_top_k, keys[k])
+
+
+def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
+    """Per step: temporal transformer + text sampling, then depformer + audio sampling, each
+    evaluated on its own (so their sum exceeds a whole step by one host sync)."""
+    cfg = lm.cfg
+    caches, depformer_caches = lm.make_caches(), lm.depformer.make_caches()
+    rng = np.random.default_rng(seed)
+    key = mx.random.key(seed)
+    temporal, depformer = [], []
+    for _ in range(total):
+        tokens = np.concatenate([rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, 16)])
+        tokens = mx.array(tokens.astype(np.int32))[None, :, None]
+        key, text_key, audio_key = mx.random.split(key, 3)
+        audio_keys = mx.random.split(audio_key, cfg.dep_q)
+        mx.eval(tokens, text_key, audio_keys)
+        t0 = time.perf_counter()
+        out, text_logits = lm.forward_text(tokens, caches)
+        text = sample(text_logits[:, -1], sampling.text_temp, sampling.text_top_k, text_key)
+        mx.eval(out, text)
+        t1 = time.perf_counter()
+        audio = lm.depformer.sample(
+            out, text, depformer_caches, _audio_sampler(sampling, audio_keys)
+        )
+        mx.eval(audio)
+        temporal.append(t1 - t0)
+        depformer.append(time.perf_counter() - t1)
+    return {"temporal": temporal, "depformer": depformer}
+
+
+def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list[float]:
+    """The text sampler and the 8 audio samplers alone, on logits of the real shapes."""
+    times = []
+    keys = mx.random.split(mx.random.key(1), 1 + cfg.dep_q)
+    for _ in range(total):
+        text_logits = mx.random.normal((1, cfg.text_card)).astype(mx.bfloat16)
+        audio_logits = mx.random.normal((cfg.dep_q, 1, cfg.card)).astype(mx.bfloat16)
+        mx.eval(text_logits, audio_logits)
+        t0 = time.perf_counter()
+        tokens = [sample(text_logits, sampling.text_temp, sampling.text_top_k, keys[0])]
+        tokens += [
+            sample(audio_logits[k], sampling.audio_temp, sampling.audio_top_k, keys[1 + k])
+            for k in range(cfg.dep_q)
+        ]
+        mx.eval(tokens)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_lm(weights: Path, shape: str, steps: int, warmup: int, seed: int) -> dict:
+    """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory."""
+    _fresh_memory()
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    start = time.perf_counter()
+    lm = load_lm(weights, config)
+    load_s = time.perf_counter() - start
+    sampling = SamplingConfig()
+    total = warmup + steps
+
+    mx.reset_peak_memory()
+    gen = LmGen(lm, sampling, seed=seed)
+    step_times, first_audio_step = [], None
+    for index, codes in enumerate(_user_codes(config.card, total, seed)):
+        t0 = time.perf_counter()
+        result = gen.step(codes)
+        step_times.append(time.perf_counter() - t0)
+        if result.moshi_codes is not None and first_audio_step is None:
+            first_audio_step = index
+    peak_gb = _peak_gb()
+
+    split = _split_times(lm, sampling, total, seed)
+    sampling_times = _sampling_times(config, sampling, total)
+    return {
+        "impl": "ours",
+        "mlx": mx.__version__,
+        "load_s": load_s,
+        "step_ms": summarize(step_times[warmup:]),
+        "temporal_ms": summarize(split["temporal"][warmup:]),
+        "depformer_ms": summarize(split["depformer"][warmup:]),
+        "sampling_ms": summarize(sampling_times[warmup:]),
+        "first_audio_step": first_audio_step,
+        "peak_memory_gb": peak_gb,
+    }
+
+
+# Mimi -------------------------------------------------------------------------------------
+def _frames(count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.1 * rng.standard_normal((count, 1920))).astype(np.float32)
+
+
+def bench_codec(weights: Path, backend: str, frames: int, warmup: int, seed: int) -> dict:
+    """ms per streaming frame through the `Codec` interface (numpy in, numpy out)."""
+    _fresh_memory()
+    start = time.perf_counter()
+    codec = load_codec(weights, backend=backend)
+    load_s = time.perf_counter() - start
+    mx.reset_peak_memory()
+    encode, decode = [], []
+    for pcm in _frames(warmup + frames, seed):
+        t0 = time.perf_counter()
+        codes = codec.encode_step(pcm)
+        t1 = time.perf_counter()
+        codec.decode_step(codes)
+        encode.append(t1 - t0)
+        decode.append(time.perf_counter() - t1)
+    frame = summarize([e + d for e, d in zip(encode, decode)][warmup:])
+    return {
+        "impl": "ours" if backend == "mlx" else backend,
+        "backend": backend,
+        "load_s": load_s,
+        "encode_ms": summarize(encode[warmup:]),
+        "decode_ms": summarize(decode[warmup:]),
+        "frame_ms": frame,
+        "real_time_factor": FRAME_MS / frame["p50"],
+        "peak_memory_gb": _peak_gb() if backend == "mlx" else None,
+    }
+
+
+# Pipeline ---------------------------------------------------------------------------------
+def bench_pipeline(
+    lm_file: Path, mimi_file: Path, shape: str, backend: str, frames: int, warmup: int, seed: int
+) -> dict:
+    """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame."""
+    _fresh_memory()
+    lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]))
+    codec = load_codec(mimi_file, backend=backend)
+    gen = LmGen(lm, SamplingConfig(), seed=seed)
+
+    def run(pcm_frames: np.ndarray) -> tuple[list[float], float | None]:
+        gen.reset()
+        codec.reset()
+        times, first_audio_s = [], None
+        start = time.perf_counter()
+        for pcm in pcm_frames:
+            t0 = time.perf_counter()
+            step = gen.step(codec.encode_step(pcm))
+            if step.moshi_codes is not None:
+                codec.decode_step(step.moshi_codes)
+                if first_audio_s is None:
+                    first_audio_s = time.perf_counter() - start
+            times.append(time.perf_counter() - t0)
+        return times, first_audio_s
+
+    pcm_frames = _frames(warmup + frames, seed)
+    run(pcm_frames[:warmup])  # compile/allocate, then start a fresh conversation
+    mx.reset_peak_memory()
+    times, first_audio_s = run(pcm_frames)
+    frame = summarize(times[warmup:])
+    return {
+        "impl": "ours",
+        "backend": backend,
+        "frame_ms": frame,
+        "real_time_factor": FRAME_MS / frame["p50"],
+        "first_audio_ms": None if first_audio_s is None else 1000 * first_audio_s,
+        "peak_memory_gb": _peak_gb(),
+    }
+
+
+# Kyutai -----------------------------------------------------------------------------------
+def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
+    """Run `bench_kyutai.py` in Kyutai's environment; its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [python, str(SCRIPTS / "bench_kyutai.py"), part, "--weights", str(weights)]
+        command += [*extra, "--json", str(out)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+        return json.loads(out.read_text())
+
+
+# Report -----------------------------------------------------------------------------------
+def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, float]]:
+    return [(n, case[n]["p50"], case[n]["p95"]) for n in names if case.get(n) is not None]
+
+
+def format_table(results: list[dict]) -> str:
+    """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
+    header = f"{'part':<9}{'shape':<6}{'quant':<6}{'impl':<10}{'metric':<14}"
+    header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
+    lines = [header, "-" * len(header)]
+    metrics = {
+        "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms"),
+        "mimi": ("encode_ms", "decode_ms", "frame_ms"),
+        "pipeline": ("frame_ms",),
+    }
+    for case in results:
+        theirs = case.get("kyutai")
+        for impl, data in (("ours", case["ours"]), ("kyutai", theirs)):
+            if data is None:
+                continue
+            label = impl if case["part"] == "lm" else data.get("backend", impl)
+            if impl == "kyutai":
+                label = "kyutai"
+            peak = data.get("peak_memory_gb")
+            for i, (name, p50, p95) in enumerate(_metric_rows(data, metrics[case["part"]])):
+                ratio = ""
+                if impl == "ours" and theirs is not None and name in theirs:
+                    ratio = f"{p50 / theirs[name]['p50']:.2f}"
+                row = f"{case['part']:<9}{case.get('shape', '-'):<6}{case.get('quant', '-'):<6}"
+                row += f"{label:<10}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
+                row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
+                lines.append(row)
+            if "real_time_factor" in data:
+                extra = f"  real-time factor {data['real_time_factor']:.3f}"
+                if data.get("first_audio_ms") is not None:
+                    extra += f", first audio frame after {data['first_audio_ms']:.0f} ms"
+                lines.append(extra)
+    return "\n".join(lines)
+
+
+def _csv(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b")
+    parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
+    parser.add_argument("--parts", type=_csv, default=["lm", "mimi", "pipeline"])
+    parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
+    parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
+    parser.add_argument("--frames", type=int, default=20, help="measured Mimi/pipeline frames")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights-dir", type=Path, help="keep/reuse random weights here")
+    parser.add_argument("--kyutai", action="store_true", help="also run Kyutai's moshi_mlx")
+    parser.add_argument("--kyutai-python", default=KYUTAI_PYTHON)
+    parser.add_argument("--json", type=Path, help="write all results here")
+    args = parser.parse_args(argv)
+    for name, allowed in (("shapes", LM_SHAPES), ("quant", QUANT_BITS),
+                          ("parts", ("lm", "mimi", "pipeline")),
+                          ("codec", ("mlx", "rustymimi"))):  # fmt: skip
+        unknown = set(getattr(args, name)) - set(allowed)
+        if unknown:
+            parser.error(f"--{name}: unknown {', '.join(sorted(unknown))}")
+    return args
+
+
+def run(args: argparse.Namespace, folder: Path) -> list[dict]:
+    results = []
+    common = ["--warmup", str(args.warmup), "--seed", str(args.seed)]
+    if "lm" in args.parts:
+        for shape in args.shapes:
+            for quant in args.quant:
+                weights = lm_weights(folder, shape, quant)
+                case = {"part": "lm", "shape": shape, "quant": quant}
+                case["ours"] = bench_lm(weights, shape, args.steps, args.warmup, args.seed)
+                if args.kyutai:
+                    extra = ["--shape", shape, "--steps", str(args.steps), *common]
+                    case["kyutai"] = run_kyutai(args.kyutai_python, "lm", weights, extra)
+                results.append(case)
+                print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "mimi" in args.parts or "pipeline" in args.parts:
+        mimi_file = mimi_weights(folder)
+    if "mimi" in args.parts:
+        for backend in args.codec:
+            case = {"part": "mimi", "codec": backend}
+            case["ours"] = bench_codec(mimi_file, backend, args.frames, args.warmup, args.seed)
+            if args.kyutai and backend == "mlx":
+                extra = ["--frames", str(args.frames), *common]
+                case["kyutai"] = run_kyutai(args.kyutai_python, "mimi", mimi_file, extra)
+            results.append(case)
+            print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "pipeline" in args.parts:
+        for shape in args.shapes:
+            for quant in args.quant:
+                lm_file = lm_weights(folder, shape, quant)
+                for backend in args.codec:
+                    case = {"part": "pipeline", "shape": shape, "quant": quant}
+                    case["ours"] = bench_pipeline(
+                        lm_file, mimi_file, shape, backend, args.frames, args.warmup, args.seed
+                    )
+                    results.append(case)
+                    print(format_table([case]).split("\n", 2)[2], flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.weights_dir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        results = run(args, folder)
+    print()
+    print(format_table(results))
+    if args.json is not None:
+        report = {
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "mlx": mx.__version__, "device": str(mx.default_device())},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "results": results,
+        }  # fmt: skip
+        args.json.write_text(json.dumps(report, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

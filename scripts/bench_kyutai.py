@@ -1,0 +1,237 @@
+"""Measure Kyutai's own `moshi_mlx` 0.3.0 on the same random weights as `scripts/bench.py`.
+
+Runs in Kyutai's virtual environment (it pins mlx 0.26.5), through its public classes only:
+
+    /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py lm --shape tiny \
+        --weights model.q4.safetensors --steps 50 --json kyutai_lm.json
+    /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py mimi \
+        --weights mimi.safetensors --frames 30 --json kyutai_mimi.json
+
+`bench.py --kyutai` calls it for every case, alternating with our own measurement.
+LM files are in the published MLX format (bf16, or q8/q4 packed by `mlx.nn.quantize`); the
+quantization is read from the file. The Mimi file is in the published PyTorch layout, which
+Kyutai's MLX Mimi converts with its own `load_pytorch_weights`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from bench_stats import FRAME_MS, LM_SHAPES, summarize
+from mlx import nn
+
+
+def _kyutai():
+    """Kyutai's package (not ours: this script's folder, not the repo root, leads sys.path)."""
+    import moshi_mlx
+
+    if "site-packages" not in str(Path(moshi_mlx.__file__)):
+        raise SystemExit(f"expected Kyutai's installed moshi_mlx, got {moshi_mlx.__file__}")
+    from moshi_mlx import models, utils
+
+    return models, utils
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(size))
+
+
+def detect_quantization(path: Path, dim: int) -> tuple[int | None, int | None]:
+    """(bits, group_size) of an MLX LM file, read from the `text_linear` tensors' shapes."""
+    header = _safetensors_header(path)
+    weight = header["text_linear.weight"]
+    if weight["dtype"] != "U32":
+        return None, None
+    bits = weight["shape"][1] * 32 // dim
+    group_size = dim // header["text_linear.scales"]["shape"][1]
+    return bits, group_size
+
+
+def _memory_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+def bench_lm(config: dict, weights: Path, steps: int, warmup: int, seed: int) -> dict:
+    """Time Kyutai's `LmGen.step` (as its run loop uses it) and its temporal/depformer split."""
+    models, utils = _kyutai()
+    start = time.perf_counter()
+    lm_config = models.LmConfig.from_config_dict(config)
+    model = models.Lm(lm_config)
+    model.set_dtype(mx.bfloat16)
+    bits, group_size = detect_quantization(weights, config["dim"])
+    if bits is not None:
+        nn.quantize(model, bits=bits, group_size=group_size)
+    model.load_weights(str(weights), strict=True)
+    mx.eval(model.parameters())
+    load_s = time.perf_counter() - start
+
+    rng = np.random.default_rng(seed)
+    total = warmup + steps
+    user_codes = rng.integers(0, config["card"], size=(total, 8)).astype(np.int32)
+
+    def make_gen(on_text_hook=None, on_audio_hook=None):
+        for cache in model.transformer_cache:
+            cache.reset()
+        mx.random.seed(seed)
+        return models.LmGen(
+            model=model,
+            max_steps=total + 2,
+            text_sampler=utils.Sampler(temp=0.7, top_k=25),
+            audio_sampler=utils.Sampler(temp=0.8, top_k=250),
+            check=False,
+            on_text_hook=on_text_hook,
+            on_audio_hook=on_audio_hook,
+        )
+
+    # 1. The whole step as Kyutai's own loops run it: step, text token to host, audio to host.
+    mx.reset_peak_memory()
+    gen = make_gen()
+    step_times = []
+    first_audio_step = None
+    for index, codes in enumerate(user_codes):
+        t0 = time.perf_counter()
+        text = gen.step(mx.array(codes[None]))
+        text[0].item()
+        audio = gen.last_audio_tokens()
+        if audio is not None:
+            np.array(audio)
+            if first_audio_step is None:
+                first_audio_step = index
+        step_times.append(time.perf_counter() - t0)
+    peak_gb = _memory_gb()
+
+    # 2. The split, through LmGen's hooks (each forces an evaluation, hence a separate run).
+    marks: dict[str, float] = {}
+
+    def on_text(token):
+        mx.eval(token)
+        marks["text"] = time.perf_counter()
+
+    def on_audio(tokens):
+        mx.eval(tokens)
+        marks["audio"] = time.perf_counter()
+
+    gen = make_gen(on_text, on_audio)
+    temporal, depformer = [], []
+    for codes in user_codes:
+        t0 = time.perf_counter()
+        text = gen.step(mx.array(codes[None]))
+        text[0].item()
+        temporal.append(marks["text"] - t0)
+        depformer.append(marks["audio"] - marks["text"])
+
+    # 3. The samplers alone, on logits of the real shapes (1 text + 8 audio codebooks).
+    text_sampler = utils.Sampler(temp=0.7, top_k=25)
+    audio_sampler = utils.Sampler(temp=0.8, top_k=250)
+    sampling = []
+    for _ in range(total):
+        text_logits = mx.random.normal((1, 1, config["text_card"])).astype(mx.bfloat16)
+        audio_logits = mx.random.normal((8, 1, 1, config["card"])).astype(mx.bfloat16)
+        mx.eval(text_logits, audio_logits)
+        t0 = time.perf_counter()
+        tokens = [text_sampler(text_logits)[0]]
+        tokens += [audio_sampler(audio_logits[k])[0] for k in range(8)]
+        mx.eval(tokens)
+        sampling.append(time.perf_counter() - t0)
+
+    return {
+        "impl": "kyutai",
+        "mlx": mx.__version__,
+        "bits": bits,
+        "load_s": load_s,
+        "step_ms": summarize(step_times[warmup:]),
+        "temporal_ms": summarize(temporal[warmup:]),
+        "depformer_ms": summarize(depformer[warmup:]),
+        "sampling_ms": summarize(sampling[warmup:]),
+        "first_audio_step": first_audio_step,
+        "peak_memory_gb": peak_gb,
+    }
+
+
+def bench_mimi(
+    weights: Path, frames: int, warmup: int, seed: int, num_codebooks: int = 8
+) -> dict:
+    """Time Kyutai's MLX Mimi streaming `encode_step` and `decode_step` per 80 ms frame."""
+    models, _ = _kyutai()
+    start = time.perf_counter()
+    mimi = models.mimi.Mimi(models.mimi_202407(num_codebooks))
+    # The file holds 32 codebooks and Kyutai's loader wants exactly the model's: keep the first.
+    tensors = mx.load(str(weights))
+    unused = [f"quantizer.rvq_rest.vq.layers.{i}." for i in range(num_codebooks - 1, 31)]
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(tuple(unused))}
+    with tempfile.TemporaryDirectory() as tmp:
+        subset = Path(tmp) / "mimi.safetensors"
+        mx.save_safetensors(str(subset), tensors)
+        mimi.load_pytorch_weights(str(subset), strict=True)
+    mx.eval(mimi.parameters())
+    load_s = time.perf_counter() - start
+
+    rng = np.random.default_rng(seed)
+    pcm = (0.1 * rng.standard_normal((warmup + frames, 1920))).astype(np.float32)
+    mx.reset_peak_memory()
+    mimi.reset_all()
+    encode, decode = [], []
+    for frame in pcm:
+        t0 = time.perf_counter()
+        codes = mimi.encode_step(mx.array(frame[None, None]))
+        mx.eval(codes)
+        t1 = time.perf_counter()
+        out = mimi.decode_step(codes)
+        mx.eval(out)
+        t2 = time.perf_counter()
+        encode.append(t1 - t0)
+        decode.append(t2 - t1)
+    frame = summarize([e + d for e, d in zip(encode, decode)][warmup:])
+    return {
+        "impl": "kyutai",
+        "mlx": mx.__version__,
+        "load_s": load_s,
+        "encode_ms": summarize(encode[warmup:]),
+        "decode_ms": summarize(decode[warmup:]),
+        "frame_ms": frame,
+        "real_time_factor": FRAME_MS / frame["p50"],
+        "peak_memory_gb": _memory_gb(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["lm", "mimi"])
+    parser.add_argument("--weights", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(LM_SHAPES), help="LM shape (for part lm)")
+    parser.add_argument("--config", type=Path, help="a Kyutai config.json instead of --shape")
+    parser.add_argument("--steps", type=int, default=50, help="measured LM steps")
+    parser.add_argument("--frames", type=int, default=30, help="measured Mimi frames")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+
+    if args.part == "lm":
+        if args.config is not None:
+            config = json.loads(args.config.read_text())
+        elif args.shape is not None:
+            config = LM_SHAPES[args.shape]
+        else:
+            parser.error("part lm needs --shape or --config")
+        result = bench_lm(config, args.weights, args.steps, args.warmup, args.seed)
+    else:
+        result = bench_mimi(args.weights, args.frames, args.warmup, args.seed)
+    text = json.dumps(result, indent=2)
+    if args.json is not None:
+        args.json.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

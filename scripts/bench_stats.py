@@ -1,0 +1,76 @@
+"""Shared by `bench.py` (our package) and `bench_kyutai.py` (Kyutai's): shapes and statistics.
+
+Kept free of any `moshi_mlx` import, so both virtual environments can load it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+# LM shapes as Kyutai `config.json` dicts, so both implementations build the same model.
+# Every linear input width divides by 64, so q8 (group 64) and q4 (group 32) quantize all layers.
+_COMMON = {
+    "text_card": 32000,
+    "existing_text_padding_id": 3,
+    "n_q": 16,
+    "dep_q": 8,
+    "card": 2048,
+    "hidden_scale": 4.125,
+    "causal": True,
+    "layer_scale": None,
+    "context": 3000,
+    "max_period": 10000,
+    "gating": "silu",
+    "norm": "rms_norm_f32",
+    "positional_embedding": "rope",
+    "depformer_dim": 1024,
+    "depformer_dim_feedforward": 4224,
+    "depformer_num_heads": 16,
+    "depformer_num_layers": 6,
+    "depformer_layer_scale": None,
+    "depformer_multi_linear": True,
+    "depformer_context": 8,
+    "depformer_max_period": 10000,
+    "depformer_gating": "silu",
+    "depformer_pos_emb": "none",
+    "depformer_weights_per_step": True,
+    "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+}
+
+LM_SHAPES: dict[str, dict] = {
+    # Real vocabularies, small widths: measures per-step overheads (graph building, syncs).
+    "tiny": {
+        **_COMMON,
+        "dim": 256,
+        "num_heads": 4,
+        "num_layers": 2,
+        "depformer_dim": 128,
+        "depformer_dim_feedforward": 384,
+        "depformer_num_heads": 4,
+        "depformer_num_layers": 2,
+    },
+    # A 1B-class Helium (2048 wide, 16 layers) with the 7B model's depformer.
+    "1b": {**_COMMON, "dim": 2048, "num_heads": 16, "num_layers": 16},
+    # The published Moshi 7B (v0.1) shape.
+    "7b": {**_COMMON, "dim": 4096, "num_heads": 32, "num_layers": 32},
+}
+
+QUANT_BITS: dict[str, tuple[int | None, int | None]] = {
+    "bf16": (None, None),
+    "q8": (8, 64),
+    "q4": (4, 32),
+}
+
+FRAME_MS = 80.0  # one Mimi frame: 1920 samples at 24 kHz
+
+
+def summarize(seconds: list[float]) -> dict[str, float]:
+    """p50 / p95 / mean in milliseconds of a list of durations in seconds."""
+    ms = sorted(s * 1000.0 for s in seconds)
+    p95_index = min(len(ms) - 1, round(0.95 * (len(ms) - 1)))
+    return {
+        "p50": statistics.median(ms),
+        "p95": ms[p95_index],
+        "mean": statistics.fmean(ms),
+        "n": len(ms),
+    }

@@ -164,9 +164,16 @@ def _names_list(names: Sequence[str], limit: int = 5) -> str:
 
 
 def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
-    num_slices = sum(1 for name in shapes if _match("linears.{slice}.weight", name))
-    if num_slices == 0:
-        raise WeightsError(f"{source}: no depformer output projection (linears.0.weight)")
+    # Slices are counted from their input and output projections, one tensor each per slice.
+    slices = [
+        int(fields["slice"])
+        for name in shapes
+        for template in ("depformer_in.{slice}.weight", "linears.{slice}.weight")
+        if (fields := _match(template, name)) is not None
+    ]
+    if not slices:
+        raise WeightsError(f"{source}: no depformer projections (depformer_in.0.weight, ...)")
+    num_slices = max(slices) + 1
     recipes, unknown = [], []
     for name, shape in shapes.items():
         shape = tuple(shape)

@@ -45,7 +45,10 @@ OUTPUT_NAMES = {4: "model.q4.safetensors", 8: "model.q8.safetensors", 16: "model
 GROUP_SIZES = (32, 64, 128)
 BITS_KEY, GROUP_SIZE_KEY = "quantization_bits", "quantization_group_size"
 
-_CHUNK_ELEMENTS = 1 << 24  # rows are processed in blocks of about this many values
+_CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
+# MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
+# block (a third of the run time otherwise) while keeping the process small.
+_CACHE_LIMIT_BYTES = 256 << 20
 _SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.uint32: "U32"}
 
 Layout = dict[str, tuple[Shape, mx.Dtype]]
@@ -284,6 +287,7 @@ def quantize_checkpoint(
     errors: dict[str, float] = {}
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(sum(a.nbytes for a in tensors.values()), len(recipes), show)
+    previous_cache_limit = mx.set_cache_limit(_CACHE_LIMIT_BYTES)
     try:
         with open(temp_path, "wb") as file:
             writer = SafetensorsWriter(file, layout, metadata)
@@ -300,7 +304,6 @@ def quantize_checkpoint(
                     done_tensors += 1
                     bar.update(done_bytes, done_tensors)
                 del source
-                mx.clear_cache()
             writer.check_complete()
             file.flush()
             os.fsync(file.fileno())
@@ -308,6 +311,9 @@ def quantize_checkpoint(
     except BaseException:
         temp_path.unlink(missing_ok=True)
         raise
+    finally:
+        mx.set_cache_limit(previous_cache_limit)
+        mx.clear_cache()
     return QuantizeResult(
         output=output_path,
         source_format=source_format,
@@ -474,6 +480,11 @@ def _parser() -> argparse.ArgumentParser:
         "--group-size", type=int, choices=GROUP_SIZES, help="default: 32 for 4 bits, 64 for 8 bits"
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="show a progress bar on stderr (default: when it is a terminal)",
+    )
     parser.add_argument("--worst", type=int, default=5, help="how many worst layers to list")
     parser.add_argument(
         "--check",
@@ -495,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = _read_config(args.config, args.input) if args.check else None
         result = quantize_checkpoint(
-            args.input, args.output, args.bits, args.group_size, force=args.force
+            args.input, args.output, args.bits, args.group_size, args.force, args.progress
         )
         print(result.error_report(args.worst))
         print(result.summary())

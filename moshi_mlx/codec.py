@@ -117,7 +117,9 @@ class RustyMimiCodec:
         return np.asarray(pcm, dtype=np.float32).reshape(self.frame_size)
 
     def reset(self) -> None:
-        self._tokenizer.reset()
+        # rustymimi 0.4's Tokenizer.reset() leaves part of the encoder's state (the first frame
+        # after it encodes differently from a fresh stream), so open the file again (~1 s).
+        self._tokenizer = self._open()
 
 
 def load_codec(weight_path: str | Path, backend: str = "mlx", num_codebooks: int = 8) -> Codec:

@@ -73,6 +73,15 @@ def test_mlx_codec_frames(tiny_mimi_checkpoint, mimi_signal):
         codec.decode_step(np.zeros(8, np.int32))
 
 
+def test_reset_starts_a_fresh_stream(codecs, mimi_signal):
+    pcm = mimi_signal(2 * FRAME)
+    for codec in codecs.values():
+        first = _round_trip(codec, pcm)  # _round_trip resets first
+        second = _round_trip(codec, pcm)
+        np.testing.assert_array_equal(first[0], second[0])
+        np.testing.assert_allclose(first[1], second[1], rtol=0, atol=1e-6)
+
+
 def test_mlx_matches_rustymimi(codecs, mimi_signal):
     assert isinstance(codecs["rustymimi"], RustyMimiCodec)
     assert isinstance(codecs["rustymimi"], Codec)

@@ -221,16 +221,16 @@ class LiveLoop:
                 self._on_text(text)
             now = time.monotonic()
             if now - last_status >= self._status_every:
-                self._on_status(self._live_status(now - last_status))
+                self._on_status(self._live_status())
                 last_status = now
 
-    def _live_status(self, window: float) -> str:
-        frames = max(1, int(window / self.frame_seconds))
+    def _live_status(self) -> str:
+        frames = max(1, int(self._status_every / self.frame_seconds))
         recent = self._latency_log.values()[-frames:]
         steps = self._step_times[-frames:]
         latency = f"{np.median(recent) * 1000:.0f} ms" if len(recent) else "-"
         return (
-            f"latency {latency} (median, last {window:.0f} s), model step "
+            f"latency {latency} (median, last {self._status_every:g} s), model step "
             f"{np.mean(steps) * 1000:.0f} ms, {self.dropped_frames} mic frames dropped so far"
         )
 

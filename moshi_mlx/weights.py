@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from moshi_mlx.errors import WeightsError

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 from moshi_mlx.modules.kv_cache import KVCache
 
@@ -68,15 +68,19 @@ class Attention(nn.Module):
         self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
+    def _rope(self, x: mx.array, offset: int) -> mx.array:
+        return mx.fast.rope(
+            x, self.head_dim, traditional=True, base=self.max_period, scale=1.0, offset=offset
+        )
+
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         batch, steps, _ = x.shape  # (B, T, D)
         qkv = self.in_proj(x).reshape(batch, steps, 3, self.num_heads, self.head_dim)
         qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
         queries, keys, values = qkv[0], qkv[1], qkv[2]
         if self.use_rope:
-            rope = dict(traditional=True, base=self.max_period, scale=1.0, offset=cache.offset)
-            queries = mx.fast.rope(queries, self.head_dim, **rope)
-            keys = mx.fast.rope(keys, self.head_dim, **rope)
+            queries = self._rope(queries, cache.offset)
+            keys = self._rope(keys, cache.offset)
         keys, values, mask = cache.update_and_fetch(keys, values)
         out = mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=self.scale, mask=mask

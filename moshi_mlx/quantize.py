@@ -233,6 +233,18 @@ def _convert_tensor(
     return math.sqrt(error_sum / reference_sum) if reference_sum > 0 else 0.0
 
 
+def _remove_stale_partials(output_path: Path) -> None:
+    """Delete temporary files left by killed conversions to the same output."""
+    for partial in output_path.parent.glob(f".{output_path.name}.*.partial"):
+        pid = partial.name.removeprefix(f".{output_path.name}.").removesuffix(".partial")
+        try:
+            os.kill(int(pid), 0)  # still running: leave its file alone
+        except (ValueError, ProcessLookupError):
+            partial.unlink(missing_ok=True)
+        except PermissionError:
+            pass
+
+
 def default_output(input_path: Path, bits: int) -> Path:
     """Kyutai's file name for this precision, next to the input."""
     return input_path.parent / OUTPUT_NAMES[bits]
@@ -269,12 +281,12 @@ def quantize_checkpoint(
     start = time.monotonic()
     mx.reset_peak_memory()
     tensors, _ = read_safetensors(input_path)
-    not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
-    if not_float:
-        raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
     source_format, recipes = plan_conversion(
         {name: a.shape for name, a in tensors.items()}, str(input_path)
     )
+    not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
+    if not_float:
+        raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
     layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size or 1)
     metadata = {"format": "mlx"}
     if bits != 16:
@@ -283,6 +295,7 @@ def quantize_checkpoint(
     for recipe in recipes:
         by_source[recipe.source].append(recipe)
 
+    _remove_stale_partials(output_path)
     temp_path = output_path.with_name(f".{output_path.name}.{os.getpid()}.partial")
     errors: dict[str, float] = {}
     show = sys.stderr.isatty() if progress is None else progress

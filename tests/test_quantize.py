@@ -1,0 +1,254 @@
+"""The converter / quantizer (moshi_mlx.quantize): published layouts, fidelity, CLI, crash safety.
+
+Source model: the tiny reference LM of tests/fixtures/lm (PyTorch-initialised weights), given in
+both of Kyutai's namings.
+"""
+
+import csv
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx import nn
+from safetensors import safe_open
+
+from moshi_mlx.conversion import convert_shapes, to_pytorch_naming
+from moshi_mlx.lm_checkpoint import load_lm, write_random_lm_checkpoint
+from moshi_mlx.models.lm import MOSHI_DELAYS, LmConfig
+from moshi_mlx.quantize import compare_generation, main, output_layout, quantize_checkpoint
+
+FORMATS = Path(__file__).parents[2] / "shared" / "formats"
+LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
+CONFIG = LmConfig.tiny()  # the fixture's config (checked in test_lm_parity.py)
+SAFETENSORS_DTYPES = {"BF16": mx.bfloat16, "U32": mx.uint32}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    """The tiny reference LM as bf16 files in MLX and in PyTorch naming: {"mlx" | "pytorch"}."""
+    root = tmp_path_factory.mktemp("quantize_sources")
+    weights = mx.load(str(LM_FIXTURES / "weights.safetensors"))
+    paths = {}
+    for naming, tensors in (("mlx", weights), ("pytorch", to_pytorch_naming(weights))):
+        (root / naming).mkdir()
+        paths[naming] = root / naming / "model.safetensors"
+        mx.save_safetensors(str(paths[naming]), tensors)
+        shutil.copy(LM_FIXTURES / "config.json", root / naming / "config.json")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def converted(sources, tmp_path_factory) -> dict[tuple[str, int], Path]:
+    """Outputs for each (naming, bits), converted once."""
+    root = tmp_path_factory.mktemp("quantize_outputs")
+    return {
+        (naming, bits): quantize_checkpoint(
+            sources[naming], root / f"{naming}.{bits}.safetensors", bits=bits
+        ).output
+        for naming in ("mlx", "pytorch")
+        for bits in (4, 8, 16)
+    }
+
+
+def read_layout(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], mx.Dtype]], dict]:
+    """Names, shapes, dtypes and metadata of a safetensors file, read by the reference library."""
+    with safe_open(str(path), "np") as file:
+        layout = {}
+        for name in file.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            info = file.get_slice(name)
+            layout[name] = (tuple(info.get_shape()), SAFETENSORS_DTYPES[info.get_dtype()])
+        return layout, file.metadata()
+
+
+def read_manifest(name: str) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
+    path = FORMATS / f"{name}.tsv"
+    if not path.is_file():
+        pytest.skip(f"manifest {path} not available")
+    with path.open() as file:
+        rows = list(csv.DictReader(file, delimiter="\t"))
+    dtypes = {"bfloat16": mx.bfloat16, "uint32": mx.uint32}
+    return {
+        row["name"]: (tuple(int(d) for d in row["shape"].split(",")), dtypes[row["dtype"]])
+        for row in rows
+    }
+
+
+@pytest.mark.parametrize("bits", [4, 8, 16])
+def test_7b_output_layouts_equal_the_published_files(bits):
+    pytorch = read_manifest("moshiko_pytorch_bf16")
+    mlx_shapes = convert_shapes({name: shape for name, (shape, _) in pytorch.items()})
+    name = {4: "moshiko_mlx_q4", 8: "moshiko_mlx_q8", 16: "moshiko_mlx_bf16"}[bits]
+    group_size = {4: 32, 8: 64, 16: 1}[bits]
+    assert output_layout(mlx_shapes, bits, group_size) == read_manifest(name)
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 64)])
+def test_quantized_files_have_kyutai_layout_and_load_strictly(converted, bits, group_size):
+    path = converted[("mlx", bits)]
+    layout, metadata = read_layout(path)
+    assert metadata["quantization_bits"] == str(bits)
+    assert metadata["quantization_group_size"] == str(group_size)
+    float_shapes = {n: s for n, (s, _) in read_layout(converted[("mlx", 16)])[0].items()}
+    assert layout == output_layout(float_shapes, bits, group_size)
+    # Every Linear / Embedding of the tiny model has a width divisible by 32 and 64.
+    assert sum(name.endswith(".scales") for name in layout) == 2 + 16 + 2 * 4 + 8 * (3 + 2 * 4)
+    assert layout["text_linear.weight"] == ((100, 64 * bits // 32), mx.uint32)
+    assert layout["out_norm.weight"] == ((64,), mx.bfloat16)
+    lm = load_lm(path, CONFIG)
+    assert isinstance(lm.text_linear, nn.QuantizedLinear)
+    assert (lm.text_linear.bits, lm.text_linear.group_size) == (bits, group_size)
+    assert isinstance(lm.depformer.slices[5].emb, nn.QuantizedEmbedding)
+
+
+def test_pytorch_named_input_gives_the_same_model(converted, sources):
+    for bits in (4, 8, 16):
+        from_mlx = mx.load(str(converted[("mlx", bits)]))
+        from_pytorch = mx.load(str(converted[("pytorch", bits)]))
+        assert from_mlx.keys() == from_pytorch.keys()
+        for name, array in from_mlx.items():
+            assert mx.array_equal(array, from_pytorch[name]).item(), (bits, name)
+    # Same logits: the PyTorch-named source against the bf16 file made from the MLX-named one.
+    check = compare_generation(sources["pytorch"], converted[("mlx", 16)], CONFIG, steps=12)
+    assert check.text_agreement == check.audio_agreement == 1.0
+    assert check.max_text_logit_diff == check.max_audio_logit_diff == 0.0
+
+
+def test_quantized_generation_tracks_the_bf16_model(converted, sources):
+    """Figures (tiny reference model, 32 greedy steps, teacher-forced on the bf16 model's
+    stream): q8 agrees on 90.6% of text and 92.6% of audio tokens, max |logit difference|
+    0.18 / 0.15, relative RMS logit error 0.042; q4 on 59.4% / 65.6%, 1.15 / 1.05, 0.28.
+    The tiny random model's logits are nearly flat (RMS 1.0 over 100 text tokens, 0.68 over
+    64 audio codes), so near-ties flip under q4's 7% weight error: a worst case for agreement."""
+    checks = {
+        bits: compare_generation(sources["mlx"], converted[("mlx", bits)], CONFIG, steps=32)
+        for bits in (4, 8)
+    }
+    for bits, check in checks.items():
+        print(f"q{bits}", check.summary())
+    q4, q8 = checks[4], checks[8]
+    assert q8.text_agreement >= 0.85 and q8.audio_agreement >= 0.85
+    assert q4.text_agreement >= 0.5 and q4.audio_agreement >= 0.55
+    assert 0 < q8.relative_logit_error < 0.08
+    assert 0 < q4.relative_logit_error < 0.4
+    assert q8.relative_logit_error < q4.relative_logit_error / 4
+    assert q8.max_text_logit_diff < q4.max_text_logit_diff / 3
+    assert q8.max_audio_logit_diff < q4.max_audio_logit_diff / 3
+    assert q8.max_text_logit_diff < 0.25 * q8.text_logit_rms
+
+
+def test_error_report_lists_groups_and_worst_layers(sources, tmp_path):
+    errors = {}
+    for bits in (4, 8):
+        result = quantize_checkpoint(sources["mlx"], tmp_path / f"q{bits}.safetensors", bits)
+        errors[bits] = result.relative_errors
+        report = result.error_report(worst=3)
+        assert "transformer.layers.*.self_attn.in_proj" in report
+        assert "depformer.slices.*.transformer.layers.*.gating.linear_out" in report
+        assert report.splitlines()[-1].startswith("worst layers: ")
+        assert report.splitlines()[-1].count(", ") == 2
+    assert len(errors[4]) == 2 + 16 + 2 * 4 + 8 * (3 + 2 * 4)  # every Linear and Embedding
+    assert not any("norm" in name for name in errors[4])
+    # Affine quantization of uniform/Gaussian weights: about 7-8% (4 bits), 0.5-1% (8 bits).
+    assert all(0.05 < error < 0.1 for error in errors[4].values())
+    assert all(0.003 < error < 0.012 for error in errors[8].values())
+
+
+def test_group_size_override_is_recorded_and_honoured(sources, tmp_path):
+    output = tmp_path / "q4g64.safetensors"
+    assert main([str(sources["mlx"]), "-o", str(output), "--bits", "4", "--group-size", "64"]) == 0
+    layout, metadata = read_layout(output)
+    assert metadata["quantization_group_size"] == "64"
+    assert layout["text_emb.scales"] == ((101, 1), mx.bfloat16)
+    lm = load_lm(output, CONFIG)
+    assert lm.text_emb.group_size == 64
+
+
+def test_cli_refuses_to_overwrite_and_reports_user_errors_in_one_line(sources, tmp_path, capsys):
+    output = tmp_path / "out.safetensors"
+    output.write_bytes(b"keep me")
+    assert main([str(sources["mlx"]), "-o", str(output)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "--force" in err
+    assert output.read_bytes() == b"keep me"
+    assert main([str(sources["mlx"]), "-o", str(output), "--force"]) == 0
+    assert read_layout(output)[1]["quantization_bits"] == "4"
+    capsys.readouterr()
+
+    not_moshi = tmp_path / "not_moshi.safetensors"
+    mx.save_safetensors(str(not_moshi), {"encoder.weight": mx.zeros((4, 4))})
+    cases = [
+        ([str(not_moshi)], "expected either Kyutai's PyTorch naming (out_norm.alpha"),
+        ([str(tmp_path / "missing.safetensors")], "weights file not found"),
+        ([str(sources["mlx"]), "-o", str(sources["mlx"]), "--bits", "16"], "overwrite the input"),
+        ([str(output), "-o", str(tmp_path / "again.safetensors")], "already quantized"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "not_moshi.safetensors",
+        "out.safetensors",
+    ]
+
+
+def test_progress_bar_and_check_from_the_cli(sources, tmp_path, capsys):
+    output = tmp_path / "q8.safetensors"
+    argv = [str(sources["pytorch"]), "-o", str(output), "--bits", "8", "--progress"]
+    assert main([*argv, "--check", "--check-steps", "4"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.rstrip("\n").endswith(tuple(f"{s}" for s in range(10)))  # elapsed m:ss
+    assert "100%" in captured.err and "151/151 tensors" in captured.err
+    assert "from pytorch-named input" in captured.out and "peak memory" in captured.out
+    assert "check over 4 greedy steps" in captured.out
+
+
+# A model large enough for the conversion to take a few seconds (about 80 M parameters).
+MEDIUM = LmConfig(
+    dim=512, num_heads=8, num_layers=6, hidden_scale=4.125, context=16,
+    depformer_dim=256, depformer_num_heads=4, depformer_num_layers=2,
+    depformer_dim_feedforward=1056, card=2048, text_card=32000, n_q=16, dep_q=8,
+    delays=MOSHI_DELAYS,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def medium_checkpoint(tmp_path_factory) -> Path:
+    return write_random_lm_checkpoint(tmp_path_factory.mktemp("medium"), MEDIUM, seed=1)
+
+
+def test_a_killed_conversion_leaves_no_output(medium_checkpoint, tmp_path):
+    output = tmp_path / "model.q4.safetensors"
+    command = [sys.executable, "-m", "moshi_mlx.quantize", str(medium_checkpoint)]
+    process = subprocess.Popen(
+        [*command, "-o", str(output), "--progress"], stderr=subprocess.PIPE, text=False
+    )
+    # The bar is drawn after each converted tensor: kill as soon as the first one is written.
+    first = process.stderr.read(1)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert first == b"\r" and process.returncode == -signal.SIGKILL
+    assert not output.exists()
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".model.q4.safetensors."), leftovers
+    # The next conversion to that name removes the dead process's temporary file.
+    assert main([str(medium_checkpoint), "-o", str(output), "--bits", "16"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == [output.name]
+
+
+def test_peak_memory_stays_far_below_the_model_size(medium_checkpoint, tmp_path):
+    size = medium_checkpoint.stat().st_size
+    largest = max(a.nbytes for a in mx.load(str(medium_checkpoint)).values())
+    result = quantize_checkpoint(medium_checkpoint, tmp_path / "q4.safetensors", bits=4)
+    print(result.summary(), f"(input {size / 1e6:.0f} MB, largest tensor {largest / 1e6:.0f} MB)")
+    assert result.peak_mlx_bytes < largest + 96 * 2**20
+    assert result.peak_mlx_bytes < 0.75 * size
+    assert np.isclose(
+        result.output_bytes, output_size := (tmp_path / "q4.safetensors").stat().st_size
+    )
+    assert output_size < 0.35 * size

@@ -20,6 +20,8 @@ from moshi_mlx.modules.quantizer import QuantizerConfig, SplitResidualVectorQuan
 from moshi_mlx.modules.seanet import SeanetConfig, SeanetDecoder, SeanetEncoder
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
+BATCH_CHUNK_FRAMES = 25  # batch encode/decode run 2 s at a time: flat memory for long files
+
 
 def _mimi_transformer(
     d_model: int = 512, num_heads: int = 8, num_layers: int = 8, ffn_hidden: int = 2048
@@ -271,18 +273,34 @@ class Mimi(nn.Module):
             pcm = mx.pad(pcm, [(0, 0), (0, 0), (0, missing)])
         return pcm.transpose(0, 2, 1)
 
+    def _in_chunks(self, run, inputs: mx.array, chunk: int) -> mx.array:
+        """Apply run(chunk_of_inputs, state) along axis 1 with one fresh state: the same result
+        as one call on the whole input (the model is causal), with memory bounded by `chunk`."""
+        state = self.make_state()
+        outputs = []
+        for start in range(0, inputs.shape[1], chunk):
+            outputs.append(run(inputs[:, start : start + chunk], state))
+            mx.eval(outputs[-1], state.arrays())
+        return mx.concatenate(outputs, axis=1)
+
     def encode_latent(self, pcm: mx.array) -> mx.array:
         """pcm (B, 1, T) -> unquantized latent (B, D, ceil(T / frame_size))."""
-        return self._latent(self._pad_to_frames(pcm), self.make_state()).transpose(0, 2, 1)
+        chunk = BATCH_CHUNK_FRAMES * self.frame_size
+        return self._in_chunks(self._latent, self._pad_to_frames(pcm), chunk).transpose(0, 2, 1)
 
     def encode(self, pcm: mx.array) -> mx.array:
         """pcm (B, 1, T) -> codes (B, K, ceil(T / frame_size)); the tail is zero-padded."""
-        latent = self._latent(self._pad_to_frames(pcm), self.make_state())
-        return self.quantizer.encode(latent).transpose(0, 2, 1)
+
+        def run(x: mx.array, state: MimiState) -> mx.array:
+            return self.quantizer.encode(self._latent(x, state))
+
+        chunk = BATCH_CHUNK_FRAMES * self.frame_size
+        return self._in_chunks(run, self._pad_to_frames(pcm), chunk).transpose(0, 2, 1)
 
     def decode(self, codes: mx.array) -> mx.array:
         """codes (B, K, frames) -> pcm (B, 1, frames * frame_size)."""
-        return self._pcm(codes.transpose(0, 2, 1), self.make_state()).transpose(0, 2, 1)
+        codes = codes.transpose(0, 2, 1)
+        return self._in_chunks(self._pcm, codes, BATCH_CHUNK_FRAMES).transpose(0, 2, 1)
 
     def encode_step(self, pcm: mx.array) -> mx.array:
         """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), evaluated."""

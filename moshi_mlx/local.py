@@ -25,7 +25,7 @@ from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_arg
 from moshi_mlx.errors import AudioError
 
 WORKER_NAME = "moshi-worker"
-_WORKER_GRACE = 0.4  # seconds to let a running model step finish after Ctrl-C
+_WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -110,7 +110,7 @@ def _open_streams(sd, loop: LiveLoop, input_device: int, output_device: int, fra
     return streams
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def _run(argv: Sequence[str] | None, session: dict) -> int:
     args = parse_args(argv)
     if args.list_devices:
         print(format_devices())
@@ -134,6 +134,7 @@ def _run(argv: Sequence[str] | None) -> int:
     streams = _open_streams(sd, loop, input_device, output_device, model.frame_size)
     loop.output_latency = streams[1].latency
     worker = threading.Thread(target=loop.run, name=WORKER_NAME, daemon=True)
+    session["streamed"] = True
 
     stop = loop.stop_event
     previous = {
@@ -148,7 +149,7 @@ def _run(argv: Sequence[str] | None) -> int:
             f"{device_name(output_device)!r} (seed {conversation.seed}); Ctrl-C to stop",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-        while not stop.wait(0.1):
+        while not stop.wait(0.05):
             pass
     finally:
         stop.set()
@@ -177,11 +178,12 @@ def _pcm_and_text(result) -> tuple[np.ndarray, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m moshi_mlx.local`."""
-    code = run_cli(_run, argv)
-    worker_busy = any(t.name == WORKER_NAME and t.is_alive() for t in threading.enumerate())
-    if worker_busy:
-        # A model step is still running (up to seconds on a slow CPU). The streams are shut
-        # and the files closed, so leave now rather than wait for it (Ctrl-C must be prompt).
+    session: dict = {}
+    code = run_cli(lambda args: _run(args, session), argv)
+    if session.get("streamed"):
+        # Streams are shut and files closed. Leave at once: a model step may still be running
+        # (up to seconds on a slow CPU) and PortAudio/MLX teardown takes a good part of a
+        # second, while Ctrl-C must end the app promptly.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

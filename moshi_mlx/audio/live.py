@@ -54,6 +54,11 @@ class Wakeup:
         os.close(self._write_fd)
 
 
+def _ms(seconds: np.ndarray, reduce) -> float:
+    """`reduce(seconds)` in milliseconds, 0 for no values."""
+    return float(reduce(seconds) * 1000) if len(seconds) else 0.0
+
+
 @dataclass
 class LiveStats:
     """What a live session measured; `summary()` is the line printed at exit."""
@@ -62,6 +67,7 @@ class LiveStats:
     output_times: np.ndarray
     latencies: np.ndarray  # seconds, one per reply frame played
     step_times: np.ndarray  # seconds per model step
+    mic_waits: np.ndarray  # seconds each processed mic frame waited for the model
     dropped_frames: int
     lag_events: int
     mic_overflows: int
@@ -84,7 +90,9 @@ class LiveStats:
             "input_times": self.input_times.tolist(),
             "output_times": self.output_times.tolist(),
             "steps": len(self.step_times),
-            "step_ms_mean": float(self.step_times.mean() * 1000) if len(self.step_times) else 0.0,
+            "step_ms_mean": _ms(self.step_times, np.mean),
+            "step_ms_max": _ms(self.step_times, np.max),
+            "mic_wait_ms_max": _ms(self.mic_waits, np.max),
             "latencies_ms": lat.tolist(),
             "latency_ms_median": float(np.median(lat)) if len(lat) else None,
             "latency_ms_p90": float(np.percentile(lat, 90)) if len(lat) else None,
@@ -144,6 +152,7 @@ class LiveLoop:
         self._output_log = StampLog(_MAX_LOGGED)
         self._latency_log = StampLog(_MAX_LOGGED)
         self._step_times: list[float] = []
+        self._mic_waits: list[float] = []
         self.dropped_frames = 0
         self.lag_events = 0
         self.speaker_underruns = 0
@@ -214,6 +223,7 @@ class LiveLoop:
             started = time.monotonic()
             reply, text = self._step(frame)
             self._step_times.append(time.monotonic() - started)
+            self._mic_waits.append(started - stamp)
             reply = np.clip(np.nan_to_num(reply), -1.0, 1.0)
             self.speaker.push(reply, stamp)
             self._on_frames(frame, reply)
@@ -241,6 +251,7 @@ class LiveLoop:
             output_times=self._output_log.values(),
             latencies=self._latency_log.values(),
             step_times=np.array(self._step_times),
+            mic_waits=np.array(self._mic_waits),
             dropped_frames=self.dropped_frames,
             lag_events=self.lag_events,
             mic_overflows=self.mic.overflows,

@@ -21,15 +21,23 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         f"files are looked up in this order: the path flags, the weights folder "
         f"(${WEIGHTS_ENV}, else ./weights), the Hugging Face hub (and its cache)",
     )
-    weights.add_argument("--hf-repo", help=f"Hugging Face repo (default {DEFAULT_REPO})")
+    weights.add_argument(
+        "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_REPO})"
+    )
     weights.add_argument(
         "-q", "--quantize", type=int, choices=(4, 8, 16),
         help="LM precision: 4 or 8 bits, 16 = bf16 (picks the matching kyutai repo)",
     )  # fmt: skip
-    weights.add_argument("--moshi-weight", help="local LM weights (.safetensors)")
-    weights.add_argument("--mimi-weight", help="local Mimi codec weights (.safetensors)")
-    weights.add_argument("--tokenizer", help="local text tokenizer (SentencePiece .model)")
-    weights.add_argument("--lm-config", help="local LM config.json in Kyutai's format")
+    weights.add_argument("--moshi-weight", metavar="PATH", help="local LM weights (.safetensors)")
+    weights.add_argument(
+        "--mimi-weight", metavar="PATH", help="local Mimi codec weights (.safetensors)"
+    )
+    weights.add_argument(
+        "--tokenizer", metavar="PATH", help="local text tokenizer (SentencePiece .model)"
+    )
+    weights.add_argument(
+        "--lm-config", metavar="PATH", help="local LM config.json in Kyutai's format"
+    )
     weights.add_argument(
         "--codec", choices=("mlx", "rustymimi"), default="mlx",
         help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",

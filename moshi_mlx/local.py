@@ -35,15 +35,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     audio = parser.add_argument_group("audio")
     audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
-    audio.add_argument("--input-device", help="microphone: index or part of the name")
-    audio.add_argument("--output-device", help="speaker: index or part of the name")
     audio.add_argument(
-        "--max-lag", type=float, default=0.24,
+        "--input-device", metavar="DEVICE", help="microphone: index or part of the name"
+    )
+    audio.add_argument(
+        "--output-device", metavar="DEVICE", help="speaker: index or part of the name"
+    )
+    audio.add_argument(
+        "--max-lag", type=float, default=0.24, metavar="SECONDS",
         help="seconds of mic audio the model may fall behind before the oldest is dropped",
     )  # fmt: skip
-    audio.add_argument("--record", help="write both sides to this wav (left user, right Moshi)")
-    audio.add_argument("--transcript", help="write Moshi's text to this file")
-    audio.add_argument("--stats", help="write measured cadence, latency and lag as JSON")
+    audio.add_argument(
+        "--record", metavar="FILE.wav", help="write both sides to this wav (left user, right Moshi)"
+    )
+    audio.add_argument("--transcript", metavar="FILE", help="write Moshi's text to this file")
+    audio.add_argument(
+        "--stats", metavar="FILE.json", help="write measured cadence, latency and lag as JSON"
+    )
     add_model_args(parser)
     return parser.parse_args(argv)
 

@@ -89,7 +89,8 @@ class PulseServer:
             if self._server.poll() is not None:
                 raise RuntimeError(f"pulseaudio exited: {self.log()}")
             ready = subprocess.run(
-                ["pactl", "list", "short", "sources"], env=self.env(), capture_output=True, check=False,
+                ["pactl", "list", "short", "sources"], env=self.env(), capture_output=True,
+                check=False,
                 text=True,
             )  # fmt: skip
             if ready.returncode == 0 and MIC in ready.stdout:

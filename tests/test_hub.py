@@ -66,7 +66,9 @@ def _resolve_in_subprocess(tmp_path, hf_home, *args):
     }  # fmt: skip
     code = (
         "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.hub import resolve_weights"
-        "\ndef go(argv):\n    print(resolve_weights(*[int(a) if a.isdigit() else a for a in argv])); return 0"
+        "\ndef go(argv):"
+        "\n    print(resolve_weights(*[int(a) if a.isdigit() else a for a in argv]))"
+        "\n    return 0"
         "\nsys.exit(run_cli(go, sys.argv[1:]))"
     )
     return subprocess.run(

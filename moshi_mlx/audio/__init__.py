@@ -1,0 +1,1 @@
+"""Sound devices, lock-free frame rings, the real-time loop, audio files and resampling."""

@@ -45,6 +45,10 @@ SCRIPTS = Path(__file__).resolve().parent
 KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
 
 
+DTYPES = {"bf16": mx.bfloat16, "f32": mx.float32}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
 def _fresh_memory() -> None:
     gc.collect()
     mx.clear_cache()
@@ -130,12 +134,24 @@ def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list
     return times
 
 
-def bench_lm(weights: Path, shape: str, steps: int, warmup: int, seed: int) -> dict:
-    """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory."""
+def bench_lm(
+    weights: Path,
+    shape: str,
+    steps: int,
+    warmup: int,
+    seed: int,
+    split_steps: int,
+    dtype: mx.Dtype = mx.bfloat16,
+) -> dict:
+    """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory.
+
+    `dtype` is the compute dtype (activations, norms, quantization scales): bf16 as
+    Kyutai's loader, or float32, which MLX's CPU kernels run faster.
+    """
     _fresh_memory()
     config = LmConfig.from_dict(LM_SHAPES[shape])
     start = time.perf_counter()
-    lm = load_lm(weights, config)
+    lm = load_lm(weights, config, dtype=dtype)
     load_s = time.perf_counter() - start
     sampling = SamplingConfig()
     total = warmup + steps
@@ -151,10 +167,11 @@ def bench_lm(weights: Path, shape: str, steps: int, warmup: int, seed: int) -> d
             first_audio_step = index
     peak_gb = _peak_gb()
 
-    split = _split_times(lm, sampling, total, seed)
-    sampling_times = _sampling_times(config, sampling, total)
+    split = _split_times(lm, sampling, warmup + split_steps, seed)
+    sampling_times = _sampling_times(config, sampling, warmup + split_steps)
     return {
         "impl": "ours",
+        "dtype": _DTYPE_NAMES[dtype],
         "mlx": mx.__version__,
         "load_s": load_s,
         "step_ms": summarize(step_times[warmup:]),
@@ -251,6 +268,63 @@ def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+# Bandwidth floor --------------------------------------------------------------------------
+# Memory bandwidth specs of Apple chip classes, GB/s (the vendor's published figures).
+APPLE_BANDWIDTH_GBS = {
+    "M1": 68, "M1 Pro": 200, "M1 Max": 400, "M2": 100, "M2 Pro": 200, "M2 Max": 400,
+    "M3": 100, "M3 Pro": 150, "M3 Max (30-core GPU)": 300, "M3 Max (40-core GPU)": 400,
+    "M4": 120, "M4 Pro": 273, "M4 Max (32-core GPU)": 410, "M4 Max (40-core GPU)": 546,
+    "M1/M2 Ultra": 800,
+}  # fmt: skip
+_MANIFEST_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint32": 4}
+# Embedding tables are gathered: a step reads one row of each (text, 16 audio, 8 depformer).
+_TABLE_PREFIXES = ("text_emb.", "audio_embs.")
+
+
+def weight_bytes_per_step(manifest: Path) -> tuple[int, int]:
+    """(file bytes, weight bytes one LM step reads) from a `moshiko_mlx_*.tsv` manifest.
+
+    Every matrix is read once per step (each depformer slice's own weights once); of the
+    embedding tables only the looked-up row (and its scales/biases row) is read.
+    """
+    total = read = 0
+    for line in manifest.read_text().splitlines()[1:]:
+        name, shape, dtype = line.split("\t")
+        dims = [int(d) for d in shape.split(",")]
+        size = int(np.prod(dims)) * _MANIFEST_BYTES[dtype]
+        total += size
+        is_table = name.startswith(_TABLE_PREFIXES) or ".emb." in name
+        read += size // dims[0] if is_table else size
+    return total, read
+
+
+def kv_cache_bytes(config: LmConfig, positions: int, itemsize: int = 2) -> int:
+    """Keys and values the temporal transformer reads per step with `positions` cached."""
+    return 2 * config.num_layers * positions * config.dim * itemsize
+
+
+def format_floor(formats_dir: Path) -> str:
+    """Markdown table: ms per step at each chip's bandwidth, for the published 7B files."""
+    config = LmConfig.moshi_7b()
+    kv_full = kv_cache_bytes(config, config.context)
+    variants = {q: weight_bytes_per_step(formats_dir / f"moshiko_mlx_{q}.tsv")
+                for q in ("bf16", "q8", "q4")}  # fmt: skip
+    lines = ["| | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
+    lines.append("| file GB | " + " | ".join(f"{t / 1e9:.2f}" for t, _ in variants.values()) + " |")
+    lines.append("| weights read per step, GB | "
+                 + " | ".join(f"{r / 1e9:.2f}" for _, r in variants.values()) + " |")  # fmt: skip
+    lines.append(f"| + KV cache at {config.context} positions, GB | "
+                 + " | ".join(f"{(r + kv_full) / 1e9:.2f}" for _, r in variants.values()) + " |")  # fmt: skip
+    lines += ["", "| chip | GB/s | " + " | ".join(f"{q} ms (full context)" for q in variants)
+              + " |", "|---|---:|" + "---:|" * len(variants)]  # fmt: skip
+    for chip, gbs in APPLE_BANDWIDTH_GBS.items():
+        cells = [
+            f"{r / gbs / 1e6:.1f} ({(r + kv_full) / gbs / 1e6:.1f})" for _, r in variants.values()
+        ]
+        lines.append(f"| {chip} | {gbs} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # Report -----------------------------------------------------------------------------------
 def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, float]]:
     return [(n, case[n]["p50"], case[n]["p95"]) for n in names if case.get(n) is not None]
@@ -266,14 +340,19 @@ def format_table(results: list[dict]) -> str:
         "mimi": ("encode_ms", "decode_ms", "frame_ms"),
         "pipeline": ("frame_ms",),
     }
+    shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
         theirs = case.get("kyutai")
         for impl, data in (("ours", case["ours"]), ("kyutai", theirs)):
-            if data is None:
+            if data is None or id(data) in shown:
                 continue
-            label = impl if case["part"] == "lm" else data.get("backend", impl)
+            shown.add(id(data))
             if impl == "kyutai":
                 label = "kyutai"
+            elif case["part"] == "lm":
+                label = f"ours-{data['dtype']}"
+            else:
+                label = data.get("backend", impl)
             peak = data.get("peak_memory_gb")
             for i, (name, p50, p95) in enumerate(_metric_rows(data, metrics[case["part"]])):
                 ratio = ""
@@ -304,6 +383,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parts", type=_csv, default=["lm", "mimi", "pipeline"])
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
+    parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
+    parser.add_argument(
+        "--dtype", type=_csv, default=["bf16"], help="our compute dtype(s): bf16,f32"
+    )
     parser.add_argument("--frames", type=int, default=20, help="measured Mimi/pipeline frames")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -311,10 +394,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kyutai", action="store_true", help="also run Kyutai's moshi_mlx")
     parser.add_argument("--kyutai-python", default=KYUTAI_PYTHON)
     parser.add_argument("--json", type=Path, help="write all results here")
+    parser.add_argument(
+        "--floor", action="store_true", help="print the 7B bandwidth floor per Apple chip and exit"
+    )
+    parser.add_argument(
+        "--formats-dir",
+        type=Path,
+        default=SCRIPTS.parent.parent / "shared" / "formats",
+        help="folder of the published checkpoints' .tsv manifests",
+    )
     args = parser.parse_args(argv)
     for name, allowed in (("shapes", LM_SHAPES), ("quant", QUANT_BITS),
                           ("parts", ("lm", "mimi", "pipeline")),
-                          ("codec", ("mlx", "rustymimi"))):  # fmt: skip
+                          ("codec", ("mlx", "rustymimi")), ("dtype", DTYPES)):  # fmt: skip
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
             parser.error(f"--{name}: unknown {', '.join(sorted(unknown))}")
@@ -328,13 +420,19 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         for shape in args.shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
-                case = {"part": "lm", "shape": shape, "quant": quant}
-                case["ours"] = bench_lm(weights, shape, args.steps, args.warmup, args.seed)
+                theirs = None
                 if args.kyutai:
                     extra = ["--shape", shape, "--steps", str(args.steps), *common]
-                    case["kyutai"] = run_kyutai(args.kyutai_python, "lm", weights, extra)
-                results.append(case)
-                print(format_table([case]).split("\n", 2)[2], flush=True)
+                    extra += ["--split-steps", str(args.split_steps)]
+                    theirs = run_kyutai(args.kyutai_python, "lm", weights, extra)
+                for dtype in args.dtype:
+                    case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
+                    case["ours"] = bench_lm(
+                        weights, shape, args.steps, args.warmup, args.seed, args.split_steps,
+                        DTYPES[dtype],
+                    )  # fmt: skip
+                    results.append(case)
+                    print(format_table([case]).split("\n", 2)[2], flush=True)
     if "mimi" in args.parts or "pipeline" in args.parts:
         mimi_file = mimi_weights(folder)
     if "mimi" in args.parts:
@@ -362,6 +460,9 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.floor:
+        print(format_floor(args.formats_dir))
+        return []
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.weights_dir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

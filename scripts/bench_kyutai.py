@@ -61,7 +61,9 @@ def _memory_gb() -> float:
     return mx.get_peak_memory() / 1e9
 
 
-def bench_lm(config: dict, weights: Path, steps: int, warmup: int, seed: int) -> dict:
+def bench_lm(
+    config: dict, weights: Path, steps: int, warmup: int, seed: int, split_steps: int
+) -> dict:
     """Time Kyutai's `LmGen.step` (as its run loop uses it) and its temporal/depformer split."""
     models, utils = _kyutai()
     start = time.perf_counter()
@@ -123,7 +125,7 @@ def bench_lm(config: dict, weights: Path, steps: int, warmup: int, seed: int) ->
 
     gen = make_gen(on_text, on_audio)
     temporal, depformer = [], []
-    for codes in user_codes:
+    for codes in user_codes[: warmup + split_steps]:
         t0 = time.perf_counter()
         text = gen.step(mx.array(codes[None]))
         text[0].item()
@@ -134,7 +136,7 @@ def bench_lm(config: dict, weights: Path, steps: int, warmup: int, seed: int) ->
     text_sampler = utils.Sampler(temp=0.7, top_k=25)
     audio_sampler = utils.Sampler(temp=0.8, top_k=250)
     sampling = []
-    for _ in range(total):
+    for _ in range(warmup + split_steps):
         text_logits = mx.random.normal((1, 1, config["text_card"])).astype(mx.bfloat16)
         audio_logits = mx.random.normal((8, 1, 1, config["card"])).astype(mx.bfloat16)
         mx.eval(text_logits, audio_logits)
@@ -158,9 +160,7 @@ def bench_lm(config: dict, weights: Path, steps: int, warmup: int, seed: int) ->
     }
 
 
-def bench_mimi(
-    weights: Path, frames: int, warmup: int, seed: int, num_codebooks: int = 8
-) -> dict:
+def bench_mimi(weights: Path, frames: int, warmup: int, seed: int, num_codebooks: int = 8) -> dict:
     """Time Kyutai's MLX Mimi streaming `encode_step` and `decode_step` per 80 ms frame."""
     models, _ = _kyutai()
     start = time.perf_counter()
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(LM_SHAPES), help="LM shape (for part lm)")
     parser.add_argument("--config", type=Path, help="a Kyutai config.json instead of --shape")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps")
+    parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
     parser.add_argument("--frames", type=int, default=30, help="measured Mimi frames")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -224,7 +225,9 @@ def main(argv: list[str] | None = None) -> None:
             config = LM_SHAPES[args.shape]
         else:
             parser.error("part lm needs --shape or --config")
-        result = bench_lm(config, args.weights, args.steps, args.warmup, args.seed)
+        result = bench_lm(
+            config, args.weights, args.steps, args.warmup, args.seed, args.split_steps
+        )
     else:
         result = bench_mimi(args.weights, args.frames, args.warmup, args.seed)
     text = json.dumps(result, indent=2)

@@ -1,0 +1,95 @@
+"""Smoke test of scripts/bench.py: the tiny shape, a few steps, sane numbers in the JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+FORMATS = ROOT.parent / "shared" / "formats"
+STEPS, FRAMES = 6, 3
+
+
+def _check_timing(stats: dict, count: int) -> None:
+    assert stats["n"] == count
+    assert 0 < stats["p50"] <= stats["p95"] < 60_000
+    assert math.isfinite(stats["mean"]) and stats["mean"] > 0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    command = [
+        sys.executable, str(SCRIPTS / "bench.py"), "--shapes", "tiny", "--quant", "bf16,q4",
+        "--parts", "lm,mimi,pipeline", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
+        "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step_ms" in done.stdout and "real-time factor" in done.stdout  # the printed table
+    return json.loads(out.read_text())
+
+
+def _cases(report: dict, part: str) -> list[dict]:
+    return [case for case in report["results"] if case["part"] == part]
+
+
+def test_lm_cases(report):
+    cases = _cases(report, "lm")
+    assert [(c["shape"], c["quant"]) for c in cases] == [("tiny", "bf16"), ("tiny", "q4")]
+    for case in cases:
+        ours = case["ours"]
+        _check_timing(ours["step_ms"], STEPS)
+        for part in ("temporal_ms", "depformer_ms", "sampling_ms"):
+            _check_timing(ours[part], 3)
+        # Moshi's delays (acoustic codebooks one step late): audio from the second step on.
+        assert ours["first_audio_step"] == 1
+        assert 0 < ours["peak_memory_gb"] < 2
+        assert case["kyutai"] is None
+
+
+def test_mimi_cases(report):
+    cases = {c["ours"]["backend"]: c["ours"] for c in _cases(report, "mimi")}
+    assert set(cases) == {"mlx", "rustymimi"}
+    for result in cases.values():
+        for part in ("encode_ms", "decode_ms", "frame_ms"):
+            _check_timing(result[part], FRAMES)
+        assert result["real_time_factor"] == pytest.approx(80.0 / result["frame_ms"]["p50"])
+    assert cases["mlx"]["peak_memory_gb"] > 0.1  # the full-size codec's float32 weights
+
+
+def test_pipeline_cases(report):
+    cases = _cases(report, "pipeline")
+    assert len(cases) == 4  # bf16/q4 x mlx/rustymimi
+    for case in cases:
+        ours = case["ours"]
+        _check_timing(ours["frame_ms"], FRAMES)
+        # The first audio frame needs two frames: one step fills the acoustic delay.
+        assert ours["first_audio_ms"] >= ours["frame_ms"]["p50"] * 0.5
+        assert ours["real_time_factor"] == pytest.approx(80.0 / ours["frame_ms"]["p50"])
+
+
+@pytest.mark.skipif(not FORMATS.is_dir(), reason="published-format manifests not present")
+def test_bandwidth_floor_from_manifests():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    read = {}
+    for quant in ("bf16", "q8", "q4"):
+        total, read[quant] = bench.weight_bytes_per_step(FORMATS / f"moshiko_mlx_{quant}.tsv")
+        # Only the embedding tables' other rows are skipped: about 0.6 GB of 7B bf16.
+        assert 0.9 * total < read[quant] < total
+    assert read["bf16"] / 1e9 == pytest.approx(14.75, abs=0.01)
+    assert read["q4"] / 1e9 == pytest.approx(4.61, abs=0.01)
+    assert read["q8"] / 1e9 == pytest.approx(7.84, abs=0.01)
+    table = bench.format_floor(FORMATS)
+    # 4.61 GB at an M1's 68 GB/s: 67.8 ms per step.
+    assert "| M1 | 68 |" in table and "67.8" in table

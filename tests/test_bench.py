@@ -30,7 +30,7 @@ def report(tmp_path_factory) -> dict:
         "--parts", "lm,mimi,pipeline", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
         "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--json", str(out),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "step_ms" in done.stdout and "real-time factor" in done.stdout  # the printed table
     return json.loads(out.read_text())

@@ -5,10 +5,12 @@ both of Kyutai's namings.
 """
 
 import csv
+import json
 import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -252,3 +254,57 @@ def test_peak_memory_stays_far_below_the_model_size(medium_checkpoint, tmp_path)
         result.output_bytes, output_size := (tmp_path / "q4.safetensors").stat().st_size
     )
     assert output_size < 0.35 * size
+
+
+KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
+_KYUTAI_SCRIPT = """
+import json, sys
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from moshi_mlx import models
+
+cfg = models.LmConfig.from_config_dict(json.load(open(sys.argv[1])))
+sums = {}
+for path, bits, group_size in json.loads(sys.argv[2]):
+    model = models.Lm(cfg)
+    model.set_dtype(mx.bfloat16)
+    if bits != 16:
+        nn.quantize(model, bits=bits, group_size=group_size)
+    model.load_weights(path, strict=True)
+    sums[path] = {
+        name: mx.sum(p.astype(mx.uint64 if p.dtype == mx.uint32 else mx.float32)).item()
+        for name, p in tree_flatten(model.parameters())
+    }
+print(json.dumps(sums))
+"""
+
+
+@pytest.mark.skipif(not KYUTAI_PYTHON.exists(), reason="needs Kyutai's moshi_mlx environment")
+def test_outputs_load_strictly_in_kyutai_moshi_mlx(tmp_path):
+    """Kyutai's own loader (moshi_mlx 0.3.0 on mlx 0.26.5: `nn.quantize` then
+    `load_weights(strict=True)`) reads our q4/q8/bf16 files, with the same data."""
+    # Kyutai's MLX model sizes the FFN as 11 * dim / 4 whatever hidden_scale says; 4.125 agrees.
+    config = replace(CONFIG, dim=256, hidden_scale=4.125)
+    source = write_random_lm_checkpoint(tmp_path, config, seed=3, write_config=True)
+    outputs = [
+        (str(quantize_checkpoint(source, tmp_path / f"out{bits}.safetensors", bits).output),
+         bits, group_size)
+        for bits, group_size in ((4, 32), (8, 64), (16, None))
+    ]  # fmt: skip
+    arguments = [str(tmp_path / "config.json"), json.dumps(outputs)]
+    run = subprocess.run(  # in tmp_path, so that Kyutai's moshi_mlx is imported, not ours
+        [str(KYUTAI_PYTHON), "-c", _KYUTAI_SCRIPT, *arguments],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    kyutai_sums = json.loads(run.stdout)
+    for path, _, _ in outputs:
+        ours = mx.load(path)
+        assert kyutai_sums[path].keys() == ours.keys()
+        for name, array in ours.items():
+            if array.dtype == mx.uint32:
+                assert kyutai_sums[path][name] == mx.sum(array.astype(mx.uint64)).item(), name
+            else:
+                expected = mx.sum(array.astype(mx.float32)).item()
+                assert np.isclose(kyutai_sums[path][name], expected, rtol=1e-5), name

@@ -173,3 +173,17 @@ def test_wav_recorder_writes_two_channels(tmp_path):
     assert rate == 24000 and data.shape == (2 * FRAME, 2)
     np.testing.assert_allclose(data[0], [0.25, -0.5], atol=1e-4)
     np.testing.assert_allclose(data[-1], [0.0, 1.0], atol=1e-4)
+
+
+def test_live_loop_hands_a_model_error_to_the_main_thread():
+    def step(pcm):
+        raise AudioError("model failed")
+
+    loop = LiveLoop(step)
+    worker = threading.Thread(target=loop.run)
+    worker.start()
+    loop.input_callback(np.zeros((FRAME, 1), np.float32), FRAME, None, None)
+    assert loop.stop_event.wait(2)
+    worker.join(2)
+    loop.close()
+    assert not worker.is_alive() and isinstance(loop.error, AudioError)

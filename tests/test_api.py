@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from tiny_moshi import cached_tiny_moshi, tiny_config
+from tiny_moshi import cached_tiny_moshi, fast_codec, tiny_config
 
 from moshi_mlx.api import MoshiModel, StepResult
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
@@ -25,7 +25,7 @@ def files(tmp_path_factory):
 def model(files):
     return MoshiModel.load(
         moshi_weight=files["moshi"], mimi_weight=files["mimi"], tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"], codec_backend="rustymimi",
+        lm_config=files["lm_config"], codec_backend=fast_codec(),
     )  # fmt: skip
 
 
@@ -98,7 +98,7 @@ def test_step_rejects_wrong_frame_size(model):
 def test_lm_config_object_and_mismatches(files, tmp_path):
     kwargs = {
         "moshi_weight": files["moshi"], "mimi_weight": files["mimi"],
-        "tokenizer": files["tokenizer"], "codec_backend": "rustymimi",
+        "tokenizer": files["tokenizer"], "codec_backend": fast_codec(),
     }  # fmt: skip
     assert MoshiModel.load(lm_config=tiny_config(), **kwargs).lm.cfg == tiny_config()
     with pytest.raises(ConfigError, match="64 audio tokens per codebook but Mimi has 2048"):

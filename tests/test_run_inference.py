@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import soundfile as sf
-from tiny_moshi import cached_tiny_moshi, espeak_speech, weight_flags
+from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
 
 from moshi_mlx.run_inference import main
 
@@ -24,7 +24,7 @@ def speech(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flags(tmp_path_factory):
     # rustymimi keeps this test short; the MLX codec runs in test_local_e2e.py
-    return [*weight_flags(cached_tiny_moshi(tmp_path_factory)), "--codec", "rustymimi"]
+    return [*weight_flags(cached_tiny_moshi(tmp_path_factory)), "--codec", fast_codec()]
 
 
 def _run(capsys, speech, out, flags, seed):

@@ -56,6 +56,13 @@ def write_tiny_moshi(root: Path) -> dict[str, Path]:
     }
 
 
+def fast_codec() -> str:
+    """rustymimi (about 3x faster than the MLX Mimi on a CPU) when installed, else mlx."""
+    import importlib.util
+
+    return "rustymimi" if importlib.util.find_spec("rustymimi") else "mlx"
+
+
 def weight_flags(files: dict[str, Path]) -> list[str]:
     """The CLI flags that point at `files`."""
     return [

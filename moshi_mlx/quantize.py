@@ -54,17 +54,19 @@ _SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.uint32: "U32"}
 Layout = dict[str, tuple[Shape, mx.Dtype]]
 
 
-def is_quantized(shape: Shape, group_size: int) -> bool:
-    """Whether a tensor of this shape is quantized: every Linear/Embedding weight (2-D) whose
-    input width divides by the group size, as in Kyutai's files; norms (1-D) stay bf16."""
-    return len(shape) == 2 and shape[1] % group_size == 0
+def is_quantized(shape: Shape, group_size: int | None) -> bool:
+    """Whether a tensor of this shape is quantized (never when `group_size` is None): every
+    Linear/Embedding weight (2-D) whose input width divides by the group size, as in Kyutai's
+    files; norms (1-D) stay bf16."""
+    return group_size is not None and len(shape) == 2 and shape[1] % group_size == 0
 
 
-def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int) -> Layout:
-    """Names, shapes and dtypes of the output file, sorted by name, for MLX-named input shapes."""
+def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int | None) -> Layout:
+    """Names, shapes and dtypes of the output file, sorted by name, for MLX-named input shapes
+    (`group_size` None: bf16 output)."""
     layout: Layout = {}
     for name, shape in mlx_shapes.items():
-        if bits == 16 or not is_quantized(shape, group_size):
+        if not is_quantized(shape, group_size):
             layout[name] = (tuple(shape), mx.bfloat16)
             continue
         rows, cols = shape
@@ -108,8 +110,12 @@ class SafetensorsWriter:
         """Write `rows` (already evaluated) as rows first_row.. of tensor `name`."""
         offset, nbytes, shape, dtype = self._entries[name]
         assert rows.dtype == dtype and tuple(rows.shape[1:]) == tuple(shape[1:]), name
-        data = memoryview(mx.contiguous(rows) if rows.ndim else rows)
-        row_bytes = nbytes // shape[0] if shape else nbytes
+        data = memoryview(rows)
+        if not data.c_contiguous:  # row blocks of whole tensors always are; be safe anyway
+            rows = mx.contiguous(rows)
+            mx.eval(rows)
+            data = memoryview(rows)
+        row_bytes = nbytes // shape[0]
         self._file.seek(self._data_start + offset + first_row * row_bytes)
         self._file.write(data)
         self._written[name] += data.nbytes
@@ -185,7 +191,7 @@ class QuantizeResult:
             f"wrote {self.output} ({kind}, {self.num_tensors} tensors, "
             f"{self.output_bytes / 1e9:.2f} GB) from {self.source_format}-named input in "
             f"{self.seconds:.1f} s; peak memory: MLX {self.peak_mlx_bytes / 1e9:.2f} GB, "
-            f"process RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            f"peak process RSS {self.peak_rss_bytes / 1e9:.2f} GB"
         )
 
 
@@ -195,8 +201,6 @@ def _peak_rss_bytes() -> int:
 
 
 def _row_blocks(shape: Shape) -> list[tuple[int, int]]:
-    if len(shape) < 2:
-        return [(0, shape[0] if shape else 1)]
     step = max(1, _CHUNK_ELEMENTS // math.prod(shape[1:]))
     return [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
 
@@ -206,13 +210,13 @@ def _convert_tensor(
     recipe: TensorRecipe,
     source: mx.array,
     bits: int,
-    group_size: int,
+    group_size: int | None,
 ) -> float | None:
     """Write one MLX tensor; returns its relative RMS quantization error, or None if not quantized."""
     weight = recipe.apply(source)
-    if bits == 16 or not is_quantized(recipe.shape, group_size):
+    if not is_quantized(recipe.shape, group_size):
         for start, stop in _row_blocks(recipe.shape):
-            block = weight[start:stop] if weight.ndim else weight
+            block = weight[start:stop]
             mx.eval(block)
             writer.write_rows(recipe.target, start, block)
         return None
@@ -287,7 +291,7 @@ def quantize_checkpoint(
     not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
     if not_float:
         raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
-    layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size or 1)
+    layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size)
     metadata = {"format": "mlx"}
     if bits != 16:
         metadata |= {BITS_KEY: str(bits), GROUP_SIZE_KEY: str(group_size)}
@@ -307,20 +311,23 @@ def quantize_checkpoint(
             done_bytes = done_tensors = 0
             for source_name, source_recipes in by_source.items():
                 source = tensors.pop(source_name)  # drop the lazy handle once converted
-                done_bytes += source.nbytes
+                share = source.nbytes / len(source_recipes)
                 source = source.astype(mx.bfloat16)
                 mx.eval(source)
                 for recipe in source_recipes:
-                    error = _convert_tensor(writer, recipe, source, bits, group_size or 1)
+                    error = _convert_tensor(writer, recipe, source, bits, group_size)
                     if error is not None:
                         errors[recipe.target.removesuffix(".weight")] = error
-                    done_tensors += 1
-                    bar.update(done_bytes, done_tensors)
+                    done_bytes, done_tensors = done_bytes + share, done_tensors + 1
+                    bar.update(round(done_bytes), done_tensors)
                 del source
             writer.check_complete()
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_path, output_path)
+    except OSError as exc:  # disk full, no permission, ...
+        temp_path.unlink(missing_ok=True)
+        raise MoshiError(f"cannot write {output_path}: {exc.strerror or exc}") from exc
     except BaseException:
         temp_path.unlink(missing_ok=True)
         raise
@@ -502,7 +509,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="compare greedy generation of the source and the converted model (loads each)",
+        help="compare greedy generation of the source and the converted model (loads one, then "
+        "the other: needs memory for the bf16 model)",
     )
     parser.add_argument("--check-steps", type=int, default=16, help="steps for --check")
     parser.add_argument(

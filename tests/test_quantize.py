@@ -85,7 +85,7 @@ def test_7b_output_layouts_equal_the_published_files(bits):
     pytorch = read_manifest("moshiko_pytorch_bf16")
     mlx_shapes = convert_shapes({name: shape for name, (shape, _) in pytorch.items()})
     name = {4: "moshiko_mlx_q4", 8: "moshiko_mlx_q8", 16: "moshiko_mlx_bf16"}[bits]
-    group_size = {4: 32, 8: 64, 16: 1}[bits]
+    group_size = {4: 32, 8: 64, 16: None}[bits]
     assert output_layout(mlx_shapes, bits, group_size) == read_manifest(name)
 
 
@@ -188,6 +188,7 @@ def test_cli_refuses_to_overwrite_and_reports_user_errors_in_one_line(sources, t
         ([str(tmp_path / "missing.safetensors")], "weights file not found"),
         ([str(sources["mlx"]), "-o", str(sources["mlx"]), "--bits", "16"], "overwrite the input"),
         ([str(output), "-o", str(tmp_path / "again.safetensors")], "already quantized"),
+        ([str(sources["mlx"]), "-o", str(tmp_path / "no" / "q4.safetensors")], "does not exist"),
     ]
     for argv, message in cases:
         assert main(argv) == 1

@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
-from moshi_mlx.errors import AudioError, ConfigError, MoshiError
+from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
 from moshi_mlx.generate import LmGen
 from moshi_mlx.hub import WeightFiles, resolve_weights
 from moshi_mlx.lm_checkpoint import load_lm
@@ -87,7 +87,18 @@ class MoshiModel:
         else:
             config = LmConfig.moshi_7b()
         _check_codec_fits(config)  # before reading gigabytes of weights
-        return cls(load_lm(files.moshi, config, dtype=dtype), files, codec_backend)
+        try:
+            lm = load_lm(files.moshi, config, dtype=dtype)
+        except WeightsError as exc:
+            message = str(exc)
+            if "as safetensors" in message or "not found" in message:
+                raise
+            used = files.lm_config or "the Moshi 7B preset"
+            raise WeightsError(
+                f"{message}; these LM weights do not fit the LM config ({used}): "
+                "pass the config.json that belongs to them with --lm-config"
+            ) from None
+        return cls(lm, files, codec_backend)
 
     def _load_codec(self) -> Codec:
         return load_codec(self.files.mimi, self.codec_backend, num_codebooks=self.lm.cfg.dep_q)

@@ -101,6 +101,7 @@ def test_weights_do_not_fit_the_config(env, wav, tmp_path, files):
     config.write_text(json.dumps(replace(tiny_config(), num_layers=3).to_dict()))
     line = _fails(env, wav, tmp_path / "out.wav", *weight_flags({**files, "lm_config": config}))
     assert str(files["moshi"]) in line and "missing tensor(s) transformer.layers.2" in line
+    assert f"do not fit the LM config ({config}): pass the config.json" in line
 
 
 def test_no_audio_device(env):

@@ -219,11 +219,18 @@ def bench_codec(weights: Path, backend: str, frames: int, warmup: int, seed: int
 
 # Pipeline ---------------------------------------------------------------------------------
 def bench_pipeline(
-    lm_file: Path, mimi_file: Path, shape: str, backend: str, frames: int, warmup: int, seed: int
+    lm_file: Path,
+    mimi_file: Path,
+    shape: str,
+    backend: str,
+    frames: int,
+    warmup: int,
+    seed: int,
+    dtype: mx.Dtype = mx.bfloat16,
 ) -> dict:
     """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame."""
     _fresh_memory()
-    lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]))
+    lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]), dtype=dtype)
     codec = load_codec(mimi_file, backend=backend)
     gen = LmGen(lm, SamplingConfig(), seed=seed)
 
@@ -250,6 +257,7 @@ def bench_pipeline(
     return {
         "impl": "ours",
         "backend": backend,
+        "dtype": _DTYPE_NAMES[dtype],
         "frame_ms": frame,
         "real_time_factor": FRAME_MS / frame["p50"],
         "first_audio_ms": None if first_audio_s is None else 1000 * first_audio_s,
@@ -332,7 +340,7 @@ def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, f
 
 def format_table(results: list[dict]) -> str:
     """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
-    header = f"{'part':<9}{'shape':<6}{'quant':<6}{'impl':<10}{'metric':<14}"
+    header = f"{'part':<9}{'shape':<6}{'quant':<6}{'impl':<15}{'metric':<14}"
     header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
     lines = [header, "-" * len(header)]
     metrics = {
@@ -351,15 +359,17 @@ def format_table(results: list[dict]) -> str:
                 label = "kyutai"
             elif case["part"] == "lm":
                 label = f"ours-{data['dtype']}"
+            elif case["part"] == "pipeline":
+                label = f"{data['backend']}-{data['dtype']}"
             else:
-                label = data.get("backend", impl)
+                label = data["backend"]
             peak = data.get("peak_memory_gb")
             for i, (name, p50, p95) in enumerate(_metric_rows(data, metrics[case["part"]])):
                 ratio = ""
                 if impl == "ours" and theirs is not None and name in theirs:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
                 row = f"{case['part']:<9}{case.get('shape', '-'):<6}{case.get('quant', '-'):<6}"
-                row += f"{label:<10}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
+                row += f"{label:<15}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)
             if "real_time_factor" in data:
@@ -448,13 +458,15 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         for shape in args.shapes:
             for quant in args.quant:
                 lm_file = lm_weights(folder, shape, quant)
-                for backend in args.codec:
-                    case = {"part": "pipeline", "shape": shape, "quant": quant}
-                    case["ours"] = bench_pipeline(
-                        lm_file, mimi_file, shape, backend, args.frames, args.warmup, args.seed
-                    )
-                    results.append(case)
-                    print(format_table([case]).split("\n", 2)[2], flush=True)
+                for dtype in args.dtype:
+                    for backend in args.codec:
+                        case = {"part": "pipeline", "shape": shape, "quant": quant}
+                        case["ours"] = bench_pipeline(
+                            lm_file, mimi_file, shape, backend, args.frames, args.warmup,
+                            args.seed, DTYPES[dtype],
+                        )  # fmt: skip
+                        results.append(case)
+                        print(format_table([case]).split("\n", 2)[2], flush=True)
     return results
 
 

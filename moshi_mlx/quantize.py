@@ -447,7 +447,9 @@ def compare_generation(
 
     The source generates greedily from random user codes; the converted model is then run on
     exactly the inputs the source saw. The models are loaded one after the other, so memory
-    holds one at a time.
+    holds one at a time. The converted model runs as `load_lm` builds it, so the figures
+    include the quantized kernels' own rounding (on CPU, MLX's quantized matmul on bf16
+    activations is far less precise than a dense one for wide layers).
     """
     rng = np.random.default_rng(seed)
     user_codes = rng.integers(0, config.card, (config.n_q - config.dep_q, steps))

@@ -73,10 +73,13 @@ class _Outputs:
         self._closed = False
 
     def text(self, text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        # Printed and saved together, so the transcript always equals what was shown.
         with self._lock:
-            if self._transcript is not None and not self._closed:
+            if self._closed:
+                return
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            if self._transcript is not None:
                 self._transcript.write(text)
                 self._transcript.flush()
 

@@ -10,6 +10,7 @@ from math import ceil
 import numpy as np
 import pytest
 
+from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.codec import Codec, MlxCodec, RustyMimiCodec, load_codec
 from moshi_mlx.errors import MoshiError, WeightsError
 from moshi_mlx.mimi_checkpoint import load_mimi
@@ -102,17 +103,12 @@ def test_mlx_matches_rustymimi(codecs, mimi_signal):
 
 
 def _espeak_speech(tmp_path) -> np.ndarray:
-    """Synthetic English speech at 24 kHz, float32."""
+    """Synthetic English speech at 24 kHz, float32 (espeak-ng speaks at 22050 Hz)."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed")
-    soundfile = pytest.importorskip("soundfile")
-    signal = pytest.importorskip("scipy.signal")
     wav = tmp_path / "speech.wav"
-    text = "Testing Mimi."
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, capture_output=True)
-    pcm, rate = soundfile.read(wav, dtype="float32")
-    assert rate == 22050  # espeak-ng's native rate
-    return signal.resample_poly(pcm, 160, 147).astype(np.float32)  # 22050 * 160 / 147 = 24000
+    subprocess.run(["espeak-ng", "-w", str(wav), "Testing Mimi."], check=True, capture_output=True)
+    return read_audio(wav, sample_rate=24_000)
 
 
 def test_speech_keeps_length_and_frame_rate(codecs, tmp_path):

@@ -91,7 +91,20 @@ class DecoderBlock(nn.Module):
         return x
 
 
-class SeanetEncoder(nn.Module):
+class _SeanetStack(nn.Module):
+    """init_conv, then the blocks, then ELU and final_conv; subclasses build the layers."""
+
+    def make_state(self) -> list:
+        return [ConvState()] + [block.make_state() for block in self.blocks] + [ConvState()]
+
+    def __call__(self, x: mx.array, state: list) -> mx.array:
+        x = self.init_conv(x, state[0])
+        for block, block_state in zip(self.blocks, state[1:-1]):
+            x = block(x, block_state)
+        return self.final_conv(nn.elu(x), state[-1])
+
+
+class SeanetEncoder(_SeanetStack):
     """(B, T, channels) waveform -> (B, T // hop_length, dimension) latent."""
 
     def __init__(self, cfg: SeanetConfig):
@@ -103,17 +116,8 @@ class SeanetEncoder(nn.Module):
         ]
         self.final_conv = Conv1d(2 * dims[-1], cfg.dimension, cfg.last_kernel_size)
 
-    def make_state(self) -> list:
-        return [ConvState()] + [block.make_state() for block in self.blocks] + [ConvState()]
 
-    def __call__(self, x: mx.array, state: list) -> mx.array:
-        x = self.init_conv(x, state[0])
-        for block, block_state in zip(self.blocks, state[1:-1]):
-            x = block(x, block_state)
-        return self.final_conv(nn.elu(x), state[-1])
-
-
-class SeanetDecoder(nn.Module):
+class SeanetDecoder(_SeanetStack):
     """(B, T, dimension) latent -> (B, T * hop_length, channels) waveform."""
 
     def __init__(self, cfg: SeanetConfig):
@@ -123,12 +127,3 @@ class SeanetDecoder(nn.Module):
         dims = [top // 2**i for i in range(len(cfg.ratios))]
         self.blocks = [DecoderBlock(dim, ratio, cfg) for dim, ratio in zip(dims, cfg.ratios)]
         self.final_conv = Conv1d(cfg.n_filters, cfg.channels, cfg.last_kernel_size)
-
-    def make_state(self) -> list:
-        return [ConvState()] + [block.make_state() for block in self.blocks] + [ConvState()]
-
-    def __call__(self, x: mx.array, state: list) -> mx.array:
-        x = self.init_conv(x, state[0])
-        for block, block_state in zip(self.blocks, state[1:-1]):
-            x = block(x, block_state)
-        return self.final_conv(nn.elu(x), state[-1])

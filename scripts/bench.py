@@ -36,7 +36,7 @@ from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, summarize
 from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import LmGen
 from moshi_mlx.lm_checkpoint import load_lm, write_random_lm_checkpoint
-from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+from moshi_mlx.mimi_checkpoint import load_mimi, write_random_mimi_checkpoint
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.sampling import SamplingConfig, sample
@@ -217,6 +217,42 @@ def bench_codec(weights: Path, backend: str, frames: int, warmup: int, seed: int
     }
 
 
+def bench_codec_batch(weights: Path, backend: str, seconds: float, repeats: int, seed: int) -> dict:
+    """ms to encode `seconds` of audio in one call, and to decode its codes back."""
+    rng = np.random.default_rng(seed)
+    pcm = (0.1 * rng.standard_normal(int(24_000 * seconds))).astype(np.float32)
+    if backend == "mlx":
+        mimi = load_mimi(weights)
+
+        def encode():
+            codes = mimi.encode(mx.array(pcm)[None, None])
+            mx.eval(codes)
+            return codes
+
+        def decode(codes):
+            mx.eval(mimi.decode(codes))
+    else:
+        import rustymimi
+
+        tokenizer = rustymimi.Tokenizer(str(weights), num_codebooks=8)
+
+        def encode():
+            return tokenizer.encode(pcm[None, None])
+
+        def decode(codes):
+            tokenizer.decode(codes)
+
+    encode_times, decode_times = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        codes = encode()
+        t1 = time.perf_counter()
+        decode(codes)
+        encode_times.append(t1 - t0)
+        decode_times.append(time.perf_counter() - t1)
+    return {"batch_encode_ms": summarize(encode_times), "batch_decode_ms": summarize(decode_times)}
+
+
 # Pipeline ---------------------------------------------------------------------------------
 def bench_pipeline(
     lm_file: Path,
@@ -345,7 +381,7 @@ def format_table(results: list[dict]) -> str:
     lines = [header, "-" * len(header)]
     metrics = {
         "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms"),
-        "mimi": ("encode_ms", "decode_ms", "frame_ms"),
+        "mimi": ("encode_ms", "decode_ms", "frame_ms", "batch_encode_ms", "batch_decode_ms"),
         "pipeline": ("frame_ms",),
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
@@ -399,6 +435,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--frames", type=int, default=20, help="measured Mimi/pipeline frames")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--batch-seconds", type=float, default=10.0, help="batch Mimi encode/decode (0: skip)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights-dir", type=Path, help="keep/reuse random weights here")
     parser.add_argument("--kyutai", action="store_true", help="also run Kyutai's moshi_mlx")
@@ -449,8 +488,13 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         for backend in args.codec:
             case = {"part": "mimi", "codec": backend}
             case["ours"] = bench_codec(mimi_file, backend, args.frames, args.warmup, args.seed)
+            if args.batch_seconds > 0:
+                case["ours"].update(
+                    bench_codec_batch(mimi_file, backend, args.batch_seconds, 2, args.seed)
+                )
             if args.kyutai and backend == "mlx":
                 extra = ["--frames", str(args.frames), *common]
+                extra += ["--batch-seconds", str(args.batch_seconds)]
                 case["kyutai"] = run_kyutai(args.kyutai_python, "mimi", mimi_file, extra)
             results.append(case)
             print(format_table([case]).split("\n", 2)[2], flush=True)

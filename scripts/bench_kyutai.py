@@ -160,8 +160,16 @@ def bench_lm(
     }
 
 
-def bench_mimi(weights: Path, frames: int, warmup: int, seed: int, num_codebooks: int = 8) -> dict:
-    """Time Kyutai's MLX Mimi streaming `encode_step` and `decode_step` per 80 ms frame."""
+def bench_mimi(
+    weights: Path,
+    frames: int,
+    warmup: int,
+    seed: int,
+    batch_seconds: float = 0.0,
+    num_codebooks: int = 8,
+) -> dict:
+    """Time Kyutai's MLX Mimi streaming `encode_step` and `decode_step` per 80 ms frame, and
+    its batch `encode` / `decode` of `batch_seconds` of audio."""
     models, _ = _kyutai()
     start = time.perf_counter()
     mimi = models.mimi.Mimi(models.mimi_202407(num_codebooks))
@@ -192,7 +200,24 @@ def bench_mimi(weights: Path, frames: int, warmup: int, seed: int, num_codebooks
         encode.append(t1 - t0)
         decode.append(t2 - t1)
     frame = summarize([e + d for e, d in zip(encode, decode)][warmup:])
+    batch = {}
+    if batch_seconds > 0:  # one call on the whole signal, twice
+        long_pcm = mx.array(0.1 * rng.standard_normal(int(24_000 * batch_seconds)))[None, None]
+        batch_encode, batch_decode = [], []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            codes = mimi.encode(long_pcm.astype(mx.float32))
+            mx.eval(codes)
+            t1 = time.perf_counter()
+            mx.eval(mimi.decode(codes))
+            batch_encode.append(t1 - t0)
+            batch_decode.append(time.perf_counter() - t1)
+        batch = {
+            "batch_encode_ms": summarize(batch_encode),
+            "batch_decode_ms": summarize(batch_decode),
+        }
     return {
+        **batch,
         "impl": "kyutai",
         "mlx": mx.__version__,
         "load_s": load_s,
@@ -214,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
     parser.add_argument("--frames", type=int, default=30, help="measured Mimi frames")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-seconds", type=float, default=0.0, help="batch Mimi encode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -229,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
             config, args.weights, args.steps, args.warmup, args.seed, args.split_steps
         )
     else:
-        result = bench_mimi(args.weights, args.frames, args.warmup, args.seed)
+        result = bench_mimi(args.weights, args.frames, args.warmup, args.seed, args.batch_seconds)
     text = json.dumps(result, indent=2)
     if args.json is not None:
         args.json.write_text(text)

@@ -28,7 +28,8 @@ def report(tmp_path_factory) -> dict:
     command = [
         sys.executable, str(SCRIPTS / "bench.py"), "--shapes", "tiny", "--quant", "bf16,q4",
         "--parts", "lm,mimi,pipeline", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
-        "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--json", str(out),
+        "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--batch-seconds", "1",
+        "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -60,6 +61,8 @@ def test_mimi_cases(report):
     for result in cases.values():
         for part in ("encode_ms", "decode_ms", "frame_ms"):
             _check_timing(result[part], FRAMES)
+        for part in ("batch_encode_ms", "batch_decode_ms"):  # 1 s of audio, twice
+            _check_timing(result[part], 2)
         assert result["real_time_factor"] == pytest.approx(80.0 / result["frame_ms"]["p50"])
     assert cases["mlx"]["peak_memory_gb"] > 0.1  # the full-size codec's float32 weights
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -308,7 +309,9 @@ def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
         out = Path(tmp) / "result.json"
         command = [python, str(SCRIPTS / "bench_kyutai.py"), part, "--weights", str(weights)]
         command += [*extra, "--json", str(out)]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+        # Kyutai's environment must import its own moshi_mlx, never a PYTHONPATH'd one of ours.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=tmp, env=env)
         return json.loads(out.read_text())
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, summarize
+from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds, summarize
 
 from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import LmGen
@@ -175,10 +175,14 @@ def bench_lm(
         "dtype": _DTYPE_NAMES[dtype],
         "mlx": mx.__version__,
         "load_s": load_s,
-        "step_ms": summarize(step_times[warmup:]),
-        "temporal_ms": summarize(split["temporal"][warmup:]),
-        "depformer_ms": summarize(split["depformer"][warmup:]),
-        "sampling_ms": summarize(sampling_times[warmup:]),
+        **lm_result(
+            {
+                "step_ms": step_times[warmup:],
+                "temporal_ms": split["temporal"][warmup:],
+                "depformer_ms": split["depformer"][warmup:],
+                "sampling_ms": sampling_times[warmup:],
+            }
+        ),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak_gb,
     }
@@ -436,6 +440,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", type=_csv, default=["bf16"], help="our compute dtype(s): bf16,f32"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="LM runs per case, alternating with Kyutai's"
+    )
     parser.add_argument("--frames", type=int, default=20, help="measured Mimi/pipeline frames")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
@@ -472,17 +479,21 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         for shape in args.shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
-                theirs = None
-                if args.kyutai:
-                    extra = ["--shape", shape, "--steps", str(args.steps), *common]
-                    extra += ["--split-steps", str(args.split_steps)]
-                    theirs = run_kyutai(args.kyutai_python, "lm", weights, extra)
+                extra = ["--shape", shape, "--steps", str(args.steps), *common]
+                extra += ["--split-steps", str(args.split_steps)]
+                theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
+                for _ in range(args.rounds):  # alternate: theirs, ours, theirs, ours...
+                    if args.kyutai:
+                        theirs_runs.append(run_kyutai(args.kyutai_python, "lm", weights, extra))
+                    for dtype in args.dtype:
+                        ours_runs[dtype].append(bench_lm(
+                            weights, shape, args.steps, args.warmup, args.seed,
+                            args.split_steps, DTYPES[dtype],
+                        ))  # fmt: skip
+                theirs = pool_rounds(theirs_runs) if theirs_runs else None
                 for dtype in args.dtype:
                     case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
-                    case["ours"] = bench_lm(
-                        weights, shape, args.steps, args.warmup, args.seed, args.split_steps,
-                        DTYPES[dtype],
-                    )  # fmt: skip
+                    case["ours"] = pool_rounds(ours_runs[dtype])
                     results.append(case)
                     print(format_table([case]).split("\n", 2)[2], flush=True)
     if "mimi" in args.parts or "pipeline" in args.parts:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from bench_stats import FRAME_MS, LM_SHAPES, summarize
+from bench_stats import FRAME_MS, LM_SHAPES, lm_result, summarize
 from mlx import nn
 
 
@@ -151,10 +151,14 @@ def bench_lm(
         "mlx": mx.__version__,
         "bits": bits,
         "load_s": load_s,
-        "step_ms": summarize(step_times[warmup:]),
-        "temporal_ms": summarize(temporal[warmup:]),
-        "depformer_ms": summarize(depformer[warmup:]),
-        "sampling_ms": summarize(sampling[warmup:]),
+        **lm_result(
+            {
+                "step_ms": step_times[warmup:],
+                "temporal_ms": temporal[warmup:],
+                "depformer_ms": depformer[warmup:],
+                "sampling_ms": sampling[warmup:],
+            }
+        ),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak_gb,
     }

@@ -74,3 +74,27 @@ def summarize(seconds: list[float]) -> dict[str, float]:
         "mean": statistics.fmean(ms),
         "n": len(ms),
     }
+
+
+LM_METRICS = ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms")
+
+
+def lm_result(samples_s: dict[str, list[float]]) -> dict:
+    """Statistics of each LM metric, plus the samples in ms (for pooling rounds)."""
+    result = {metric: summarize(samples_s[metric]) for metric in LM_METRICS}
+    result["samples_ms"] = {m: [1000.0 * s for s in samples_s[m]] for m in LM_METRICS}
+    return result
+
+
+def pool_rounds(runs: list[dict]) -> dict:
+    """One result from several rounds of the same LM case: statistics over all their samples
+    (rounds alternate between implementations, so slow spells of a shared machine hit both)."""
+    pooled = dict(runs[-1])
+    pooled["samples_ms"] = {
+        metric: [v for run in runs for v in run["samples_ms"][metric]] for metric in LM_METRICS
+    }
+    for metric, values in pooled["samples_ms"].items():
+        pooled[metric] = summarize([v / 1000.0 for v in values])
+    pooled["round_step_p50_ms"] = [run["step_ms"]["p50"] for run in runs]
+    pooled["peak_memory_gb"] = max(run["peak_memory_gb"] for run in runs)
+    return pooled

@@ -70,11 +70,13 @@ class MoshiModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | LmConfig | None = None,
         codec_backend: str = "mlx",
-        dtype: mx.Dtype = mx.bfloat16,
+        dtype: mx.Dtype | None = None,
     ) -> MoshiModel:
         """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
         `moshi_mlx.hub`) and load them. `quantize` is 4, 8 or 16 (bf16); `lm_config` is a
         Kyutai `config.json` path or an `LmConfig` (default: the repo's config, else Moshi 7B).
+        `dtype` is the LM's compute dtype (default: bf16 on a GPU, float32 on the CPU; see
+        `moshi_mlx.lm_checkpoint.compute_dtype`).
         """
         config_path = None if isinstance(lm_config, LmConfig) else lm_config
         files = resolve_weights(

@@ -9,6 +9,7 @@ present, else the widths of a quantized layer's tensors.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -104,11 +105,41 @@ def detect_quantization(
     return bits, group_size
 
 
-def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype = mx.bfloat16) -> Lm:
+def compute_dtype(config: LmConfig, quantized: bool) -> mx.Dtype:
+    """The dtype to compute in when the caller does not choose one.
+
+    bfloat16 on a GPU. On MLX's CPU backend, float32: its quantized kernels are about 8x
+    slower and much less precise with bf16 activations and scales, and a bf16 matrix-vector
+    product is no faster than a float32 one. Unquantized weights stay bf16 on the CPU only
+    when a float32 copy would take more than half the machine's memory.
+    """
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return mx.bfloat16
+    if quantized:
+        return mx.float32
+    float32_bytes = 4 * sum(p.size for _, p in tree_flatten(Lm(config).parameters()))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return mx.float32 if float32_bytes < memory / 2 else mx.bfloat16
+
+
+def _store_input_major(model: Lm) -> None:
+    """Give unquantized Linear weights (in, out) memory order, same shape and values.
+
+    `x @ weight.T` then reads the weight contiguously, which MLX's CPU backend does about
+    1.6x faster in float32 (and slower in bf16, where this is not used). Only for float32
+    weights on the CPU; Metal's kernels want the stored (out, in) order.
+    """
+    for _, module in model.named_modules():
+        if type(module) is nn.Linear and module.weight.dtype == mx.float32:
+            module.weight = mx.contiguous(module.weight.T).T
+
+
+def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | None = None) -> Lm:
     """Load an LM checkpoint strictly (a file, or a directory holding one).
 
     Without `config`, a `config.json` beside the file is read, else Moshi 7B is assumed.
-    Floating tensors are cast to `dtype`; the quantization is detected from the file.
+    Floating tensors are cast to `dtype` (default: `compute_dtype`); the quantization is
+    detected from the file.
     """
     file = _resolve_file(path)
     tensors, metadata = read_safetensors(file)
@@ -119,6 +150,8 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype = 
             else LmConfig.moshi_7b()
         )  # fmt: skip
     quantization = detect_quantization(tensors, metadata, config, str(file))
+    if dtype is None:
+        dtype = compute_dtype(config, quantized=quantization is not None)
     model = Lm(config)
     model.set_dtype(dtype)
     if quantization is not None:
@@ -128,6 +161,8 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype = 
             class_predicate=lambda p, m: isinstance(m, _QUANTIZABLE) and f"{p}.scales" in tensors,
         )  # fmt: skip
     load_strict(model, tensors, str(file), dtype=dtype)
+    if mx.default_device().type == mx.DeviceType.cpu:
+        _store_input_major(model)
     mx.eval(model.parameters())
     return model
 

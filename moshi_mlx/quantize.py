@@ -36,7 +36,7 @@ from moshi_mlx.conversion import (
     to_mlx_naming,
 )
 from moshi_mlx.errors import MoshiError, WeightsError
-from moshi_mlx.lm_checkpoint import load_lm
+from moshi_mlx.lm_checkpoint import compute_dtype, load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.weights import load_strict, read_json, read_safetensors
 
@@ -427,11 +427,13 @@ def _run_greedy(lm: Lm, user_codes: np.ndarray, reference: dict | None) -> dict:
 
 
 def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
-    """A bf16 `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming."""
+    """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, computing in
+    the dtype `load_lm` would use for it."""
     tensors, _ = read_safetensors(path)
+    dtype = compute_dtype(config, quantized=False)
     model = Lm(config)
-    model.set_dtype(mx.bfloat16)
-    load_strict(model, to_mlx_naming(tensors, str(path)), str(path), dtype=mx.bfloat16)
+    model.set_dtype(dtype)
+    load_strict(model, to_mlx_naming(tensors, str(path)), str(path), dtype=dtype)
     mx.eval(model.parameters())
     return model
 

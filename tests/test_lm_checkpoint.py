@@ -1,6 +1,7 @@
 """Tiny random LM checkpoints in the published formats: writing, strict loading, detection."""
 
 import json
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -9,7 +10,12 @@ from mlx.utils import tree_flatten
 from safetensors import safe_open
 
 from moshi_mlx.errors import ConfigError, WeightsError
-from moshi_mlx.lm_checkpoint import detect_quantization, load_lm, write_random_lm_checkpoint
+from moshi_mlx.lm_checkpoint import (
+    compute_dtype,
+    detect_quantization,
+    load_lm,
+    write_random_lm_checkpoint,
+)
 from moshi_mlx.models.lm import LmConfig
 
 
@@ -38,12 +44,26 @@ def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, gr
     assert lm.cfg == cfg
     params = dict(tree_flatten(lm.parameters()))
     assert params.keys() == tensors.keys()
+    expected = compute_dtype(cfg, quantized=bits is not None)
     if bits is None:
-        assert all(p.dtype == mx.bfloat16 for p in params.values())
+        assert all(p.dtype == expected for p in params.values())
     else:
         assert params["text_linear.weight"].dtype == mx.uint32
         assert params["depformer.slices.3.emb.scales"].shape == (cfg.card + 1, 64 // group_size)
-        assert params["out_norm.weight"].dtype == mx.bfloat16
+        assert params["out_norm.weight"].dtype == expected
+    assert load_lm(path.parent, dtype=mx.bfloat16).out_norm.weight.dtype == mx.bfloat16
+
+
+def test_compute_dtype_policy():
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    tiny, big = LmConfig.tiny(), LmConfig.moshi_7b()
+    # On the CPU: float32 for quantized files and whatever fits; 7B bf16 (30 GB in float32)
+    # stays bf16 on a machine with less than 60 GB. On a GPU: bf16 always.
+    assert compute_dtype(tiny, quantized=True) == (mx.float32 if on_cpu else mx.bfloat16)
+    assert compute_dtype(tiny, quantized=False) == (mx.float32 if on_cpu else mx.bfloat16)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if memory < 60e9:
+        assert compute_dtype(big, quantized=False) == mx.bfloat16
 
 
 def test_quantized_logits_track_bf16(tiny_lm_checkpoints):

@@ -46,8 +46,14 @@ SCRIPTS = Path(__file__).resolve().parent
 KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
 
 
-DTYPES = {"bf16": mx.bfloat16, "f32": mx.float32}
-_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# Our compute dtype: "auto" is `load_lm`'s own choice for the device (float32 on the CPU).
+DTYPES = {"auto": None, "bf16": mx.bfloat16, "f32": mx.float32}
+_DTYPE_NAMES = {mx.bfloat16: "bf16", mx.float32: "f32"}
+
+
+def _dtype_label(requested: mx.Dtype | None, lm: Lm) -> str:
+    used = _DTYPE_NAMES[lm.out_norm.weight.dtype]
+    return used if requested is not None else f"auto:{used}"
 
 
 def _fresh_memory() -> None:
@@ -142,12 +148,12 @@ def bench_lm(
     warmup: int,
     seed: int,
     split_steps: int,
-    dtype: mx.Dtype = mx.bfloat16,
+    dtype: mx.Dtype | None = None,
 ) -> dict:
     """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory.
 
     `dtype` is the compute dtype (activations, norms, quantization scales): bf16 as
-    Kyutai's loader, or float32, which MLX's CPU kernels run faster.
+    Kyutai's loader, float32, or None for `load_lm`'s choice for the device.
     """
     _fresh_memory()
     config = LmConfig.from_dict(LM_SHAPES[shape])
@@ -172,7 +178,7 @@ def bench_lm(
     sampling_times = _sampling_times(config, sampling, warmup + split_steps)
     return {
         "impl": "ours",
-        "dtype": _DTYPE_NAMES[dtype],
+        "dtype": _dtype_label(dtype, lm),
         "mlx": mx.__version__,
         "load_s": load_s,
         **lm_result(
@@ -267,7 +273,7 @@ def bench_pipeline(
     frames: int,
     warmup: int,
     seed: int,
-    dtype: mx.Dtype = mx.bfloat16,
+    dtype: mx.Dtype | None = None,
 ) -> dict:
     """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame."""
     _fresh_memory()
@@ -298,7 +304,7 @@ def bench_pipeline(
     return {
         "impl": "ours",
         "backend": backend,
-        "dtype": _DTYPE_NAMES[dtype],
+        "dtype": _dtype_label(dtype, lm),
         "frame_ms": frame,
         "real_time_factor": FRAME_MS / frame["p50"],
         "first_audio_ms": None if first_audio_s is None else 1000 * first_audio_s,
@@ -438,7 +444,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
     parser.add_argument(
-        "--dtype", type=_csv, default=["bf16"], help="our compute dtype(s): bf16,f32"
+        "--dtype", type=_csv, default=["auto"], help="our compute dtype(s): auto,bf16,f32"
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="LM runs per case, alternating with Kyutai's"

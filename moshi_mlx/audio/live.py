@@ -24,6 +24,7 @@ import numpy as np
 from moshi_mlx.audio.ring import FrameRing, StampLog
 
 StepFn = Callable[[np.ndarray], tuple[np.ndarray, str]]
+_MAX_SPEAKER_BACKLOG = 2  # replies waiting at an output callback: the due one + one of slack
 _MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
 
 
@@ -72,6 +73,7 @@ class LiveStats:
     lag_events: int
     mic_overflows: int
     speaker_underruns: int
+    speaker_dropped: int  # late replies skipped so the speaker does not fall behind
     extra: dict = field(default_factory=dict)
 
     @staticmethod
@@ -100,6 +102,7 @@ class LiveStats:
             "lag_events": self.lag_events,
             "mic_overflows": self.mic_overflows,
             "speaker_underruns": self.speaker_underruns,
+            "speaker_dropped": self.speaker_dropped,
             **self.extra,
         }
 
@@ -156,6 +159,7 @@ class LiveLoop:
         self.dropped_frames = 0
         self.lag_events = 0
         self.speaker_underruns = 0
+        self.speaker_dropped = 0
         self._replies_started = False
         self.output_latency = 0.0  # seconds from an output callback to the speaker
         self._wakeup = Wakeup()
@@ -172,6 +176,12 @@ class LiveLoop:
     def output_callback(self, outdata, frames, time_info, status) -> None:
         now = time.monotonic()
         self._output_log.append(now)
+        # After an underrun, replies queue up one block later than before; left alone, every
+        # hiccup of the model would add a block of latency for the rest of the conversation.
+        # Keep at most one block of slack: skip the oldest replies beyond it.
+        backlog = len(self.speaker)
+        if backlog > _MAX_SPEAKER_BACKLOG:
+            self.speaker_dropped += self.speaker.drop_oldest(backlog - _MAX_SPEAKER_BACKLOG)
         stamp = self.speaker.pop_into(self._reply)
         if stamp is None:
             outdata.fill(0)
@@ -256,6 +266,7 @@ class LiveLoop:
             lag_events=self.lag_events,
             mic_overflows=self.mic.overflows,
             speaker_underruns=self.speaker_underruns,
+            speaker_dropped=self.speaker_dropped,
             extra=extra,
         )
 

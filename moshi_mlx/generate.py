@@ -46,7 +46,9 @@ class LmGen:
         self._initial = np.array([cfg.text_card] + [cfg.card] * cfg.n_q)
         self._num_user = cfg.n_q - cfg.dep_q
         self._caches = lm.make_caches()
-        self._depformer_caches = lm.depformer.make_caches()
+        # Everything after the temporal transformer has the same shapes at every step, so it
+        # is traced once and compiled: no per-step Python graph building for the 8 slices.
+        self._compiled_sample = mx.compile(self._sample_tokens)
         self.reset()
 
     def reset(self) -> None:
@@ -68,9 +70,34 @@ class LmGen:
             )
         return codes.astype(np.int64)
 
-    def _sample_audio(self, keys: mx.array):
-        temp, top_k = self.sampling.audio_temp, self.sampling.audio_top_k
-        return lambda logits, k: sample(logits, temp, top_k, keys[k])
+    def sample_tokens(
+        self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Sample the text token, then Moshi's codebooks through the depformer (compiled).
+
+        temporal_out (1, 1, dim), text_logits (1, 1, text_card) -> the (1 + dep_q,) tokens and
+        the next random key, lazily.
+        """
+        return self._compiled_sample(temporal_out, text_logits, key)
+
+    def _sample_tokens(
+        self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        # The depformer's caches live within one step, so they are made here, inside the
+        # compiled function.
+        sampling = self.sampling
+        key, text_key, audio_key = mx.random.split(key, 3)
+        audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
+        text = sample(text_logits[:, -1], sampling.text_temp, sampling.text_top_k, text_key)
+        audio = self.lm.depformer.sample(
+            temporal_out,
+            text,
+            self.lm.depformer.make_caches(),
+            lambda logits, k: sample(
+                logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
+            ),
+        )
+        return mx.concatenate([text, audio[0]]), key
 
     def step(self, user_codes: np.ndarray | mx.array) -> LmGenStep:
         """Advance one frame with the user's codes (n_q - dep_q,) (token -1: no input)."""
@@ -83,17 +110,9 @@ class LmGen:
         inputs = np.where(t <= self._delays, self._initial, self._tokens[:, t % width])
         tokens = mx.array(inputs.astype(np.int32))[None, :, None]  # (1, K, 1)
 
-        self._key, text_key, audio_key = mx.random.split(self._key, 3)
-        audio_keys = mx.random.split(audio_key, cfg.dep_q)
         temporal_out, text_logits = self.lm.forward_text(tokens, self._caches)
-        text = sample(
-            text_logits[:, -1], self.sampling.text_temp, self.sampling.text_top_k, text_key
-        )
-        audio = self.lm.depformer.sample(
-            temporal_out, text, self._depformer_caches, self._sample_audio(audio_keys)
-        )
-        generated = mx.concatenate([text, audio[0]])  # (1 + dep_q,)
-        mx.eval(generated, self._key)
+        generated, self._key = self.sample_tokens(temporal_out, text_logits, self._key)
+        mx.eval(generated, self._key)  # the step's one evaluation
         generated = np.array(generated, dtype=np.int64)
 
         t += 1

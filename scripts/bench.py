@@ -90,33 +90,26 @@ def _user_codes(card: int, count: int, seed: int) -> np.ndarray:
 
 
 # LM ---------------------------------------------------------------------------------------
-def _audio_sampler(sampling: SamplingConfig, keys: mx.array):
-    return lambda logits, k: sample(logits, sampling.audio_temp, sampling.audio_top_k, keys[k])
-
-
 def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
-    """Per step: temporal transformer + text sampling, then depformer + audio sampling, each
-    evaluated on its own (so their sum exceeds a whole step by one host sync)."""
+    """Per step, each part evaluated on its own (so the two add up to a step plus one host
+    sync): the temporal transformer with the text head, then `LmGen.sample_tokens` (text
+    sampling and the depformer's 8 slices with audio sampling, compiled as in a step)."""
     cfg = lm.cfg
-    caches, depformer_caches = lm.make_caches(), lm.depformer.make_caches()
+    gen = LmGen(lm, sampling, seed=seed)
+    caches = lm.make_caches()
     rng = np.random.default_rng(seed)
     key = mx.random.key(seed)
     temporal, depformer = [], []
     for _ in range(total):
         tokens = np.concatenate([rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, 16)])
         tokens = mx.array(tokens.astype(np.int32))[None, :, None]
-        key, text_key, audio_key = mx.random.split(key, 3)
-        audio_keys = mx.random.split(audio_key, cfg.dep_q)
-        mx.eval(tokens, text_key, audio_keys)
+        mx.eval(tokens)
         t0 = time.perf_counter()
         out, text_logits = lm.forward_text(tokens, caches)
-        text = sample(text_logits[:, -1], sampling.text_temp, sampling.text_top_k, text_key)
-        mx.eval(out, text)
+        mx.eval(out, text_logits)
         t1 = time.perf_counter()
-        audio = lm.depformer.sample(
-            out, text, depformer_caches, _audio_sampler(sampling, audio_keys)
-        )
-        mx.eval(audio)
+        generated, key = gen.sample_tokens(out, text_logits, key)
+        mx.eval(generated, key)
         temporal.append(t1 - t0)
         depformer.append(time.perf_counter() - t1)
     return {"temporal": temporal, "depformer": depformer}

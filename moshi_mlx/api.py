@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
-from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
+from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
 from moshi_mlx.generate import LmGen
 from moshi_mlx.hub import WeightFiles, resolve_weights
 from moshi_mlx.lm_checkpoint import load_lm
@@ -91,13 +91,10 @@ class MoshiModel:
         _check_codec_fits(config)  # before reading gigabytes of weights
         try:
             lm = load_lm(files.moshi, config, dtype=dtype)
-        except WeightsError as exc:
-            message = str(exc)
-            if "as safetensors" in message or "not found" in message:
-                raise
+        except WeightsMismatchError as exc:
             used = files.lm_config or "the Moshi 7B preset"
-            raise WeightsError(
-                f"{message}; these LM weights do not fit the LM config ({used}): "
+            raise WeightsMismatchError(
+                f"{exc}; these LM weights do not fit the LM config ({used}): "
                 "pass the config.json that belongs to them with --lm-config"
             ) from None
         return cls(lm, files, codec_backend)

@@ -19,3 +19,7 @@ class WeightsError(MoshiError):
 
 class AudioError(MoshiError):
     """An audio device, PortAudio or audio-file problem."""
+
+
+class WeightsMismatchError(WeightsError):
+    """A readable checkpoint whose tensors (names, shapes, dtypes) do not match the model."""

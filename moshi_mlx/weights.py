@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from moshi_mlx.errors import WeightsError
+from moshi_mlx.errors import WeightsError, WeightsMismatchError
 
 _MAX_NAMES_IN_ERROR = 5
 
@@ -52,7 +52,7 @@ def check_tensors(
     found: dict[str, mx.array],
     source: str,
 ) -> None:
-    """Raise `WeightsError` unless `found` has exactly the expected names and shapes.
+    """Raise `WeightsMismatchError` unless `found` has exactly the expected names and shapes.
 
     `expected` maps names to (shape, dtype); a dtype of None accepts any floating dtype (the
     model casts on load), while integer dtypes (packed quantized weights) must match exactly.
@@ -60,17 +60,17 @@ def check_tensors(
     missing = [name for name in expected if name not in found]
     unexpected = [name for name in found if name not in expected]
     if missing:
-        raise WeightsError(f"{source}: missing tensor(s) {_name_list(missing)}")
+        raise WeightsMismatchError(f"{source}: missing tensor(s) {_name_list(missing)}")
     if unexpected:
-        raise WeightsError(f"{source}: unexpected tensor(s) {_name_list(unexpected)}")
+        raise WeightsMismatchError(f"{source}: unexpected tensor(s) {_name_list(unexpected)}")
     for name, (shape, dtype) in expected.items():
         array = found[name]
         if tuple(array.shape) != tuple(shape):
-            raise WeightsError(
+            raise WeightsMismatchError(
                 f"{source}: tensor {name} has shape {tuple(array.shape)}, expected {tuple(shape)}"
             )
         if dtype is not None and array.dtype != dtype:
-            raise WeightsError(
+            raise WeightsMismatchError(
                 f"{source}: tensor {name} has dtype {array.dtype}, expected {dtype}"
             )
 

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from moshi_mlx.errors import WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.weights import load_strict, read_json, read_safetensors
+from moshi_mlx.weights import SafetensorsWriter, load_strict, read_json, read_safetensors
 
 DEFAULT_GROUP_SIZE = {4: 32, 8: 64}  # as in Kyutai's published q4 / q8 files
 CHECKPOINT_NAMES = ("model.safetensors", "model.q8.safetensors", "model.q4.safetensors")
 _QUANTIZABLE = (nn.Linear, nn.Embedding)
 _SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 _SUPPORTED_GROUPS = (32, 64, 128)
-_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32",
-                       mx.uint32: "U32"}  # fmt: skip
 
 
 def build_lm(
@@ -173,23 +169,15 @@ def save_safetensors_lazily(path: str | Path, tensors: dict[str, mx.array]) -> N
     Memory stays at about one tensor, so a 7B-sized random checkpoint never sits in memory
     whole. `tensors` is emptied as it is written.
     """
-    names = sorted(tensors)
-    header, offset = {}, 0
-    for name in names:
-        array = tensors[name]
-        size = array.size * array.itemsize
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + size]}  # fmt: skip
-        offset += size
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
+    layout = {name: (tuple(tensors[name].shape), tensors[name].dtype) for name in sorted(tensors)}
     with open(path, "wb") as file:
-        file.write(struct.pack("<Q", len(blob)) + blob)
-        for name in names:
+        writer = SafetensorsWriter(file, layout, metadata={})
+        for name in layout:
             array = tensors.pop(name)
-            raw = array.reshape(-1).view(mx.uint8)  # bytes of any dtype, numpy-readable
-            file.write(np.asarray(raw).tobytes())
-            del array, raw
+            mx.eval(array)
+            writer.write_rows(name, 0, array)
+            del array
+        writer.check_complete()
 
 
 def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:

@@ -11,19 +11,16 @@ its name only once complete.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
 import resource
-import struct
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import mlx.core as mx
 import numpy as np
@@ -38,7 +35,13 @@ from moshi_mlx.conversion import (
 from moshi_mlx.errors import MoshiError, WeightsError
 from moshi_mlx.lm_checkpoint import compute_dtype, load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.weights import load_strict, read_json, read_safetensors
+from moshi_mlx.weights import (
+    Layout,
+    SafetensorsWriter,
+    load_strict,
+    read_json,
+    read_safetensors,
+)
 
 DEFAULT_GROUP_SIZE = {4: 32, 8: 64}
 OUTPUT_NAMES = {4: "model.q4.safetensors", 8: "model.q8.safetensors", 16: "model.safetensors"}
@@ -49,9 +52,7 @@ _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many val
 # MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
 # block (a third of the run time otherwise) while keeping the process small.
 _CACHE_LIMIT_BYTES = 256 << 20
-_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.uint32: "U32"}
 
-Layout = dict[str, tuple[Shape, mx.Dtype]]
 
 
 def is_quantized(shape: Shape, group_size: int | None) -> bool:
@@ -75,55 +76,6 @@ def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int | 
         layout[prefix + ".scales"] = ((rows, cols // group_size), mx.bfloat16)
         layout[prefix + ".biases"] = ((rows, cols // group_size), mx.bfloat16)
     return dict(sorted(layout.items()))
-
-
-class SafetensorsWriter:
-    """Writes a safetensors file whose layout is known in advance, tensor pieces at any time.
-
-    The header (names, dtypes, shapes, offsets) is written first; `write_rows` then puts a block
-    of rows at its final place, so no tensor ever needs to be whole in memory.
-    """
-
-    def __init__(self, file: BinaryIO, layout: Layout, metadata: dict[str, str]):
-        header: dict[str, object] = {"__metadata__": metadata}
-        self._entries: dict[str, tuple[int, int, Shape, mx.Dtype]] = {}
-        offset = 0
-        for name, (shape, dtype) in layout.items():
-            nbytes = math.prod(shape) * dtype.size
-            header[name] = {
-                "dtype": _SAFETENSORS_DTYPES[dtype],
-                "shape": list(shape),
-                "data_offsets": [offset, offset + nbytes],
-            }
-            self._entries[name] = (offset, nbytes, shape, dtype)
-            offset += nbytes
-        encoded = json.dumps(header, separators=(",", ":")).encode()
-        encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned
-        self._file = file
-        self._data_start = 8 + len(encoded)
-        self.total_bytes = self._data_start + offset
-        self._written = dict.fromkeys(layout, 0)
-        file.write(struct.pack("<Q", len(encoded)) + encoded)
-        file.truncate(self.total_bytes)
-
-    def write_rows(self, name: str, first_row: int, rows: mx.array) -> None:
-        """Write `rows` (already evaluated) as rows first_row.. of tensor `name`."""
-        offset, nbytes, shape, dtype = self._entries[name]
-        assert rows.dtype == dtype and tuple(rows.shape[1:]) == tuple(shape[1:]), name
-        data = memoryview(rows)
-        if not data.c_contiguous:  # row blocks of whole tensors always are; be safe anyway
-            rows = mx.contiguous(rows)
-            mx.eval(rows)
-            data = memoryview(rows)
-        row_bytes = nbytes // shape[0]
-        self._file.seek(self._data_start + offset + first_row * row_bytes)
-        self._file.write(data)
-        self._written[name] += data.nbytes
-
-    def check_complete(self) -> None:
-        """Assert that every byte of every tensor was written exactly once."""
-        incomplete = [n for n, done in self._written.items() if done != self._entries[n][1]]
-        assert not incomplete, f"tensors not fully written: {incomplete[:5]}"
 
 
 class _Progress:

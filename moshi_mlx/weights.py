@@ -1,13 +1,17 @@
-"""Reading checkpoint files and loading them strictly into models.
+"""Reading checkpoint files, loading them strictly into models, and writing them piecewise.
 
 Every model loads through `load_strict`, so a missing, unexpected or mis-shaped tensor is always
-reported the same way: which file, which tensor, expected versus found.
+reported the same way: which file, which tensor, expected versus found. `SafetensorsWriter`
+writes large files without ever holding a whole tensor set (or tensor) in memory.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import mlx.core as mx
 from mlx import nn
@@ -16,6 +20,10 @@ from mlx.utils import tree_flatten, tree_unflatten
 from moshi_mlx.errors import WeightsError, WeightsMismatchError
 
 _MAX_NAMES_IN_ERROR = 5
+_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32",
+                       mx.uint32: "U32"}  # fmt: skip
+
+Layout = dict[str, tuple[tuple[int, ...], mx.Dtype]]  # name -> (shape, dtype)
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -95,3 +103,52 @@ def load_strict(
             array = array.astype(dtype or params[name].dtype)
         cast[name] = array
     model.update(tree_unflatten(list(cast.items())))
+
+
+class SafetensorsWriter:
+    """Writes a safetensors file whose layout is known in advance, tensor pieces at any time.
+
+    The header (names, dtypes, shapes, offsets) is written first; `write_rows` then puts a block
+    of rows at its final place, so no tensor ever needs to be whole in memory.
+    """
+
+    def __init__(self, file: BinaryIO, layout: Layout, metadata: dict[str, str]):
+        header: dict[str, object] = {"__metadata__": metadata}
+        self._entries: dict[str, tuple[int, int, tuple[int, ...], mx.Dtype]] = {}
+        offset = 0
+        for name, (shape, dtype) in layout.items():
+            nbytes = math.prod(shape) * dtype.size
+            header[name] = {
+                "dtype": _SAFETENSORS_DTYPES[dtype],
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
+            self._entries[name] = (offset, nbytes, shape, dtype)
+            offset += nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned
+        self._file = file
+        self._data_start = 8 + len(encoded)
+        self.total_bytes = self._data_start + offset
+        self._written = dict.fromkeys(layout, 0)
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        file.truncate(self.total_bytes)
+
+    def write_rows(self, name: str, first_row: int, rows: mx.array) -> None:
+        """Write `rows` (already evaluated) as rows first_row.. of tensor `name`."""
+        offset, nbytes, shape, dtype = self._entries[name]
+        assert rows.dtype == dtype and tuple(rows.shape[1:]) == tuple(shape[1:]), name
+        data = memoryview(rows)
+        if not data.c_contiguous:  # row blocks of whole tensors always are; be safe anyway
+            rows = mx.contiguous(rows)
+            mx.eval(rows)
+            data = memoryview(rows)
+        row_bytes = nbytes // shape[0]
+        self._file.seek(self._data_start + offset + first_row * row_bytes)
+        self._file.write(data)
+        self._written[name] += data.nbytes
+
+    def check_complete(self) -> None:
+        """Assert that every byte of every tensor was written exactly once."""
+        incomplete = [n for n, done in self._written.items() if done != self._entries[n][1]]
+        assert not incomplete, f"tensors not fully written: {incomplete[:5]}"

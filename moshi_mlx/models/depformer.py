@@ -26,10 +26,14 @@ ZERO_TOKEN = -1  # "no input": embeds to a zero vector
 SampleFn = Callable[[mx.array, int], mx.array]
 
 
+def zero_no_input(tokens: mx.array, embeddings: mx.array) -> mx.array:
+    """Zero the embeddings (..., D) of the `ZERO_TOKEN` positions of tokens (...)."""
+    return mx.where((tokens == ZERO_TOKEN)[..., None], 0, embeddings)
+
+
 def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
     """Embedding lookup where `ZERO_TOKEN` gives a zero vector; tokens (...) -> (..., D)."""
-    out = emb(mx.maximum(tokens, 0))
-    return mx.where((tokens == ZERO_TOKEN)[..., None], 0, out)
+    return zero_no_input(tokens, emb(mx.maximum(tokens, 0)))
 
 
 class DepformerSlice(nn.Module):

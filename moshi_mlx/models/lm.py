@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.models.depformer import ZERO_TOKEN, Depformer
+from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.kv_cache import KVCache
 from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfig
 
@@ -248,7 +248,7 @@ class Lm(nn.Module):
         clamped = mx.maximum(tokens, 0)
         tables = [self.text_emb, *self.audio_embs]
         embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
-        return mx.where((tokens == ZERO_TOKEN)[..., None], 0, embs).sum(axis=1)
+        return zero_no_input(tokens, embs).sum(axis=1)
 
     def forward_text(
         self, tokens: mx.array, caches: list[KVCache]

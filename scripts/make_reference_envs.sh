@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the two reference environments that some tests and the bench compare against:
+#   /opt/venvs/ref     PyTorch (CPU) + Kyutai's `moshi` 0.2.13: the truth for numerics
+#   /opt/venvs/kyutai  Kyutai's `moshi_mlx` 0.3.0 on mlx 0.26.5: side-by-side speed
+# Tests that need one skip without it and name this script. Usage (as root, ~2 GB):
+#   ./scripts/make_reference_envs.sh [ref|kyutai]...   (default: both)
+set -euo pipefail
+root=${MOSHI_MLX_REFERENCE_ENVS:-/opt/venvs}
+targets=("$@")
+[ "${#targets[@]}" -gt 0 ] || targets=(ref kyutai)
+pip_quiet=(-q --disable-pip-version-check)
+for target in "${targets[@]}"; do
+    case "$target" in
+    ref)
+        python3 -m venv "$root/ref"
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" torch --index-url https://download.pytorch.org/whl/cpu \
+            || "$root/ref/bin/pip" install "${pip_quiet[@]}" torch==2.13.0
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" --no-deps moshi==0.2.13
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" numpy safetensors einops sentencepiece \
+            huggingface_hub aiohttp sphn sounddevice
+        ;;
+    kyutai)
+        python3 -m venv "$root/kyutai"
+        extra=()
+        [ "$(uname -s)" = Linux ] && extra=(mlx-cpu==0.26.5)
+        "$root/kyutai/bin/pip" install "${pip_quiet[@]}" mlx==0.26.5 "${extra[@]}"
+        "$root/kyutai/bin/pip" install "${pip_quiet[@]}" --no-deps moshi_mlx==0.3.0
+        "$root/kyutai/bin/pip" install "${pip_quiet[@]}" numpy safetensors sentencepiece \
+            huggingface_hub rustymimi sounddevice sphn
+        ;;
+    *) echo "unknown environment '$target' (ref or kyutai)" >&2; exit 2 ;;
+    esac
+done

@@ -13,7 +13,9 @@ for target in "${targets[@]}"; do
     case "$target" in
     ref)
         python3 -m venv "$root/ref"
-        "$root/ref/bin/pip" install "${pip_quiet[@]}" torch --index-url https://download.pytorch.org/whl/cpu \
+        # The CPU build; where that index cannot be reached, a locally provided torch 2.13.0.
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" --retries 0 --timeout 10 torch \
+            --index-url https://download.pytorch.org/whl/cpu \
             || "$root/ref/bin/pip" install "${pip_quiet[@]}" torch==2.13.0
         "$root/ref/bin/pip" install "${pip_quiet[@]}" --no-deps moshi==0.2.13
         "$root/ref/bin/pip" install "${pip_quiet[@]}" numpy safetensors einops sentencepiece \
@@ -25,8 +27,9 @@ for target in "${targets[@]}"; do
         [ "$(uname -s)" = Linux ] && extra=(mlx-cpu==0.26.5)
         "$root/kyutai/bin/pip" install "${pip_quiet[@]}" mlx==0.26.5 "${extra[@]}"
         "$root/kyutai/bin/pip" install "${pip_quiet[@]}" --no-deps moshi_mlx==0.3.0
-        "$root/kyutai/bin/pip" install "${pip_quiet[@]}" numpy safetensors sentencepiece \
-            huggingface_hub rustymimi sounddevice sphn
+        # moshi_mlx 0.3.0's own pins
+        "$root/kyutai/bin/pip" install "${pip_quiet[@]}" "numpy>=2.1,<2.3" "safetensors>=0.4,<0.6" \
+            sentencepiece==0.2 sounddevice==0.5 huggingface_hub rustymimi sphn
         ;;
     *) echo "unknown environment '$target' (ref or kyutai)" >&2; exit 2 ;;
     esac

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.spec import read_lm_config
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
 from moshi_mlx.generate import LmGen
-from moshi_mlx.hub import WeightFiles, resolve_weights
-from moshi_mlx.lm_checkpoint import load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.tokenizer import TextDecoder
-from moshi_mlx.weights import read_json
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -73,21 +73,16 @@ class MoshiModel:
         dtype: mx.Dtype | None = None,
     ) -> MoshiModel:
         """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
-        `moshi_mlx.hub`) and load them. `quantize` is 4, 8 or 16 (bf16); `lm_config` is a
+        `moshi_mlx.checkpoints.hub`) and load them. `quantize` is 4, 8 or 16 (bf16); `lm_config` is a
         Kyutai `config.json` path or an `LmConfig` (default: the repo's config, else Moshi 7B).
         `dtype` is the LM's compute dtype (default: bf16 on a GPU, float32 on the CPU; see
-        `moshi_mlx.lm_checkpoint.compute_dtype`).
+        `moshi_mlx.checkpoints.lm.compute_dtype`).
         """
         config_path = None if isinstance(lm_config, LmConfig) else lm_config
         files = resolve_weights(
             hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path
         )
-        if isinstance(lm_config, LmConfig):
-            config = lm_config
-        elif files.lm_config is not None:
-            config = LmConfig.from_dict(read_json(files.lm_config))
-        else:
-            config = LmConfig.moshi_7b()
+        config = lm_config if isinstance(lm_config, LmConfig) else read_lm_config(files.lm_config)
         _check_codec_fits(config)  # before reading gigabytes of weights
         try:
             lm = load_lm(files.moshi, config, dtype=dtype)

@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
+from moshi_mlx.checkpoints.spec import DEFAULT_REPO
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.hub import DEFAULT_REPO, WEIGHTS_ENV
 from moshi_mlx.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2

@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import MoshiError, WeightsError
-from moshi_mlx.mimi_checkpoint import load_mimi
 from moshi_mlx.models.mimi import Mimi
 
 SAMPLE_RATE = 24_000

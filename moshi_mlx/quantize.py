@@ -1,441 +1,22 @@
-"""Convert a bf16 Moshi LM checkpoint (MLX or PyTorch naming) to Kyutai's MLX q4/q8/bf16 format.
+"""Convert or quantize a Moshi LM checkpoint to Kyutai's MLX format.
 
-Run `python -m moshi_mlx.quantize model.safetensors --bits 4`. The output is one safetensors file
-named, shaped and typed like Kyutai's published `model.q4.safetensors` / `model.q8.safetensors`
-/ `model.safetensors`, with the quantization recorded in its metadata (`quantization_bits`,
-`quantization_group_size`). Tensors are converted one at a time, in row blocks, and written at
-their final offsets, so peak memory stays near the largest single tensor; the file appears under
-its name only once complete.
+    python -m moshi_mlx.quantize model.safetensors --bits 4 [--group-size 64] [--check]
+
+The conversion lives in `moshi_mlx.checkpoints.quantize`, the `--check` comparison in
+`moshi_mlx.checkpoints.check`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import re
-import resource
 import sys
-import time
-from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
-import mlx.core as mx
-import numpy as np
-
-from moshi_mlx.conversion import (
-    CheckpointFormat,
-    Shape,
-    TensorRecipe,
-    plan_conversion,
-    to_mlx_naming,
-)
-from moshi_mlx.errors import MoshiError, WeightsError
-from moshi_mlx.lm_checkpoint import compute_dtype, load_lm
-from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.weights import (
-    Layout,
-    SafetensorsWriter,
-    load_strict,
-    read_json,
-    read_safetensors,
-)
-
-DEFAULT_GROUP_SIZE = {4: 32, 8: 64}
-OUTPUT_NAMES = {4: "model.q4.safetensors", 8: "model.q8.safetensors", 16: "model.safetensors"}
-GROUP_SIZES = (32, 64, 128)
-BITS_KEY, GROUP_SIZE_KEY = "quantization_bits", "quantization_group_size"
-
-_CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
-# MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
-# block (a third of the run time otherwise) while keeping the process small.
-_CACHE_LIMIT_BYTES = 256 << 20
-
-
-
-def is_quantized(shape: Shape, group_size: int | None) -> bool:
-    """Whether a tensor of this shape is quantized (never when `group_size` is None): every
-    Linear/Embedding weight (2-D) whose input width divides by the group size, as in Kyutai's
-    files; norms (1-D) stay bf16."""
-    return group_size is not None and len(shape) == 2 and shape[1] % group_size == 0
-
-
-def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int | None) -> Layout:
-    """Names, shapes and dtypes of the output file, sorted by name, for MLX-named input shapes
-    (`group_size` None: bf16 output)."""
-    layout: Layout = {}
-    for name, shape in mlx_shapes.items():
-        if not is_quantized(shape, group_size):
-            layout[name] = (tuple(shape), mx.bfloat16)
-            continue
-        rows, cols = shape
-        prefix = name.removesuffix(".weight")
-        layout[name] = ((rows, cols * bits // 32), mx.uint32)
-        layout[prefix + ".scales"] = ((rows, cols // group_size), mx.bfloat16)
-        layout[prefix + ".biases"] = ((rows, cols // group_size), mx.bfloat16)
-    return dict(sorted(layout.items()))
-
-
-class _Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
-        self.total_bytes, self.total_tensors, self.enabled = total_bytes, total_tensors, enabled
-        self.start = time.monotonic()
-        self._last_draw = 0.0
-
-    def update(self, done_bytes: int, done_tensors: int) -> None:
-        now = time.monotonic()
-        finished = done_tensors == self.total_tensors
-        if not self.enabled or (now - self._last_draw < 0.1 and not finished):
-            return
-        self._last_draw = now
-        fraction = done_bytes / max(self.total_bytes, 1)
-        filled = int(30 * fraction)
-        elapsed = int(now - self.start)
-        sys.stderr.write(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:3.0f}%  "
-            f"{done_tensors}/{self.total_tensors} tensors  "
-            f"{done_bytes / 1e9:.2f}/{self.total_bytes / 1e9:.2f} GB  "
-            f"{elapsed // 60}:{elapsed % 60:02d}"
-        )
-        if finished:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-@dataclass
-class QuantizeResult:
-    """What a conversion did, with figures for the report."""
-
-    output: Path
-    source_format: CheckpointFormat
-    bits: int
-    group_size: int | None
-    num_tensors: int
-    output_bytes: int
-    seconds: float
-    peak_mlx_bytes: int
-    peak_rss_bytes: int
-    relative_errors: dict[str, float] = field(default_factory=dict)  # layer -> relative RMS
-
-    def error_report(self, worst: int = 5) -> str:
-        """Relative RMS error of the dequantized weights per layer group, and the worst layers."""
-        if not self.relative_errors:
-            return "no quantized layers (bf16 output)"
-        groups: dict[str, list[float]] = defaultdict(list)
-        for name, error in self.relative_errors.items():
-            groups[re.sub(r"\.\d+(?=\.|$)", ".*", name)].append(error)
-        width = max(len(group) for group in groups)
-        lines = [f"{'layer group':<{width}}  count  mean rel. RMS  max rel. RMS"]
-        for group, errors in sorted(groups.items()):
-            mean = sum(errors) / len(errors)
-            lines.append(f"{group:<{width}}  {len(errors):5d}  {mean:13.5f}  {max(errors):12.5f}")
-        ranked = sorted(self.relative_errors.items(), key=lambda item: -item[1])[:worst]
-        lines.append("worst layers: " + ", ".join(f"{name} {err:.5f}" for name, err in ranked))
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        kind = "bf16" if self.bits == 16 else f"{self.bits}-bit, group size {self.group_size}"
-        return (
-            f"wrote {self.output} ({kind}, {self.num_tensors} tensors, "
-            f"{self.output_bytes / 1e9:.2f} GB) from {self.source_format}-named input in "
-            f"{self.seconds:.1f} s; peak memory: MLX {self.peak_mlx_bytes / 1e9:.2f} GB, "
-            f"peak process RSS {self.peak_rss_bytes / 1e9:.2f} GB"
-        )
-
-
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
-
-
-def _row_blocks(shape: Shape) -> list[tuple[int, int]]:
-    step = max(1, _CHUNK_ELEMENTS // math.prod(shape[1:]))
-    return [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
-
-
-def _convert_tensor(
-    writer: SafetensorsWriter,
-    recipe: TensorRecipe,
-    source: mx.array,
-    bits: int,
-    group_size: int | None,
-) -> float | None:
-    """Write one MLX tensor; returns its relative RMS quantization error, or None if not quantized."""
-    weight = recipe.apply(source)
-    if not is_quantized(recipe.shape, group_size):
-        for start, stop in _row_blocks(recipe.shape):
-            block = weight[start:stop]
-            mx.eval(block)
-            writer.write_rows(recipe.target, start, block)
-        return None
-    prefix = recipe.target.removesuffix(".weight")
-    error_sum = reference_sum = 0.0
-    for start, stop in _row_blocks(recipe.shape):
-        block = weight[start:stop]
-        packed, scales, biases = mx.quantize(block, group_size=group_size, bits=bits)
-        restored = mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits)
-        block32 = block.astype(mx.float32)
-        error = mx.sum(mx.square(restored.astype(mx.float32) - block32))
-        reference = mx.sum(mx.square(block32))
-        mx.eval(packed, scales, biases, error, reference)
-        writer.write_rows(recipe.target, start, packed)
-        writer.write_rows(prefix + ".scales", start, scales)
-        writer.write_rows(prefix + ".biases", start, biases)
-        error_sum, reference_sum = error_sum + error.item(), reference_sum + reference.item()
-    return math.sqrt(error_sum / reference_sum) if reference_sum > 0 else 0.0
-
-
-def _remove_stale_partials(output_path: Path) -> None:
-    """Delete temporary files left by killed conversions to the same output."""
-    for partial in output_path.parent.glob(f".{output_path.name}.*.partial"):
-        pid = partial.name.removeprefix(f".{output_path.name}.").removesuffix(".partial")
-        try:
-            os.kill(int(pid), 0)  # still running: leave its file alone
-        except (ValueError, ProcessLookupError):
-            partial.unlink(missing_ok=True)
-        except PermissionError:
-            pass
-
-
-def default_output(input_path: Path, bits: int) -> Path:
-    """Kyutai's file name for this precision, next to the input."""
-    return input_path.parent / OUTPUT_NAMES[bits]
-
-
-def quantize_checkpoint(
-    input_path: str | Path,
-    output_path: str | Path | None = None,
-    bits: int = 4,
-    group_size: int | None = None,
-    force: bool = False,
-    progress: bool | None = None,
-) -> QuantizeResult:
-    """Convert a bf16 Moshi LM checkpoint to Kyutai's MLX format, quantized to `bits` (4, 8) or
-    kept bf16 (16). `group_size` defaults to 32 for 4 bits and 64 for 8 bits. Raises
-    `MoshiError` for user errors (bad input, existing output without `force`)."""
-    input_path = Path(input_path)
-    if bits not in OUTPUT_NAMES:
-        raise MoshiError(f"--bits must be 4, 8 or 16, got {bits}")
-    if bits == 16:
-        group_size = None
-    else:
-        group_size = group_size or DEFAULT_GROUP_SIZE[bits]
-        if group_size not in GROUP_SIZES:
-            raise MoshiError(f"--group-size must be one of {GROUP_SIZES}, got {group_size}")
-    output_path = Path(output_path) if output_path else default_output(input_path, bits)
-    if output_path.resolve() == input_path.resolve():
-        raise MoshiError(f"the output {output_path} would overwrite the input")
-    if output_path.exists() and not force:
-        raise MoshiError(f"{output_path} already exists; pass --force to overwrite it")
-    if not output_path.parent.is_dir():
-        raise MoshiError(f"output directory {output_path.parent} does not exist")
-
-    start = time.monotonic()
-    mx.reset_peak_memory()
-    tensors, _ = read_safetensors(input_path)
-    source_format, recipes = plan_conversion(
-        {name: a.shape for name, a in tensors.items()}, str(input_path)
-    )
-    not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
-    if not_float:
-        raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
-    layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size)
-    metadata = {"format": "mlx"}
-    if bits != 16:
-        metadata |= {BITS_KEY: str(bits), GROUP_SIZE_KEY: str(group_size)}
-    by_source: dict[str, list[TensorRecipe]] = defaultdict(list)
-    for recipe in recipes:
-        by_source[recipe.source].append(recipe)
-
-    _remove_stale_partials(output_path)
-    temp_path = output_path.with_name(f".{output_path.name}.{os.getpid()}.partial")
-    errors: dict[str, float] = {}
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = _Progress(sum(a.nbytes for a in tensors.values()), len(recipes), show)
-    previous_cache_limit = mx.set_cache_limit(_CACHE_LIMIT_BYTES)
-    try:
-        with open(temp_path, "wb") as file:
-            writer = SafetensorsWriter(file, layout, metadata)
-            done_bytes = done_tensors = 0
-            for source_name, source_recipes in by_source.items():
-                source = tensors.pop(source_name)  # drop the lazy handle once converted
-                share = source.nbytes / len(source_recipes)
-                source = source.astype(mx.bfloat16)
-                mx.eval(source)
-                for recipe in source_recipes:
-                    error = _convert_tensor(writer, recipe, source, bits, group_size)
-                    if error is not None:
-                        errors[recipe.target.removesuffix(".weight")] = error
-                    done_bytes, done_tensors = done_bytes + share, done_tensors + 1
-                    bar.update(round(done_bytes), done_tensors)
-                del source
-            writer.check_complete()
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp_path, output_path)
-    except OSError as exc:  # disk full, no permission, ...
-        temp_path.unlink(missing_ok=True)
-        raise MoshiError(f"cannot write {output_path}: {exc.strerror or exc}") from exc
-    except BaseException:
-        temp_path.unlink(missing_ok=True)
-        raise
-    finally:
-        mx.set_cache_limit(previous_cache_limit)
-        mx.clear_cache()
-    return QuantizeResult(
-        output=output_path,
-        source_format=source_format,
-        bits=bits,
-        group_size=group_size,
-        num_tensors=len(layout),
-        output_bytes=writer.total_bytes,
-        seconds=time.monotonic() - start,
-        peak_mlx_bytes=mx.get_peak_memory(),
-        peak_rss_bytes=_peak_rss_bytes(),
-        relative_errors=errors,
-    )
-
-
-@dataclass
-class CheckResult:
-    """Greedy generation of the source model replayed through the converted model."""
-
-    steps: int
-    text_agreement: float  # fraction of steps where both models' greedy text tokens agree
-    audio_agreement: float  # same, over every step and audio codebook
-    max_text_logit_diff: float
-    max_audio_logit_diff: float
-    text_logit_rms: float  # RMS of the source's logits, to read the differences against
-    audio_logit_rms: float
-    relative_logit_error: float  # RMS of the differences / RMS of the source's logits
-
-    def summary(self) -> str:
-        return (
-            f"check over {self.steps} greedy steps: tokens agree {100 * self.text_agreement:.1f}%"
-            f" (text), {100 * self.audio_agreement:.1f}% (audio); max |logit difference| "
-            f"{self.max_text_logit_diff:.4f} (text, logits RMS {self.text_logit_rms:.3f}), "
-            f"{self.max_audio_logit_diff:.4f} (audio, logits RMS {self.audio_logit_rms:.3f}); "
-            f"relative RMS logit error {self.relative_logit_error:.4f}"
-        )
-
-
-def _step_inputs(config: LmConfig, history: np.ndarray, t: int) -> mx.array:
-    """Input tokens (1, K, 1) of step t, delayed per stream as in `LmGen`.
-
-    history (K, steps): rows 0..dep_q hold the tokens generated at each step (text, Moshi's
-    codebooks), the other rows the user's codes given at each step.
-    """
-    delays = np.array(config.delays)
-    start = np.array([config.text_card] + [config.card] * config.n_q)
-    generated = (np.arange(config.num_codebooks) <= config.dep_q).astype(np.int64)
-    column = t - delays - generated  # generated tokens are fed one step later than user codes
-    fed = history[np.arange(config.num_codebooks), np.maximum(column, 0)]
-    tokens = np.where(t <= delays, start, fed)
-    return mx.array(tokens.astype(np.int32))[None, :, None]
-
-
-def _run_greedy(lm: Lm, user_codes: np.ndarray, reference: dict | None) -> dict:
-    """Run `lm` step by step; without `reference`, feed back its own greedy tokens, else the
-    reference's (teacher forcing), so both models see exactly the same inputs."""
-    cfg = lm.cfg
-    steps = user_codes.shape[1]
-    history = np.zeros((cfg.num_codebooks, steps), np.int64)
-    history[1 + cfg.dep_q :] = user_codes
-    caches, depformer_caches = lm.make_caches(), lm.depformer.make_caches()
-    text_logits, audio_logits = [], []
-    for t in range(steps):
-        temporal_out, text = lm.forward_text(_step_inputs(cfg, history, t), caches)
-        text = text[:, -1].astype(mx.float32)  # (1, text_card)
-        if reference is None:
-            recorded: list[mx.array] = []
-
-            def greedy(logits: mx.array, _: int, recorded=recorded) -> mx.array:
-                recorded.append(logits.astype(mx.float32))
-                return mx.argmax(logits, axis=-1).astype(mx.int32)
-
-            first = mx.argmax(text, axis=-1).astype(mx.int32)
-            lm.depformer.sample(temporal_out, first, depformer_caches, greedy)
-            audio = mx.stack(recorded, axis=1)  # (1, dep_q, card)
-            mx.eval(text, audio)
-            history[0, t] = mx.argmax(text, axis=-1).item()
-            history[1 : 1 + cfg.dep_q, t] = np.array(mx.argmax(audio, axis=-1)[0])
-        else:
-            history[: 1 + cfg.dep_q, t] = reference["tokens"][:, t]
-            prev = mx.array(history[: cfg.dep_q, t].astype(np.int32))[None]
-            audio = lm.depformer.logits(temporal_out, prev, depformer_caches)
-            audio = audio.astype(mx.float32)
-            mx.eval(text, audio)
-        text_logits.append(np.array(text[0]))
-        audio_logits.append(np.array(audio[0]))
-    return {
-        "tokens": history[: 1 + cfg.dep_q].copy(),
-        "text_logits": np.stack(text_logits),  # (steps, text_card)
-        "audio_logits": np.stack(audio_logits),  # (steps, dep_q, card)
-    }
-
-
-def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
-    """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, computing in
-    the dtype `load_lm` would use for it."""
-    tensors, _ = read_safetensors(path)
-    dtype = compute_dtype(config, quantized=False)
-    model = Lm(config)
-    model.set_dtype(dtype)
-    load_strict(model, to_mlx_naming(tensors, str(path)), str(path), dtype=dtype)
-    mx.eval(model.parameters())
-    return model
-
-
-def compare_generation(
-    source_path: str | Path,
-    converted_path: str | Path,
-    config: LmConfig,
-    steps: int = 16,
-    seed: int = 0,
-) -> CheckResult:
-    """Compare the converted model with the source on `steps` greedy steps of the same inputs.
-
-    The source generates greedily from random user codes; the converted model is then run on
-    exactly the inputs the source saw. The models are loaded one after the other, so memory
-    holds one at a time. The converted model runs as `load_lm` builds it, so the figures
-    include the quantized kernels' own rounding (on CPU, MLX's quantized matmul on bf16
-    activations is far less precise than a dense one for wide layers).
-    """
-    rng = np.random.default_rng(seed)
-    user_codes = rng.integers(0, config.card, (config.n_q - config.dep_q, steps))
-    source = _run_greedy(load_source_lm(source_path, config), user_codes, None)
-    mx.clear_cache()
-    converted = _run_greedy(load_lm(converted_path, config), user_codes, source)
-    text_diff = converted["text_logits"] - source["text_logits"]
-    audio_diff = converted["audio_logits"] - source["audio_logits"]
-    diffs = np.concatenate([text_diff.ravel(), audio_diff.ravel()])
-    logits = np.concatenate([source["text_logits"].ravel(), source["audio_logits"].ravel()])
-    return CheckResult(
-        steps=steps,
-        text_agreement=float(np.mean(converted["text_logits"].argmax(-1) == source["tokens"][0])),
-        audio_agreement=float(
-            np.mean(converted["audio_logits"].argmax(-1) == source["tokens"][1:].T)
-        ),
-        max_text_logit_diff=float(np.abs(text_diff).max()),
-        max_audio_logit_diff=float(np.abs(audio_diff).max()),
-        text_logit_rms=_rms(source["text_logits"]),
-        audio_logit_rms=_rms(source["audio_logits"]),
-        relative_logit_error=_rms(diffs) / max(_rms(logits), 1e-12),
-    )
-
-
-def _rms(values: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(np.square(values, dtype=np.float64))))
-
-
-def _read_config(path: Path | None, checkpoint: Path) -> LmConfig:
-    if path is None and (checkpoint.parent / "config.json").is_file():
-        path = checkpoint.parent / "config.json"
-    return LmConfig.from_dict(read_json(path)) if path else LmConfig.moshi_7b()
+from moshi_mlx.checkpoints.check import compare_generation
+from moshi_mlx.checkpoints.quantize import quantize_checkpoint
+from moshi_mlx.checkpoints.spec import GROUP_SIZES, config_in, read_lm_config
+from moshi_mlx.cli import run_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -453,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--bits", type=int, choices=(4, 8, 16), default=4, help="default: 4")
     parser.add_argument(
-        "--group-size", type=int, choices=GROUP_SIZES, help="default: 32 for 4 bits, 64 for 8 bits"
+        "--group-size",
+        type=int,
+        choices=GROUP_SIZES,
+        help="default: Kyutai's 32 for 4 bits, 64 for 8 bits (64 makes a smaller q4 file)",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing output")
     parser.add_argument(
@@ -477,23 +61,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
+def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        config = _read_config(args.config, args.input) if args.check else None
-        result = quantize_checkpoint(
-            args.input, args.output, args.bits, args.group_size, args.force, args.progress
-        )
-        print(result.error_report(args.worst))
-        print(result.summary())
-        if config is not None:
-            check = compare_generation(args.input, result.output, config, args.check_steps)
-            print(check.summary())
-    except MoshiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    config = None
+    if args.check:
+        config = read_lm_config(args.config or config_in(args.input.parent))
+    result = quantize_checkpoint(
+        args.input, args.output, args.bits, args.group_size, args.force, args.progress
+    )
+    print(result.error_report(args.worst))
+    print(result.summary())
+    if config is not None:
+        check = compare_generation(args.input, result.output, config, args.check_steps)
+        print(check.summary())
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.quantize`; user errors exit 2, Ctrl-C 130 (no
+    partial file is left behind)."""
+    return run_cli(_run, argv)
 
 
 if __name__ == "__main__":

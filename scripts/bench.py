@@ -34,13 +34,14 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds, summarize
 
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import LmGen
-from moshi_mlx.lm_checkpoint import load_lm, write_random_lm_checkpoint
-from moshi_mlx.mimi_checkpoint import load_mimi, write_random_mimi_checkpoint
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.sampling import SamplingConfig, sample
+from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
 
 SCRIPTS = Path(__file__).resolve().parent
 KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
@@ -458,7 +459,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--formats-dir",
         type=Path,
-        default=SCRIPTS.parent.parent / "shared" / "formats",
+        default=SCRIPTS.parent / "tests" / "manifests",
         help="folder of the published checkpoints' .tsv manifests",
     )
     args = parser.parse_args(argv)

@@ -5,6 +5,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# Kyutai's published files: every tensor's name, shape and dtype (see manifests/README.md).
+MANIFESTS = Path(__file__).parent / "manifests"
+
+# External reference environments (built by scripts/make_reference_envs.sh); tests that
+# compare against them skip without them, and say how to build them.
+REFERENCE_PYTHON = Path("/opt/venvs/ref/bin/python")  # PyTorch + Kyutai's moshi 0.2.13
+KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")  # Kyutai's moshi_mlx 0.3.0
+needs_reference = pytest.mark.skipif(
+    not REFERENCE_PYTHON.is_file(),
+    reason=f"needs the PyTorch reference environment {REFERENCE_PYTHON.parents[1]}: "
+    "build it with scripts/make_reference_envs.sh ref",
+)
+needs_kyutai = pytest.mark.skipif(
+    not KYUTAI_PYTHON.is_file(),
+    reason=f"needs Kyutai's moshi_mlx environment {KYUTAI_PYTHON.parents[1]}: "
+    "build it with scripts/make_reference_envs.sh kyutai",
+)
+
+
+def needs_rustymimi() -> None:
+    """Skip the calling test unless the optional `rustymimi` extra is installed."""
+    pytest.importorskip(
+        "rustymimi", reason="the optional rustymimi extra: pip install -e '.[rustymimi]'"
+    )
+
+
 # --- LM (models/lm.py): tiny random checkpoints and the PyTorch golden outputs ---------------
 LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 
@@ -12,8 +38,8 @@ LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 @pytest.fixture(scope="session")
 def tiny_lm_checkpoints(tmp_path_factory):
     """Random tiny-LM files in Kyutai's MLX formats: {"bf16" | "q8" | "q4": Path}."""
-    from moshi_mlx.lm_checkpoint import write_random_lm_checkpoint
     from moshi_mlx.models.lm import LmConfig
+    from moshi_mlx.testing import write_random_lm_checkpoint
 
     root = tmp_path_factory.mktemp("lm_checkpoints")
     config = LmConfig.tiny()
@@ -28,7 +54,7 @@ def golden_lm():
     """(float32 Lm loaded from the reference fixture weights, dict of golden arrays)."""
     import mlx.core as mx
 
-    from moshi_mlx.lm_checkpoint import load_lm
+    from moshi_mlx.checkpoints.lm import load_lm
 
     lm = load_lm(LM_FIXTURES / "weights.safetensors", dtype=mx.float32)
     return lm, dict(np.load(LM_FIXTURES / "golden.npz"))
@@ -39,14 +65,14 @@ def golden_lm():
 
 # --- Mimi (models/mimi.py, mimi_checkpoint.py, codec.py) -------------------------------------
 MIMI_FIXTURES = Path(__file__).parent / "fixtures" / "mimi"
-MIMI_MANIFEST = Path(__file__).parents[2] / "shared" / "formats" / "mimi_checkpoint.tsv"
+MIMI_MANIFEST = MANIFESTS / "mimi_checkpoint.tsv"
 
 
 @pytest.fixture(scope="session")
 def tiny_mimi_checkpoint(tmp_path_factory):
     """(path, config) of a random tiny Mimi in the published PyTorch layout."""
-    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
     from moshi_mlx.models.mimi import MimiConfig
+    from moshi_mlx.testing import write_random_mimi_checkpoint
 
     config = MimiConfig.tiny()
     path = tmp_path_factory.mktemp("mimi") / "tiny_mimi.safetensors"
@@ -56,7 +82,7 @@ def tiny_mimi_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def full_mimi_checkpoint(tmp_path_factory):
     """A random full-size Mimi (385 MB, the published names and shapes), written once."""
-    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+    from moshi_mlx.testing import write_random_mimi_checkpoint
 
     path = tmp_path_factory.mktemp("mimi_full") / "tokenizer-random.safetensors"
     return write_random_mimi_checkpoint(path, seed=0)

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import MANIFESTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
-FORMATS = ROOT.parent / "shared" / "formats"
 STEPS, FRAMES = 6, 3
 
 
@@ -78,7 +78,6 @@ def test_pipeline_cases(report):
         assert ours["real_time_factor"] == pytest.approx(80.0 / ours["frame_ms"]["p50"])
 
 
-@pytest.mark.skipif(not FORMATS.is_dir(), reason="published-format manifests not present")
 def test_bandwidth_floor_from_manifests():
     sys.path.insert(0, str(SCRIPTS))
     try:
@@ -87,12 +86,12 @@ def test_bandwidth_floor_from_manifests():
         sys.path.remove(str(SCRIPTS))
     read = {}
     for quant in ("bf16", "q8", "q4"):
-        total, read[quant] = bench.weight_bytes_per_step(FORMATS / f"moshiko_mlx_{quant}.tsv")
+        total, read[quant] = bench.weight_bytes_per_step(MANIFESTS / f"moshiko_mlx_{quant}.tsv")
         # Only the embedding tables' other rows are skipped: about 0.6 GB of 7B bf16.
         assert 0.9 * total < read[quant] < total
     assert read["bf16"] / 1e9 == pytest.approx(14.75, abs=0.01)
     assert read["q4"] / 1e9 == pytest.approx(4.61, abs=0.01)
     assert read["q8"] / 1e9 == pytest.approx(7.84, abs=0.01)
-    table = bench.format_floor(FORMATS)
+    table = bench.format_floor(MANIFESTS)
     # 4.61 GB at an M1's 68 GB/s: 67.8 ms per step.
     assert "| M1 | 68 |" in table and "67.8" in table

@@ -9,11 +9,12 @@ from math import ceil
 
 import numpy as np
 import pytest
+from conftest import needs_rustymimi
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import Codec, MlxCodec, RustyMimiCodec, load_codec
 from moshi_mlx.errors import MoshiError, WeightsError
-from moshi_mlx.mimi_checkpoint import load_mimi
 
 FRAME = 1920
 
@@ -32,7 +33,7 @@ def _round_trip(codec: Codec, pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def codecs(full_mimi_checkpoint) -> dict[str, Codec]:
-    pytest.importorskip("rustymimi")
+    needs_rustymimi()
     return {name: load_codec(full_mimi_checkpoint, name) for name in ("mlx", "rustymimi")}
 
 
@@ -50,7 +51,7 @@ def test_missing_rustymimi_is_a_clear_error(tiny_mimi_checkpoint, monkeypatch):
 
 
 def test_rustymimi_rejects_a_wrong_file_in_one_line(tiny_mimi_checkpoint, tmp_path):
-    pytest.importorskip("rustymimi")
+    needs_rustymimi()
     path, _ = tiny_mimi_checkpoint
     with pytest.raises(WeightsError, match="rustymimi cannot load .*shape mismatch") as error:
         load_codec(path, "rustymimi")

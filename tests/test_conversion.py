@@ -1,4 +1,4 @@
-"""Kyutai PyTorch LM naming -> MLX naming (moshi_mlx.conversion), on the 7B layouts and data."""
+"""Kyutai PyTorch LM naming -> MLX naming (moshi_mlx.checkpoints.conversion), on the 7B layouts and data."""
 
 import csv
 import subprocess
@@ -8,8 +8,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import MANIFESTS, REFERENCE_PYTHON, needs_reference
 
-from moshi_mlx.conversion import (
+from moshi_mlx.checkpoints.conversion import (
     convert_shapes,
     detect_format,
     plan_conversion,
@@ -18,17 +19,13 @@ from moshi_mlx.conversion import (
 )
 from moshi_mlx.errors import WeightsError
 
-FORMATS = Path(__file__).parents[2] / "shared" / "formats"
 LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 REPO = Path(__file__).parents[1]
-REF_PYTHON = Path("/opt/venvs/ref/bin/python")
 
 
 def read_manifest(name: str) -> dict[str, tuple[int, ...]]:
     """Names and shapes of a published checkpoint (every dtype there is bfloat16 or uint32)."""
-    path = FORMATS / f"{name}.tsv"
-    if not path.is_file():
-        pytest.skip(f"manifest {path} not available")
+    path = MANIFESTS / f"{name}.tsv"
     with path.open() as file:
         rows = list(csv.DictReader(file, delimiter="\t"))
     return {row["name"]: tuple(int(d) for d in row["shape"].split(",")) for row in rows}
@@ -164,7 +161,7 @@ save_file(state, sys.argv[4])  # the reference's own (newer) spelling: in_projs.
 """
 
 
-@pytest.mark.skipif(not REF_PYTHON.exists(), reason="needs the PyTorch reference environment")
+@needs_reference
 def test_packed_layout_is_what_the_pytorch_reference_loads(tmp_path, fixture_weights):
     """Our packed file loads into Kyutai's PyTorch LMModel and reproduces its golden logits; the
     reference's own state_dict converts to exactly our fixture weights."""
@@ -172,7 +169,7 @@ def test_packed_layout_is_what_the_pytorch_reference_loads(tmp_path, fixture_wei
     mx.save_safetensors(str(packed), to_pytorch_naming(fixture_weights))
     newer = tmp_path / "newer.safetensors"
     run = subprocess.run(
-        [str(REF_PYTHON), "-c", textwrap.dedent(_REFERENCE_SCRIPT), str(REPO / "scripts"),
+        [str(REFERENCE_PYTHON), "-c", textwrap.dedent(_REFERENCE_SCRIPT), str(REPO / "scripts"),
          str(LM_FIXTURES / "golden.npz"), str(packed), str(newer)],
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.generate import LmGen
-from moshi_mlx.lm_checkpoint import load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.sampling import SamplingConfig, sample
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from moshi_mlx import hub
+from moshi_mlx.checkpoints import hub
 from moshi_mlx.errors import ConfigError, WeightsError
 
 NAMES = (hub.MIMI_FILE, hub.TOKENIZER_FILE)
@@ -65,7 +65,7 @@ def _resolve_in_subprocess(tmp_path, hf_home, *args):
         hub.WEIGHTS_ENV: str(tmp_path / "empty"), "PATH": "/usr/bin:/bin",
     }  # fmt: skip
     code = (
-        "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.hub import resolve_weights"
+        "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.checkpoints.hub import resolve_weights"
         "\ndef go(argv):"
         "\n    print(resolve_weights(*[int(a) if a.isdigit() else a for a in argv]))"
         "\n    return 0"

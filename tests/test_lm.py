@@ -1,21 +1,19 @@
 """LmConfig, the 7B parameter layout against the published manifests, and the model's math."""
 
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import MANIFESTS
 from mlx.utils import tree_flatten
 
+from moshi_mlx.checkpoints.lm import build_lm
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.lm_checkpoint import build_lm
 from moshi_mlx.models.lm import Lm, LmConfig
-
-FORMATS = Path(__file__).resolve().parents[2] / "shared" / "formats"
 
 
 def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    rows = (FORMATS / name).read_text().splitlines()[1:]
+    rows = (MANIFESTS / name).read_text().splitlines()[1:]
     out = {}
     for row in rows:
         tensor, shape, dtype = row.split("\t")
@@ -23,7 +21,6 @@ def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-@pytest.mark.skipif(not FORMATS.is_dir(), reason="shared/formats manifests not available")
 @pytest.mark.parametrize(
     "manifest, bits, group_size",
     [("moshiko_mlx_bf16.tsv", None, None), ("moshiko_mlx_q8.tsv", 8, 64),

@@ -9,14 +9,15 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors import safe_open
 
-from moshi_mlx.errors import ConfigError, WeightsError
-from moshi_mlx.lm_checkpoint import (
+from moshi_mlx.checkpoints.lm import (
     compute_dtype,
     detect_quantization,
     load_lm,
-    write_random_lm_checkpoint,
+    parameter_count,
 )
-from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.errors import ConfigError, WeightsError
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.testing import write_random_lm_checkpoint
 
 
 def _forward(lm, steps: int = 6) -> np.ndarray:
@@ -37,14 +38,14 @@ def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, gr
     assert path.name == ("model.safetensors" if bits is None else f"model.q{bits}.safetensors")
     tensors, metadata = mx.load(str(path), return_metadata=True)
     cfg = LmConfig.tiny()
-    assert detect_quantization(tensors, metadata, cfg, str(path)) == (
+    assert detect_quantization(tensors, metadata, Lm(cfg), str(path)) == (
         None if bits is None else (bits, group_size)
     )
     lm = load_lm(path.parent)  # directory + config.json beside the file
     assert lm.cfg == cfg
     params = dict(tree_flatten(lm.parameters()))
     assert params.keys() == tensors.keys()
-    expected = compute_dtype(cfg, quantized=bits is not None)
+    expected = compute_dtype(parameter_count(Lm(cfg)), quantized=bits is not None)
     if bits is None:
         assert all(p.dtype == expected for p in params.values())
     else:
@@ -56,7 +57,7 @@ def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, gr
 
 def test_compute_dtype_policy():
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
-    tiny, big = LmConfig.tiny(), LmConfig.moshi_7b()
+    tiny, big = parameter_count(Lm(LmConfig.tiny())), parameter_count(Lm(LmConfig.moshi_7b()))
     # On the CPU: float32 for quantized files and whatever fits; 7B bf16 (30 GB in float32)
     # stays bf16 on a machine with less than 60 GB. On a GPU: bf16 always.
     assert compute_dtype(tiny, quantized=True) == (mx.float32 if on_cpu else mx.bfloat16)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import MIMI_FIXTURES
 
+from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.mimi_checkpoint import load_mimi
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
 FRAME = 1920

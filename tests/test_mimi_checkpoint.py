@@ -9,18 +9,16 @@ from conftest import MIMI_MANIFEST
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from moshi_mlx.errors import ConfigError, WeightsError
-from moshi_mlx.mimi_checkpoint import (
+from moshi_mlx.checkpoints.mimi import (
     CLUSTER_USAGE_EPS,
     load_mimi,
     mimi_tensor_table,
 )
+from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
 
 def _manifest() -> dict[str, tuple[tuple[int, ...], str]]:
-    if not MIMI_MANIFEST.is_file():
-        pytest.skip(f"manifest not found: {MIMI_MANIFEST}")
     rows = [line.split("\t") for line in MIMI_MANIFEST.read_text().splitlines()[1:]]
     return {name: (tuple(int(d) for d in shape.split(",")), dtype) for name, shape, dtype in rows}
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import REFERENCE_PYTHON, needs_reference
 
-from moshi_mlx.mimi_checkpoint import load_mimi
+from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.models.mimi import MimiConfig
 
-REFERENCE_PYTHON = Path("/opt/venvs/ref/bin/python")
+pytestmark = needs_reference
 SCRIPT = Path(__file__).parents[1] / "scripts" / "make_mimi_fixtures.py"
 
 
@@ -27,8 +28,6 @@ def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def reference(full_mimi_checkpoint, tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
-    if not REFERENCE_PYTHON.is_file():
-        pytest.skip(f"no reference environment at {REFERENCE_PYTHON}")
     out = tmp_path_factory.mktemp("mimi_reference")
     command = [
         str(REFERENCE_PYTHON),
@@ -67,8 +66,6 @@ def test_full_size_matches_pytorch(full_mimi_checkpoint, reference):
 
 def test_beyond_the_attention_context_matches_pytorch(tmp_path):
     """140 frames = 280 transformer steps, past the 250-step window, on the tiny config."""
-    if not REFERENCE_PYTHON.is_file():
-        pytest.skip(f"no reference environment at {REFERENCE_PYTHON}")
     command = [str(REFERENCE_PYTHON), str(SCRIPT), "--frames", "140", "--out", str(tmp_path)]
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     ref = dict(np.load(tmp_path / "golden.npz"))

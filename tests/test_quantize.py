@@ -1,4 +1,4 @@
-"""The converter / quantizer (moshi_mlx.quantize): published layouts, fidelity, CLI, crash safety.
+"""The converter / quantizer (moshi_mlx.quantize, moshi_mlx.checkpoints.quantize): published layouts, fidelity, CLI, crash safety.
 
 Source model: the tiny reference LM of tests/fixtures/lm (PyTorch-initialised weights), given in
 both of Kyutai's namings.
@@ -16,15 +16,18 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import KYUTAI_PYTHON, MANIFESTS, needs_kyutai
 from mlx import nn
 from safetensors import safe_open
 
-from moshi_mlx.conversion import convert_shapes, to_pytorch_naming
-from moshi_mlx.lm_checkpoint import load_lm, write_random_lm_checkpoint
+from moshi_mlx.checkpoints.check import compare_generation
+from moshi_mlx.checkpoints.conversion import convert_shapes, to_pytorch_naming
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.quantize import output_layout, quantize_checkpoint
 from moshi_mlx.models.lm import MOSHI_DELAYS, LmConfig
-from moshi_mlx.quantize import compare_generation, main, output_layout, quantize_checkpoint
+from moshi_mlx.quantize import main
+from moshi_mlx.testing import write_random_lm_checkpoint
 
-FORMATS = Path(__file__).parents[2] / "shared" / "formats"
 LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 CONFIG = LmConfig.tiny()  # the fixture's config (checked in test_lm_parity.py)
 SAFETENSORS_DTYPES = {"BF16": mx.bfloat16, "U32": mx.uint32}
@@ -68,9 +71,7 @@ def read_layout(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], mx.Dtype]]
 
 
 def read_manifest(name: str) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
-    path = FORMATS / f"{name}.tsv"
-    if not path.is_file():
-        pytest.skip(f"manifest {path} not available")
+    path = MANIFESTS / f"{name}.tsv"
     with path.open() as file:
         rows = list(csv.DictReader(file, delimiter="\t"))
     dtypes = {"bfloat16": mx.bfloat16, "uint32": mx.uint32}
@@ -174,7 +175,7 @@ def test_group_size_override_is_recorded_and_honoured(sources, tmp_path):
 def test_cli_refuses_to_overwrite_and_reports_user_errors_in_one_line(sources, tmp_path, capsys):
     output = tmp_path / "out.safetensors"
     output.write_bytes(b"keep me")
-    assert main([str(sources["mlx"]), "-o", str(output)]) == 1
+    assert main([str(sources["mlx"]), "-o", str(output)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "--force" in err
     assert output.read_bytes() == b"keep me"
@@ -192,7 +193,7 @@ def test_cli_refuses_to_overwrite_and_reports_user_errors_in_one_line(sources, t
         ([str(sources["mlx"]), "-o", str(tmp_path / "no" / "q4.safetensors")], "does not exist"),
     ]
     for argv, message in cases:
-        assert main(argv) == 1
+        assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -245,6 +246,20 @@ def test_a_killed_conversion_leaves_no_output(medium_checkpoint, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [output.name]
 
 
+def test_ctrl_c_ends_a_conversion_cleanly(medium_checkpoint, tmp_path):
+    output = tmp_path / "model.q4.safetensors"
+    command = [sys.executable, "-m", "moshi_mlx.quantize", str(medium_checkpoint)]
+    process = subprocess.Popen(
+        [*command, "-o", str(output), "--progress"], stderr=subprocess.PIPE, text=False
+    )
+    first = process.stderr.read(1)  # the first converted tensor's progress bar
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert first == b"\r" and process.returncode == 130, err
+    assert err.decode().rstrip().endswith("interrupted") and b"Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # neither the output nor a partial file
+
+
 def test_peak_memory_stays_far_below_the_model_size(medium_checkpoint, tmp_path):
     size = medium_checkpoint.stat().st_size
     largest = max(a.nbytes for a in mx.load(str(medium_checkpoint)).values())
@@ -258,7 +273,6 @@ def test_peak_memory_stays_far_below_the_model_size(medium_checkpoint, tmp_path)
     assert output_size < 0.35 * size
 
 
-KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
 _KYUTAI_SCRIPT = """
 import json, sys
 import mlx.core as mx
@@ -282,7 +296,7 @@ print(json.dumps(sums))
 """
 
 
-@pytest.mark.skipif(not KYUTAI_PYTHON.exists(), reason="needs Kyutai's moshi_mlx environment")
+@needs_kyutai
 def test_outputs_load_strictly_in_kyutai_moshi_mlx(tmp_path):
     """Kyutai's own loader (moshi_mlx 0.3.0 on mlx 0.26.5: `nn.quantize` then
     `load_weights(strict=True)`) reads our q4/q8/bf16 files, with the same data."""

@@ -38,9 +38,8 @@ def tiny_config():
 
 def write_tiny_moshi(root: Path) -> dict[str, Path]:
     """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
-    from moshi_mlx.hub import MIMI_FILE, TOKENIZER_FILE
-    from moshi_mlx.lm_checkpoint import write_random_lm_checkpoint
-    from moshi_mlx.mimi_checkpoint import write_random_mimi_checkpoint
+    from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE
+    from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -78,7 +77,7 @@ if __name__ == "__main__":
 
 def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
     """`write_tiny_moshi` once per pytest session (shared by the test files that need it)."""
-    from moshi_mlx.hub import MIMI_FILE, TOKENIZER_FILE
+    from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE
 
     root = tmp_path_factory.getbasetemp() / "tiny_moshi"
     files = {

@@ -1,4 +1,4 @@
-"""Moshi LM checkpoints in Kyutai's MLX format: strict loading and random test files.
+"""Moshi LM checkpoints in Kyutai's MLX format: building the model and loading it strictly.
 
 Files hold `model.safetensors` (bf16) or `model.q8.safetensors` / `model.q4.safetensors`
 (MLX affine quantization: `X.weight` packed uint32, `X.scales`, `X.biases`). The quantization
@@ -8,23 +8,29 @@ present, else the widths of a quantized layer's tensors.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
+from moshi_mlx.checkpoints.io import load_strict, read_safetensors
+from moshi_mlx.checkpoints.spec import (
+    BITS_KEY,
+    DEFAULT_GROUP_SIZE,
+    GROUP_SIZE_KEY,
+    GROUP_SIZES,
+    LM_FILES,
+    LOADABLE_BITS,
+    config_in,
+    is_quantized,
+    read_lm_config,
+)
 from moshi_mlx.errors import WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.weights import SafetensorsWriter, load_strict, read_json, read_safetensors
 
-DEFAULT_GROUP_SIZE = {4: 32, 8: 64}  # as in Kyutai's published q4 / q8 files
-CHECKPOINT_NAMES = ("model.safetensors", "model.q8.safetensors", "model.q4.safetensors")
 _QUANTIZABLE = (nn.Linear, nn.Embedding)
-_SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
-_SUPPORTED_GROUPS = (32, 64, 128)
 
 
 def build_lm(
@@ -43,37 +49,39 @@ def build_lm(
 
 
 def quantize_lm(model: Lm, bits: int, group_size: int | None = None) -> None:
-    """Quantize in place every Linear and Embedding whose input width divides by the group
-    size (default: Kyutai's 32 for 4 bits, 64 for 8 bits)."""
+    """Quantize in place the Linear and Embedding layers that Kyutai's files quantize
+    (`spec.is_quantized`; default group size: Kyutai's 32 for 4 bits, 64 for 8 bits)."""
     group_size = group_size or DEFAULT_GROUP_SIZE.get(bits, 64)
-    nn.quantize(
-        model, group_size=group_size, bits=bits,
-        class_predicate=lambda _, m: isinstance(m, _QUANTIZABLE)
-        and m.weight.shape[-1] % group_size == 0,
-    )  # fmt: skip
+
+    def quantized(_: str, module: nn.Module) -> bool:
+        return isinstance(module, _QUANTIZABLE) and is_quantized(module.weight.shape, group_size)
+
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantized)
 
 
 def _resolve_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
-        for name in CHECKPOINT_NAMES:
+        names = [name for _, name in LM_FILES.values()]
+        for name in names:
             if (path / name).is_file():
                 return path / name
-        raise WeightsError(f"no LM checkpoint ({', '.join(CHECKPOINT_NAMES)}) in {path}")
+        raise WeightsError(f"no LM checkpoint ({', '.join(names)}) in {path}")
     return path
 
 
 def detect_quantization(
-    tensors: dict[str, mx.array], metadata: dict[str, str], config: LmConfig, source: str
+    tensors: dict[str, mx.array], metadata: dict[str, str], model: Lm, source: str
 ) -> tuple[int, int] | None:
-    """(bits, group_size) of a checkpoint, or None when it is not quantized."""
+    """(bits, group_size) of a checkpoint, or None when it is not quantized; `model` is the
+    unquantized `Lm` it is meant for (its weights' shapes tell the input widths)."""
     scales = sorted(name for name in tensors if name.endswith(".scales"))
     if not scales:
-        if "quantization_bits" in metadata:
+        if BITS_KEY in metadata:
             raise WeightsError(f"{source}: metadata declares quantization but no tensor is")
         return None
     layer = scales[0].removesuffix(".scales")
-    float_params = dict(tree_flatten(Lm(config).parameters()))
+    float_params = dict(tree_flatten(model.parameters()))
     reference = float_params.get(f"{layer}.weight")
     packed = tensors.get(f"{layer}.weight")
     if reference is None or packed is None or packed.dtype != mx.uint32:
@@ -81,10 +89,9 @@ def detect_quantization(
     in_features = reference.shape[-1]
     bits, rem_bits = divmod(packed.shape[-1] * 32, in_features)
     group_size, rem_group = divmod(in_features, max(tensors[scales[0]].shape[-1], 1))
-    if "quantization_bits" in metadata or "quantization_group_size" in metadata:
+    if BITS_KEY in metadata or GROUP_SIZE_KEY in metadata:
         try:
-            declared = (int(metadata["quantization_bits"]),
-                        int(metadata["quantization_group_size"]))  # fmt: skip
+            declared = (int(metadata[BITS_KEY]), int(metadata[GROUP_SIZE_KEY]))
         except (KeyError, ValueError):
             raise WeightsError(f"{source}: malformed quantization metadata {metadata}") from None
         if declared != (bits, group_size) or rem_bits or rem_group:
@@ -93,7 +100,7 @@ def detect_quantization(
                 f"{layer}.weight is packed as {packed.shape[-1] * 32 / in_features:g}-bit "
                 f"with {tensors[scales[0]].shape[-1]} groups for {in_features} inputs"
             )
-    if rem_bits or rem_group or bits not in _SUPPORTED_BITS or group_size not in _SUPPORTED_GROUPS:
+    if rem_bits or rem_group or bits not in LOADABLE_BITS or group_size not in GROUP_SIZES:
         raise WeightsError(
             f"{source}: cannot read the quantization of {layer}: weight {tuple(packed.shape)}, "
             f"scales {tuple(tensors[scales[0]].shape)} for {in_features} inputs"
@@ -101,7 +108,12 @@ def detect_quantization(
     return bits, group_size
 
 
-def compute_dtype(config: LmConfig, quantized: bool) -> mx.Dtype:
+def parameter_count(model: nn.Module) -> int:
+    """How many values the model's parameters hold (a lazily built model allocates nothing)."""
+    return sum(p.size for _, p in tree_flatten(model.parameters()))
+
+
+def compute_dtype(num_parameters: int, quantized: bool) -> mx.Dtype:
     """The dtype to compute in when the caller does not choose one.
 
     bfloat16 on a GPU. On MLX's CPU backend, float32: its quantized kernels are about 8x
@@ -113,7 +125,7 @@ def compute_dtype(config: LmConfig, quantized: bool) -> mx.Dtype:
         return mx.bfloat16
     if quantized:
         return mx.float32
-    float32_bytes = 4 * sum(p.size for _, p in tree_flatten(Lm(config).parameters()))
+    float32_bytes = 4 * num_parameters
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return mx.float32 if float32_bytes < memory / 2 else mx.bfloat16
 
@@ -135,93 +147,26 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | 
 
     Without `config`, a `config.json` beside the file is read, else Moshi 7B is assumed.
     Floating tensors are cast to `dtype` (default: `compute_dtype`); the quantization is
-    detected from the file.
+    detected from the file. The file is read once and the model built once.
     """
     file = _resolve_file(path)
     tensors, metadata = read_safetensors(file)
     if config is None:
-        config_file = file.parent / "config.json"
-        config = (
-            LmConfig.from_dict(read_json(config_file)) if config_file.is_file()
-            else LmConfig.moshi_7b()
-        )  # fmt: skip
-    quantization = detect_quantization(tensors, metadata, config, str(file))
+        config = read_lm_config(config_in(file.parent))
+    model = Lm(config)  # lazy: its float parameters are never materialized
+    quantization = detect_quantization(tensors, metadata, model, str(file))
     if dtype is None:
-        dtype = compute_dtype(config, quantized=quantization is not None)
-    model = Lm(config)
+        dtype = compute_dtype(parameter_count(model), quantized=quantization is not None)
     model.set_dtype(dtype)
     if quantization is not None:
         bits, group_size = quantization
-        nn.quantize(
-            model, group_size=group_size, bits=bits,
-            class_predicate=lambda p, m: isinstance(m, _QUANTIZABLE) and f"{p}.scales" in tensors,
-        )  # fmt: skip
+
+        def in_file(prefix: str, module: nn.Module) -> bool:
+            return isinstance(module, _QUANTIZABLE) and f"{prefix}.scales" in tensors
+
+        nn.quantize(model, group_size=group_size, bits=bits, class_predicate=in_file)
     load_strict(model, tensors, str(file), dtype=dtype)
     if mx.default_device().type == mx.DeviceType.cpu:
         _store_input_major(model)
     mx.eval(model.parameters())
     return model
-
-
-def save_safetensors_lazily(path: str | Path, tensors: dict[str, mx.array]) -> None:
-    """Write lazy arrays to a safetensors file, evaluating and releasing one at a time.
-
-    Memory stays at about one tensor, so a 7B-sized random checkpoint never sits in memory
-    whole. `tensors` is emptied as it is written.
-    """
-    layout = {name: (tuple(tensors[name].shape), tensors[name].dtype) for name in sorted(tensors)}
-    with open(path, "wb") as file:
-        writer = SafetensorsWriter(file, layout, metadata={})
-        for name in layout:
-            array = tensors.pop(name)
-            mx.eval(array)
-            writer.write_rows(name, 0, array)
-            del array
-        writer.check_complete()
-
-
-def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:
-    """Uniform weights with variance 1/fan_in (cheaper to draw than Gaussians at 7B scale),
-    norm gains in [0.8, 1.2]."""
-    params = tree_flatten(model.parameters())
-    keys = mx.random.split(mx.random.key(seed), len(params))
-    weights = {}
-    for (name, p), key in zip(params, keys):
-        if p.ndim == 1:
-            weights[name] = mx.random.uniform(0.8, 1.2, p.shape, key=key)
-        else:
-            bound = (3 / p.shape[-1]) ** 0.5
-            weights[name] = mx.random.uniform(-bound, bound, p.shape, key=key)
-    return weights
-
-
-def write_random_lm_checkpoint(
-    path: str | Path,
-    config: LmConfig,
-    bits: int | None = None,
-    group_size: int | None = None,
-    seed: int = 0,
-    write_config: bool = False,
-) -> Path:
-    """Write a random checkpoint in Kyutai's MLX format (bf16, or quantized when `bits`).
-
-    `path` is the file, or a directory that receives `model.safetensors` /
-    `model.q{bits}.safetensors`. With `write_config`, Kyutai's `config.json` is written
-    beside it. Returns the checkpoint's path.
-    """
-    path = Path(path)
-    if path.is_dir() or not path.suffix:
-        name = "model.safetensors" if bits is None else f"model.q{bits}.safetensors"
-        path = path / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_lm(config, dtype=mx.float32)
-    model.update(tree_unflatten(list(_random_weights(model, seed).items())))
-    model.set_dtype(mx.bfloat16)
-    if bits is not None:
-        quantize_lm(model, bits, group_size)
-    weights = dict(tree_flatten(model.parameters()))
-    del model
-    save_safetensors_lazily(path, weights)
-    if write_config:
-        (path.parent / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    return path

@@ -2,7 +2,7 @@
 
 `mimi_tensor_table` is the one place that knows the file format: it lists every tensor of the
 published file (PyTorch name and shape), the `Mimi` parameter it becomes, and how its layout
-changes. Loading and writing random checkpoints both read that table.
+changes. Loading and the random test checkpoints of `moshi_mlx.testing` both read that table.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 import mlx.core as mx
-import numpy as np
 
+from moshi_mlx.checkpoints.io import check_tensors, load_strict, read_safetensors
 from moshi_mlx.models.mimi import Mimi, MimiConfig
-from moshi_mlx.weights import check_tensors, load_strict, read_safetensors
 
 CLUSTER_USAGE_EPS = 1e-5  # the reference clamps codebook usage counts to this before dividing
 
@@ -245,50 +244,3 @@ def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | Non
     load_strict(model, convert_mimi_tensors(tensors, cfg, num_codebooks), str(path), mx.float32)
     mx.eval(model.parameters())
     return model
-
-
-# Random codebooks at the scale of a random model's latents, so that codes vary with the input.
-_RANDOM_CODEBOOK_STD = 0.005
-
-
-def _random_tensor(entry: TensorEntry, rng: np.random.Generator) -> np.ndarray:
-    name, shape = entry.name, entry.shape
-    if entry.layout == "flag":
-        return np.ones(shape, np.float32)
-    if entry.layout == "cluster_usage":
-        return rng.uniform(0.5, 2.0, shape).astype(np.float32)
-    if entry.layout == "embedding_sum":  # scaled by the usage in write_random_mimi_checkpoint
-        return rng.normal(0.0, _RANDOM_CODEBOOK_STD, shape).astype(np.float32)
-    if name.endswith(("layer_scale_1.scale", "layer_scale_2.scale")):
-        return np.full(shape, 0.01, np.float32)
-    if ".norm" in name:
-        return (np.ones(shape) if name.endswith("weight") else np.zeros(shape)).astype(np.float32)
-    if len(shape) == 1:  # biases
-        return rng.uniform(-0.01, 0.01, shape).astype(np.float32)
-    # Like PyTorch's default init: uniform in +-1/sqrt(fan_in).
-    fan_in = shape[1] * (shape[2] if len(shape) == 3 else 1)
-    if entry.layout == "convtr":
-        fan_in = shape[1] * shape[2]
-    bound = fan_in**-0.5
-    return rng.uniform(-bound, bound, shape).astype(np.float32)
-
-
-def write_random_mimi_checkpoint(
-    path: str | Path, config: MimiConfig | None = None, seed: int = 0
-) -> Path:
-    """Write a random-weights Mimi checkpoint with the published names, shapes and dtypes."""
-    from safetensors.numpy import save_file
-
-    cfg = config or MimiConfig.moshi()
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for entry in mimi_tensor_table(cfg):
-        tensor = _random_tensor(entry, rng)
-        if entry.layout == "embedding_sum":  # codebook = embedding_sum / cluster_usage
-            usage = tensors[entry.name.replace("embedding_sum", "cluster_usage")]
-            tensor = tensor * usage[:, None]
-        tensors[entry.name] = tensor
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path))
-    return path

@@ -12,18 +12,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from moshi_mlx.checkpoints.spec import (
+    CONFIG_FILE,
+    DEFAULT_REPO,
+    LM_FILES,
+    MIMI_FILE,
+    TOKENIZER_FILE,
+    config_in,
+)
 from moshi_mlx.errors import ConfigError, WeightsError
 
-DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
-MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
-TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
-CONFIG_FILE = "config.json"
-# quantization bits -> (repo name suffix, LM file name); 16 means the bf16 release
-LM_FILES = {
-    4: ("q4", "model.q4.safetensors"),
-    8: ("q8", "model.q8.safetensors"),
-    16: ("bf16", "model.safetensors"),
-}
 _REPO_SUFFIX = re.compile(r"-(q4|q8|bf16)$")
 WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
 
@@ -117,11 +115,9 @@ def resolve_weights(
 
 def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:
     """Kyutai's config.json next to the LM weights, in the weights folder, or on the hub."""
-    for candidate in (moshi.parent / CONFIG_FILE, weights_dir() / CONFIG_FILE):
-        if candidate.is_file():
-            return candidate
-    if not from_hub:
-        return None
+    local = config_in(moshi.parent) or config_in(weights_dir())
+    if local is not None or not from_hub:
+        return local
     from huggingface_hub import hf_hub_download
 
     try:

@@ -1,0 +1,281 @@
+"""Convert a bf16 Moshi LM checkpoint (MLX or PyTorch naming) to Kyutai's MLX q4/q8/bf16 format.
+
+The command is `python -m moshi_mlx.quantize model.safetensors --bits 4`. The output is one safetensors file
+named, shaped and typed like Kyutai's published `model.q4.safetensors` / `model.q8.safetensors`
+/ `model.safetensors`, with the quantization recorded in its metadata (`quantization_bits`,
+`quantization_group_size`). Tensors are converted one at a time, in row blocks, and written at
+their final offsets, so peak memory stays near the largest single tensor; the file appears under
+its name only once complete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import resource
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from moshi_mlx.checkpoints.conversion import (
+    CheckpointFormat,
+    Shape,
+    TensorRecipe,
+    plan_conversion,
+)
+from moshi_mlx.checkpoints.io import Layout, SafetensorsWriter, read_safetensors
+from moshi_mlx.checkpoints.spec import (
+    DEFAULT_GROUP_SIZE,
+    GROUP_SIZES,
+    LM_FILES,
+    is_quantized,
+    quantization_metadata,
+)
+from moshi_mlx.errors import MoshiError, WeightsError
+
+_CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
+# MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
+# block (a third of the run time otherwise) while keeping the process small.
+_CACHE_LIMIT_BYTES = 256 << 20
+
+
+def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int | None) -> Layout:
+    """Names, shapes and dtypes of the output file, sorted by name, for MLX-named input shapes
+    (`group_size` None: bf16 output)."""
+    layout: Layout = {}
+    for name, shape in mlx_shapes.items():
+        if not is_quantized(shape, group_size):
+            layout[name] = (tuple(shape), mx.bfloat16)
+            continue
+        rows, cols = shape
+        prefix = name.removesuffix(".weight")
+        layout[name] = ((rows, cols * bits // 32), mx.uint32)
+        layout[prefix + ".scales"] = ((rows, cols // group_size), mx.bfloat16)
+        layout[prefix + ".biases"] = ((rows, cols // group_size), mx.bfloat16)
+    return dict(sorted(layout.items()))
+
+
+class _Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
+        self.total_bytes, self.total_tensors, self.enabled = total_bytes, total_tensors, enabled
+        self.start = time.monotonic()
+        self._last_draw = 0.0
+
+    def update(self, done_bytes: int, done_tensors: int) -> None:
+        now = time.monotonic()
+        finished = done_tensors == self.total_tensors
+        if not self.enabled or (now - self._last_draw < 0.1 and not finished):
+            return
+        self._last_draw = now
+        fraction = done_bytes / max(self.total_bytes, 1)
+        filled = int(30 * fraction)
+        elapsed = int(now - self.start)
+        sys.stderr.write(
+            f"\r[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:3.0f}%  "
+            f"{done_tensors}/{self.total_tensors} tensors  "
+            f"{done_bytes / 1e9:.2f}/{self.total_bytes / 1e9:.2f} GB  "
+            f"{elapsed // 60}:{elapsed % 60:02d}"
+        )
+        if finished:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+@dataclass
+class QuantizeResult:
+    """What a conversion did, with figures for the report."""
+
+    output: Path
+    source_format: CheckpointFormat
+    bits: int
+    group_size: int | None
+    num_tensors: int
+    output_bytes: int
+    seconds: float
+    peak_mlx_bytes: int
+    peak_rss_bytes: int
+    relative_errors: dict[str, float] = field(default_factory=dict)  # layer -> relative RMS
+
+    def error_report(self, worst: int = 5) -> str:
+        """Relative RMS error of the dequantized weights per layer group, and the worst layers."""
+        if not self.relative_errors:
+            return "no quantized layers (bf16 output)"
+        groups: dict[str, list[float]] = defaultdict(list)
+        for name, error in self.relative_errors.items():
+            groups[re.sub(r"\.\d+(?=\.|$)", ".*", name)].append(error)
+        width = max(len(group) for group in groups)
+        lines = [f"{'layer group':<{width}}  count  mean rel. RMS  max rel. RMS"]
+        for group, errors in sorted(groups.items()):
+            mean = sum(errors) / len(errors)
+            lines.append(f"{group:<{width}}  {len(errors):5d}  {mean:13.5f}  {max(errors):12.5f}")
+        ranked = sorted(self.relative_errors.items(), key=lambda item: -item[1])[:worst]
+        lines.append("worst layers: " + ", ".join(f"{name} {err:.5f}" for name, err in ranked))
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        kind = "bf16" if self.bits == 16 else f"{self.bits}-bit, group size {self.group_size}"
+        return (
+            f"wrote {self.output} ({kind}, {self.num_tensors} tensors, "
+            f"{self.output_bytes / 1e9:.2f} GB) from {self.source_format}-named input in "
+            f"{self.seconds:.1f} s; peak memory: MLX {self.peak_mlx_bytes / 1e9:.2f} GB, "
+            f"peak process RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+        )
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def _row_blocks(shape: Shape) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_ELEMENTS // math.prod(shape[1:]))
+    return [(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
+
+
+def _convert_tensor(
+    writer: SafetensorsWriter,
+    recipe: TensorRecipe,
+    source: mx.array,
+    bits: int,
+    group_size: int | None,
+) -> float | None:
+    """Write one MLX tensor; returns its relative RMS quantization error, or None if not quantized."""
+    weight = recipe.apply(source)
+    if not is_quantized(recipe.shape, group_size):
+        for start, stop in _row_blocks(recipe.shape):
+            block = weight[start:stop]
+            mx.eval(block)
+            writer.write_rows(recipe.target, start, block)
+        return None
+    prefix = recipe.target.removesuffix(".weight")
+    error_sum = reference_sum = 0.0
+    for start, stop in _row_blocks(recipe.shape):
+        block = weight[start:stop]
+        packed, scales, biases = mx.quantize(block, group_size=group_size, bits=bits)
+        restored = mx.dequantize(packed, scales, biases, group_size=group_size, bits=bits)
+        block32 = block.astype(mx.float32)
+        error = mx.sum(mx.square(restored.astype(mx.float32) - block32))
+        reference = mx.sum(mx.square(block32))
+        mx.eval(packed, scales, biases, error, reference)
+        writer.write_rows(recipe.target, start, packed)
+        writer.write_rows(prefix + ".scales", start, scales)
+        writer.write_rows(prefix + ".biases", start, biases)
+        error_sum, reference_sum = error_sum + error.item(), reference_sum + reference.item()
+    return math.sqrt(error_sum / reference_sum) if reference_sum > 0 else 0.0
+
+
+def _remove_stale_partials(output_path: Path) -> None:
+    """Delete temporary files left by killed conversions to the same output."""
+    for partial in output_path.parent.glob(f".{output_path.name}.*.partial"):
+        pid = partial.name.removeprefix(f".{output_path.name}.").removesuffix(".partial")
+        try:
+            os.kill(int(pid), 0)  # still running: leave its file alone
+        except (ValueError, ProcessLookupError):
+            partial.unlink(missing_ok=True)
+        except PermissionError:
+            pass
+
+
+def default_output(input_path: Path, bits: int) -> Path:
+    """Kyutai's file name for this precision, next to the input."""
+    return input_path.parent / LM_FILES[bits][1]
+
+
+def quantize_checkpoint(
+    input_path: str | Path,
+    output_path: str | Path | None = None,
+    bits: int = 4,
+    group_size: int | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> QuantizeResult:
+    """Convert a bf16 Moshi LM checkpoint to Kyutai's MLX format, quantized to `bits` (4, 8) or
+    kept bf16 (16). `group_size` defaults to 32 for 4 bits and 64 for 8 bits. Raises
+    `MoshiError` for user errors (bad input, existing output without `force`)."""
+    input_path = Path(input_path)
+    if bits not in LM_FILES:
+        raise MoshiError(f"--bits must be 4, 8 or 16, got {bits}")
+    if bits == 16:
+        group_size = None
+    else:
+        group_size = group_size or DEFAULT_GROUP_SIZE[bits]
+        if group_size not in GROUP_SIZES:
+            raise MoshiError(f"--group-size must be one of {GROUP_SIZES}, got {group_size}")
+    output_path = Path(output_path) if output_path else default_output(input_path, bits)
+    if output_path.resolve() == input_path.resolve():
+        raise MoshiError(f"the output {output_path} would overwrite the input")
+    if output_path.exists() and not force:
+        raise MoshiError(f"{output_path} already exists; pass --force to overwrite it")
+    if not output_path.parent.is_dir():
+        raise MoshiError(f"output directory {output_path.parent} does not exist")
+
+    start = time.monotonic()
+    mx.reset_peak_memory()
+    tensors, _ = read_safetensors(input_path)
+    source_format, recipes = plan_conversion(
+        {name: a.shape for name, a in tensors.items()}, str(input_path)
+    )
+    not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
+    if not_float:
+        raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
+    layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size)
+    metadata = quantization_metadata(bits, group_size)
+    by_source: dict[str, list[TensorRecipe]] = defaultdict(list)
+    for recipe in recipes:
+        by_source[recipe.source].append(recipe)
+
+    _remove_stale_partials(output_path)
+    temp_path = output_path.with_name(f".{output_path.name}.{os.getpid()}.partial")
+    errors: dict[str, float] = {}
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Progress(sum(a.nbytes for a in tensors.values()), len(recipes), show)
+    previous_cache_limit = mx.set_cache_limit(_CACHE_LIMIT_BYTES)
+    try:
+        with open(temp_path, "wb") as file:
+            writer = SafetensorsWriter(file, layout, metadata)
+            done_bytes = done_tensors = 0
+            for source_name, source_recipes in by_source.items():
+                source = tensors.pop(source_name)  # drop the lazy handle once converted
+                share = source.nbytes / len(source_recipes)
+                source = source.astype(mx.bfloat16)
+                mx.eval(source)
+                for recipe in source_recipes:
+                    error = _convert_tensor(writer, recipe, source, bits, group_size)
+                    if error is not None:
+                        errors[recipe.target.removesuffix(".weight")] = error
+                    done_bytes, done_tensors = done_bytes + share, done_tensors + 1
+                    bar.update(round(done_bytes), done_tensors)
+                del source
+            writer.check_complete()
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_path, output_path)
+    except OSError as exc:  # disk full, no permission, ...
+        temp_path.unlink(missing_ok=True)
+        raise MoshiError(f"cannot write {output_path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        temp_path.unlink(missing_ok=True)
+        raise
+    finally:
+        mx.set_cache_limit(previous_cache_limit)
+        mx.clear_cache()
+    return QuantizeResult(
+        output=output_path,
+        source_format=source_format,
+        bits=bits,
+        group_size=group_size,
+        num_tensors=len(layout),
+        output_bytes=writer.total_bytes,
+        seconds=time.monotonic() - start,
+        peak_mlx_bytes=mx.get_peak_memory(),
+        peak_rss_bytes=_peak_rss_bytes(),
+        relative_errors=errors,
+    )

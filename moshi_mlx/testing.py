@@ -1,0 +1,132 @@
+"""Random checkpoints in the published formats, for tests and the bench.
+
+Real weights cannot be part of a test; these writers produce files with Kyutai's exact names,
+shapes and dtypes (LM: MLX bf16/q8/q4; Mimi: the PyTorch layout), filled with random values
+at the scale of a trained model's, so the loaders and the whole pipeline run on them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from moshi_mlx.checkpoints.io import SafetensorsWriter
+from moshi_mlx.checkpoints.lm import build_lm, quantize_lm
+from moshi_mlx.checkpoints.mimi import TensorEntry, mimi_tensor_table
+from moshi_mlx.checkpoints.spec import CONFIG_FILE, LM_FILES
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.models.mimi import MimiConfig
+
+
+def _save_safetensors_lazily(path: str | Path, tensors: dict[str, mx.array]) -> None:
+    """Write lazy arrays to a safetensors file, evaluating and releasing one at a time.
+
+    Memory stays at about one tensor, so a 7B-sized random checkpoint never sits in memory
+    whole. `tensors` is emptied as it is written.
+    """
+    layout = {name: (tuple(tensors[name].shape), tensors[name].dtype) for name in sorted(tensors)}
+    with open(path, "wb") as file:
+        writer = SafetensorsWriter(file, layout, metadata={})
+        for name in layout:
+            array = tensors.pop(name)
+            mx.eval(array)
+            writer.write_rows(name, 0, array)
+            del array
+        writer.check_complete()
+
+
+def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:
+    """Uniform weights with variance 1/fan_in (cheaper to draw than Gaussians at 7B scale),
+    norm gains in [0.8, 1.2]."""
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    weights = {}
+    for (name, p), key in zip(params, keys):
+        if p.ndim == 1:
+            weights[name] = mx.random.uniform(0.8, 1.2, p.shape, key=key)
+        else:
+            bound = (3 / p.shape[-1]) ** 0.5
+            weights[name] = mx.random.uniform(-bound, bound, p.shape, key=key)
+    return weights
+
+
+def write_random_lm_checkpoint(
+    path: str | Path,
+    config: LmConfig,
+    bits: int | None = None,
+    group_size: int | None = None,
+    seed: int = 0,
+    write_config: bool = False,
+) -> Path:
+    """Write a random checkpoint in Kyutai's MLX format (bf16, or quantized when `bits`).
+
+    `path` is the file, or a directory that receives `model.safetensors` /
+    `model.q{bits}.safetensors`. With `write_config`, Kyutai's `config.json` is written
+    beside it. Returns the checkpoint's path.
+    """
+    path = Path(path)
+    if path.is_dir() or not path.suffix:
+        path = path / LM_FILES[bits or 16][1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = build_lm(config, dtype=mx.float32)
+    model.update(tree_unflatten(list(_random_weights(model, seed).items())))
+    model.set_dtype(mx.bfloat16)
+    if bits is not None:
+        quantize_lm(model, bits, group_size)
+    weights = dict(tree_flatten(model.parameters()))
+    del model
+    _save_safetensors_lazily(path, weights)
+    if write_config:
+        (path.parent / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
+    return path
+
+
+# Random codebooks at the scale of a random model's latents, so that codes vary with the input.
+_RANDOM_CODEBOOK_STD = 0.005
+
+
+def _random_tensor(entry: TensorEntry, rng: np.random.Generator) -> np.ndarray:
+    name, shape = entry.name, entry.shape
+    if entry.layout == "flag":
+        return np.ones(shape, np.float32)
+    if entry.layout == "cluster_usage":
+        return rng.uniform(0.5, 2.0, shape).astype(np.float32)
+    if entry.layout == "embedding_sum":  # scaled by the usage in write_random_mimi_checkpoint
+        return rng.normal(0.0, _RANDOM_CODEBOOK_STD, shape).astype(np.float32)
+    if name.endswith(("layer_scale_1.scale", "layer_scale_2.scale")):
+        return np.full(shape, 0.01, np.float32)
+    if ".norm" in name:
+        return (np.ones(shape) if name.endswith("weight") else np.zeros(shape)).astype(np.float32)
+    if len(shape) == 1:  # biases
+        return rng.uniform(-0.01, 0.01, shape).astype(np.float32)
+    # Like PyTorch's default init: uniform in +-1/sqrt(fan_in).
+    fan_in = shape[1] * (shape[2] if len(shape) == 3 else 1)
+    if entry.layout == "convtr":
+        fan_in = shape[1] * shape[2]
+    bound = fan_in**-0.5
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+def write_random_mimi_checkpoint(
+    path: str | Path, config: MimiConfig | None = None, seed: int = 0
+) -> Path:
+    """Write a random-weights Mimi checkpoint with the published names, shapes and dtypes."""
+    from safetensors.numpy import save_file
+
+    cfg = config or MimiConfig.moshi()
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for entry in mimi_tensor_table(cfg):
+        tensor = _random_tensor(entry, rng)
+        if entry.layout == "embedding_sum":  # codebook = embedding_sum / cluster_usage
+            usage = tensors[entry.name.replace("embedding_sum", "cluster_usage")]
+            tensor = tensor * usage[:, None]
+        tensors[entry.name] = tensor
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path))
+    return path

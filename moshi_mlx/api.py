@@ -162,8 +162,11 @@ class Conversation:
         out = self._generator.step(user_codes)
         text = self._text.decode(out.text_token)
         if out.moshi_codes is None:
+            mx.eval(self._codec.state)
             return StepResult(self._silence.copy(), text)
-        return StepResult(self._codec.decode_step(out.moshi_codes), text)
+        reply = self._codec.decode_step(out.moshi_codes)
+        mx.eval(reply, self._codec.state)
+        return StepResult(np.array(reply), text)
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""

@@ -1,7 +1,9 @@
 """One streaming codec interface over two Mimi backends: our MLX model and `rustymimi`.
 
-Both take and return one 80 ms frame at a time as numpy arrays:
-`encode_step(pcm (1920,) float32) -> codes (num_codebooks,) int32` and back. `rustymimi`
+Both take and return one 80 ms frame at a time:
+`encode_step(pcm (1920,) float32) -> codes (num_codebooks,) int32` and back, as `mx.array`s
+that may be lazy: the caller evaluates a step's outputs together with the codec's `state` (one
+host synchronisation for the whole frame, see `Conversation.step`). `rustymimi`
 (Kyutai's Rust Mimi, `pip install moshi_mlx[rustymimi]`) runs on the CPU and keeps the codec
 off the GPU; it reads the same published checkpoint file.
 """
@@ -15,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.errors import AudioError, MoshiError, WeightsError
 from moshi_mlx.models.mimi import Mimi
 
 SAMPLE_RATE = 24_000
@@ -31,12 +33,17 @@ class Codec(Protocol):
     frame_size: int
     num_codebooks: int
 
-    def encode_step(self, pcm: np.ndarray) -> np.ndarray:
-        """pcm (frame_size,) float32 -> codes (num_codebooks,) int32."""
+    def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
+        """pcm (frame_size,) float32 -> codes (num_codebooks,) int32, possibly lazy."""
         ...
 
-    def decode_step(self, codes: np.ndarray) -> np.ndarray:
-        """codes (num_codebooks,) integers -> pcm (frame_size,) float32."""
+    def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
+        """codes (num_codebooks,) integers -> pcm (frame_size,) float32, possibly lazy."""
+        ...
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Streaming buffers to evaluate together with a step's outputs."""
         ...
 
     def reset(self) -> None:
@@ -44,18 +51,18 @@ class Codec(Protocol):
         ...
 
 
-def _check_pcm(pcm: np.ndarray) -> np.ndarray:
-    pcm = np.asarray(pcm, dtype=np.float32)
-    if pcm.shape != (FRAME_SIZE,):
-        raise ValueError(f"expected one frame of pcm, shape ({FRAME_SIZE},), got {pcm.shape}")
-    return pcm
+def _check_pcm(pcm: np.ndarray | mx.array) -> mx.array:
+    if tuple(pcm.shape) != (FRAME_SIZE,):
+        raise AudioError(
+            f"expected one frame of pcm, shape ({FRAME_SIZE},), got {tuple(pcm.shape)}"
+        )
+    return mx.array(pcm, dtype=mx.float32)
 
 
-def _check_codes(codes: np.ndarray, num_codebooks: int) -> np.ndarray:
-    codes = np.asarray(codes)
-    if codes.shape != (num_codebooks,):
-        raise ValueError(f"expected codes of shape ({num_codebooks},), got {codes.shape}")
-    return codes
+def _check_codes(codes: np.ndarray | mx.array, num_codebooks: int) -> mx.array:
+    if tuple(codes.shape) != (num_codebooks,):
+        raise AudioError(f"expected codes of shape ({num_codebooks},), got {tuple(codes.shape)}")
+    return mx.array(codes, dtype=mx.uint32)
 
 
 class MlxCodec:
@@ -68,14 +75,17 @@ class MlxCodec:
         self.model = model
         self.num_codebooks = model.num_codebooks
 
-    def encode_step(self, pcm: np.ndarray) -> np.ndarray:
-        frame = mx.array(_check_pcm(pcm))[None, None, :]
-        return np.array(self.model.encode_step(frame)[0, :, 0]).astype(np.int32)
+    def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
+        codes = self.model.encode_step(_check_pcm(pcm)[None, None, :])
+        return codes[0, :, 0].astype(mx.int32)
 
-    def decode_step(self, codes: np.ndarray) -> np.ndarray:
+    def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
         codes = _check_codes(codes, self.num_codebooks)
-        pcm = self.model.decode_step(mx.array(codes.astype(np.uint32))[None, :, None])
-        return np.array(pcm[0, 0])
+        return self.model.decode_step(codes[None, :, None])[0, 0]
+
+    @property
+    def state(self) -> list[mx.array]:
+        return self.model.stream_state.state
 
     def reset(self) -> None:
         self.model.reset()
@@ -107,14 +117,21 @@ class RustyMimiCodec:
             reason = str(exc).splitlines()[0]  # drop the Rust backtrace
             raise WeightsError(f"rustymimi cannot load {self.weight_path}: {reason}") from None
 
-    def encode_step(self, pcm: np.ndarray) -> np.ndarray:
-        codes = self._tokenizer.encode_step(_check_pcm(pcm)[None, None, :])
-        return np.asarray(codes, dtype=np.int32).reshape(self.num_codebooks)
+    # rustymimi computes on the host: its inputs are brought there (a synchronisation when
+    # they are lazy) and its outputs are ready at once.
+    def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
+        frame = np.ascontiguousarray(_check_pcm(pcm))
+        codes = self._tokenizer.encode_step(frame[None, None, :])
+        return mx.array(np.asarray(codes, dtype=np.int32).reshape(self.num_codebooks))
 
-    def decode_step(self, codes: np.ndarray) -> np.ndarray:
-        codes = _check_codes(codes, self.num_codebooks).astype(np.uint32)
+    def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
+        codes = np.ascontiguousarray(_check_codes(codes, self.num_codebooks))
         pcm = self._tokenizer.decode_step(codes[None, :, None])
-        return np.asarray(pcm, dtype=np.float32).reshape(self.frame_size)
+        return mx.array(np.asarray(pcm, dtype=np.float32).reshape(self.frame_size))
+
+    @property
+    def state(self) -> list[mx.array]:
+        return []  # kept inside rustymimi
 
     def reset(self) -> None:
         # rustymimi 0.4's Tokenizer.reset() leaves part of the encoder's state (the first frame

@@ -38,9 +38,7 @@ def sample(logits: mx.array, temp: float, top_k: int, key: mx.array | None) -> m
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
         candidates = mx.argpartition(-logits, kth=top_k - 1, axis=-1)[:, :top_k]  # (B, k)
-        choice = mx.random.categorical(
-            mx.take_along_axis(logits, candidates, axis=-1), key=key
-        )
+        choice = mx.random.categorical(mx.take_along_axis(logits, candidates, axis=-1), key=key)
         token = mx.take_along_axis(candidates, choice[:, None], axis=-1)[:, 0]
     else:
         token = mx.random.categorical(logits, key=key)

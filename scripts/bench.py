@@ -205,8 +205,9 @@ def bench_codec(weights: Path, backend: str, frames: int, warmup: int, seed: int
     for pcm in _frames(warmup + frames, seed):
         t0 = time.perf_counter()
         codes = codec.encode_step(pcm)
+        mx.eval(codes, codec.state)
         t1 = time.perf_counter()
-        codec.decode_step(codes)
+        mx.eval(codec.decode_step(codes), codec.state)
         encode.append(t1 - t0)
         decode.append(time.perf_counter() - t1)
     frame = summarize([e + d for e, d in zip(encode, decode)][warmup:])
@@ -284,7 +285,7 @@ def bench_pipeline(
             t0 = time.perf_counter()
             step = gen.step(codec.encode_step(pcm))
             if step.moshi_codes is not None:
-                codec.decode_step(step.moshi_codes)
+                mx.eval(codec.decode_step(step.moshi_codes), codec.state)
                 if first_audio_s is None:
                     first_audio_s = time.perf_counter() - start
             times.append(time.perf_counter() - t0)

@@ -169,8 +169,10 @@ class LmConfig:
             raise ConfigError(f"LM config delays must be >= 0, got {list(self.delays)}")
         if self.dep_q > self.n_q:
             raise ConfigError(f"LM config dep_q = {self.dep_q} exceeds n_q = {self.n_q}")
-        for prefix, dim, heads in (("", self.dim, self.num_heads),
-                                   ("depformer_", self.depformer_dim, self.depformer_num_heads)):
+        for prefix, dim, heads in (
+            ("", self.dim, self.num_heads),
+            ("depformer_", self.depformer_dim, self.depformer_num_heads),
+        ):
             if dim % heads or (dim // heads) % 2:
                 raise ConfigError(
                     f"LM config {prefix}dim = {dim} must split into {heads} heads of even width"
@@ -250,9 +252,7 @@ class Lm(nn.Module):
         embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
 
-    def forward_text(
-        self, tokens: mx.array, caches: list[KVCache]
-    ) -> tuple[mx.array, mx.array]:
+    def forward_text(self, tokens: mx.array, caches: list[KVCache]) -> tuple[mx.array, mx.array]:
         """Run the temporal transformer on tokens (B, n_q + 1, T).
 
         Returns the normed transformer output (B, T, dim), which conditions the depformer,

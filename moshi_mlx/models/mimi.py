@@ -12,8 +12,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx import nn
+from mlx.utils import tree_flatten
 
-from moshi_mlx.errors import ConfigError
+from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
 from moshi_mlx.modules.kv_cache import KVCache
 from moshi_mlx.modules.quantizer import QuantizerConfig, SplitResidualVectorQuantizer
@@ -171,39 +172,19 @@ class MimiState:
     decoder_caches: list[KVCache]
     decoder: list
 
-    def _leaves(self) -> list:
-        leaves, stack = (
-            [],
-            [
-                self.encoder,
-                self.encoder_caches,
-                self.downsample,
-                self.upsample,
-                self.decoder_caches,
-                self.decoder,
-            ],
-        )
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
-            else:
-                leaves.append(item)
-        return leaves
+    def _leaves(self) -> list[ConvState | ConvTransposeState | KVCache]:
+        """Every per-layer state object, found through their common `state` attribute."""
+        leaves = tree_flatten(vars(self), is_leaf=lambda node: hasattr(node, "state"))
+        return [leaf for _, leaf in leaves]
 
     def reset(self) -> None:
         for leaf in self._leaves():
             leaf.reset()
 
-    def arrays(self) -> list[mx.array]:
-        """The arrays to evaluate after each step so the lazy graph does not grow."""
-        out = []
-        for leaf in self._leaves():
-            if isinstance(leaf, KVCache):
-                out += [a for a in (leaf.keys, leaf.values) if a is not None]
-            else:
-                out += leaf.arrays()
-        return out
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate with each step's outputs, so the lazy graph does not grow."""
+        return [array for leaf in self._leaves() for array in leaf.state]
 
 
 class Mimi(nn.Module):
@@ -280,7 +261,7 @@ class Mimi(nn.Module):
         outputs = []
         for start in range(0, inputs.shape[1], chunk):
             outputs.append(run(inputs[:, start : start + chunk], state))
-            mx.eval(outputs[-1], state.arrays())
+            mx.eval(outputs[-1], state.state)
         return mx.concatenate(outputs, axis=1)
 
     def encode_latent(self, pcm: mx.array) -> mx.array:
@@ -303,20 +284,20 @@ class Mimi(nn.Module):
         return self._in_chunks(self._pcm, codes, BATCH_CHUNK_FRAMES).transpose(0, 2, 1)
 
     def encode_step(self, pcm: mx.array) -> mx.array:
-        """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), evaluated."""
+        """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), lazily (evaluate
+        them together with `stream_state.state`)."""
         if pcm.ndim != 3 or pcm.shape[1:] != (1, self.frame_size):
-            raise ValueError(f"expected pcm of shape (B, 1, {self.frame_size}), got {pcm.shape}")
+            raise AudioError(
+                f"expected pcm of shape (B, 1, {self.frame_size}), got {tuple(pcm.shape)}"
+            )
         latent = self._latent(pcm.transpose(0, 2, 1), self.stream_state)
-        codes = self.quantizer.encode(latent).transpose(0, 2, 1)
-        mx.eval(codes, self.stream_state.arrays())
-        return codes
+        return self.quantizer.encode(latent).transpose(0, 2, 1)
 
     def decode_step(self, codes: mx.array) -> mx.array:
-        """One streaming frame: codes (B, K, 1) -> pcm (B, 1, frame_size), evaluated."""
+        """One streaming frame: codes (B, K, 1) -> pcm (B, 1, frame_size), lazily (evaluate
+        it together with `stream_state.state`)."""
         if codes.ndim != 3 or codes.shape[1:] != (self.num_codebooks, 1):
-            raise ValueError(
-                f"expected codes of shape (B, {self.num_codebooks}, 1), got {codes.shape}"
+            raise AudioError(
+                f"expected codes of shape (B, {self.num_codebooks}, 1), got {tuple(codes.shape)}"
             )
-        pcm = self._pcm(codes.transpose(0, 2, 1), self.stream_state).transpose(0, 2, 1)
-        mx.eval(pcm, self.stream_state.arrays())
-        return pcm
+        return self._pcm(codes.transpose(0, 2, 1), self.stream_state).transpose(0, 2, 1)

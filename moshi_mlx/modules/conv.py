@@ -21,7 +21,9 @@ class ConvState:
     def reset(self) -> None:
         self.previous = None
 
-    def arrays(self) -> list[mx.array]:
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays a caller evaluates with a step's outputs."""
         return [] if self.previous is None else [self.previous]
 
 
@@ -34,7 +36,9 @@ class ConvTransposeState:
     def reset(self) -> None:
         self.partial = None
 
-    def arrays(self) -> list[mx.array]:
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays a caller evaluates with a step's outputs."""
         return [] if self.partial is None else [self.partial]
 
 

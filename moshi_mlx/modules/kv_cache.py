@@ -26,6 +26,11 @@ class KVCache:
         self._write = 0
 
     @property
+    def state(self) -> list[mx.array]:
+        """The cached keys and values (none before the first update)."""
+        return [] if self.keys is None else [self.keys, self.values]
+
+    @property
     def length(self) -> int:
         """How many positions the cache holds (at most `capacity`)."""
         return min(self.offset, self.capacity)

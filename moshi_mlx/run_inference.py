@@ -6,15 +6,19 @@ python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [weight flags]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 
 from moshi_mlx.audio.wav import read_audio, write_audio
 from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
 from moshi_mlx.codec import SAMPLE_RATE
+from moshi_mlx.errors import AudioError
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -24,7 +28,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
     )
     parser.add_argument("input", help="the user's audio (wav, flac, ogg)")
-    parser.add_argument("output", help="where to write Moshi's audio (wav)")
+    parser.add_argument("output", help="where to write Moshi's audio (wav, flac, ogg)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     add_model_args(parser)
     return parser.parse_args(argv)
 
@@ -43,8 +48,36 @@ def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) 
     return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
 
 
+def check_output(input_path: Path, output: Path, force: bool) -> None:
+    """Raise `AudioError` unless `output` can be written without touching the user's files:
+    never the input (by path or inode), an existing file only with `force`, a folder that
+    exists and is writable, a format libsndfile writes."""
+    if output.exists():
+        if input_path.exists() and os.path.samefile(input_path, output):
+            raise AudioError(f"the output {output} is the input recording; choose another file")
+        if not force:
+            raise AudioError(f"{output} already exists; pass --force to overwrite it")
+    folder = output.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise AudioError(f"cannot write {output}: folder {folder} is missing or not writable")
+    if output.suffix.lstrip(".").upper() not in sf.available_formats():
+        raise AudioError(f"cannot write {output}: use a .wav, .flac or .ogg file name")
+
+
+def _write_atomically(output: Path, pcm: np.ndarray, sample_rate: int) -> None:
+    """Write under a temporary name, then rename: `output` is never left half-written."""
+    partial = output.with_name(f".{output.stem}.{os.getpid()}.partial{output.suffix}")
+    try:
+        write_audio(partial, pcm, sample_rate)
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
+    output = Path(args.output)
+    check_output(Path(args.input), output, args.force)  # before minutes of inference
     user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
     model = load_model(args)
 
@@ -58,10 +91,10 @@ def _run(argv: Sequence[str] | None) -> int:
         seed = conversation.seed
     elapsed = time.monotonic() - started
     sys.stdout.write("\n")
-    write_audio(args.output, moshi_pcm, model.sample_rate)
+    _write_atomically(output, moshi_pcm, model.sample_rate)
     seconds = len(user_pcm) / model.sample_rate
     print(
-        f"wrote {args.output}: {seconds:.2f} s of audio in {elapsed:.1f} s "
+        f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "
         f"({seconds / max(elapsed, 1e-9):.2f}x real time), seed {seed}",
         file=sys.stderr,
     )

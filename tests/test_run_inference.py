@@ -50,3 +50,29 @@ def test_same_seed_same_output_and_length(tmp_path, capsys, speech, flags):
     assert not np.array_equal(a, c)  # the seed matters
     # Moshi is silent until its delays fill, then speaks (random weights: noise-like audio).
     assert not a[:FRAME].any() and np.abs(a[2 * FRAME :]).max() > 30
+
+
+def test_never_overwrites_the_input_or_an_existing_file(tmp_path, capsys, speech, flags):
+    recording = tmp_path / "me.wav"
+    recording.write_bytes(speech.read_bytes())
+    link = tmp_path / "link.wav"
+    link.hardlink_to(recording)
+    kept = recording.read_bytes()
+    for output, message in (
+        (recording, "is the input recording"),
+        (link, "is the input recording"),
+        (tmp_path / "missing" / "out.wav", "folder"),
+        (tmp_path / "out.mp4", "use a .wav, .flac or .ogg"),
+    ):
+        assert main([str(recording), str(output), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert recording.read_bytes() == kept
+    existing = tmp_path / "reply.wav"
+    existing.write_bytes(b"mine")
+    assert main([str(recording), str(existing), *flags]) == 2
+    assert "--force" in capsys.readouterr().err and existing.read_bytes() == b"mine"
+    assert main([str(recording), str(existing), "--seed", "1", "--force", *flags]) == 0
+    assert sf.info(str(existing)).samplerate == 24000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "me.wav", "reply.wav"]
+

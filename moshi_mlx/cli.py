@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
-from moshi_mlx.checkpoints.spec import DEFAULT_REPO
+from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
+from moshi_mlx.codec import BACKENDS
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.sampling import SamplingConfig
 
@@ -26,9 +27,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_REPO})"
     )
     weights.add_argument(
-        "-q", "--quantize", type=int, choices=(4, 8, 16),
+        "-q",
+        "--quantize",
+        type=int,
+        choices=tuple(LM_FILES),
         help="LM precision: 4 or 8 bits, 16 = bf16 (picks the matching kyutai repo)",
-    )  # fmt: skip
+    )
     weights.add_argument("--moshi-weight", metavar="PATH", help="local LM weights (.safetensors)")
     weights.add_argument(
         "--mimi-weight", metavar="PATH", help="local Mimi codec weights (.safetensors)"
@@ -40,9 +44,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--lm-config", metavar="PATH", help="local LM config.json in Kyutai's format"
     )
     weights.add_argument(
-        "--codec", choices=("mlx", "rustymimi"), default="mlx",
+        "--codec",
+        choices=BACKENDS,
+        default=BACKENDS[0],
         help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
-    )  # fmt: skip
+    )
     defaults = SamplingConfig()
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
@@ -72,9 +78,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
     """The `SamplingConfig` that the sampling flags describe."""
     return SamplingConfig(
-        text_temp=args.text_temp, text_top_k=args.text_top_k,
-        audio_temp=args.temp, audio_top_k=args.top_k,
-    )  # fmt: skip
+        text_temp=args.text_temp,
+        text_top_k=args.text_top_k,
+        audio_temp=args.temp,
+        audio_top_k=args.top_k,
+    )
 
 
 def load_model(args: argparse.Namespace):
@@ -82,10 +90,14 @@ def load_model(args: argparse.Namespace):
     from moshi_mlx.api import MoshiModel
 
     return MoshiModel.load(
-        hf_repo=args.hf_repo, quantize=args.quantize, moshi_weight=args.moshi_weight,
-        mimi_weight=args.mimi_weight, tokenizer=args.tokenizer, lm_config=args.lm_config,
+        hf_repo=args.hf_repo,
+        quantize=args.quantize,
+        moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight,
+        tokenizer=args.tokenizer,
+        lm_config=args.lm_config,
         codec_backend=args.codec,
-    )  # fmt: skip
+    )
 
 
 def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:

@@ -24,17 +24,35 @@ from safetensors.torch import save_file
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "lm"
 TINY_CONFIG = {
-    "dim": 64, "num_heads": 4, "num_layers": 2, "hidden_scale": 3.0, "context": 16,
-    "max_period": 10000.0, "positional_embedding": "rope", "norm": "rms_norm_f32",
-    "gating": "silu", "causal": True, "layer_scale": None,
-    "depformer_dim": 64, "depformer_num_heads": 4, "depformer_num_layers": 2,
-    "depformer_dim_feedforward": 96, "depformer_context": 8, "depformer_max_period": 10000.0,
-    "depformer_pos_emb": "none", "depformer_gating": "silu", "depformer_layer_scale": None,
-    "depformer_multi_linear": True, "depformer_weights_per_step": True,
-    "card": 64, "text_card": 100, "n_q": 16, "dep_q": 8,
+    "dim": 64,
+    "num_heads": 4,
+    "num_layers": 2,
+    "hidden_scale": 3.0,
+    "context": 16,
+    "max_period": 10000.0,
+    "positional_embedding": "rope",
+    "norm": "rms_norm_f32",
+    "gating": "silu",
+    "causal": True,
+    "layer_scale": None,
+    "depformer_dim": 64,
+    "depformer_num_heads": 4,
+    "depformer_num_layers": 2,
+    "depformer_dim_feedforward": 96,
+    "depformer_context": 8,
+    "depformer_max_period": 10000.0,
+    "depformer_pos_emb": "none",
+    "depformer_gating": "silu",
+    "depformer_layer_scale": None,
+    "depformer_multi_linear": True,
+    "depformer_weights_per_step": True,
+    "card": 64,
+    "text_card": 100,
+    "n_q": 16,
+    "dep_q": 8,
     "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
     "existing_text_padding_id": 3,
-}  # fmt: skip
+}
 TEACHER_STEPS = 20
 GREEDY_STEPS = 40
 
@@ -47,13 +65,17 @@ _RULES = [
     (r"depformer_in\.(\d+)\.weight", "depformer.slices.{0}.linear_in.weight"),
     (r"depformer_text_emb\.weight", "depformer.slices.0.emb.weight"),
     (r"linears\.(\d+)\.weight", "depformer.slices.{0}.linear_out.weight"),
-    (r"depformer\.layers\.(\d+)\.self_attn\.(in|out)_projs\.(\d+)\.weight",
-     "depformer.slices.{2}.transformer.layers.{0}.self_attn.{1}_proj.weight"),
-    (r"depformer\.layers\.(\d+)\.gating\.(\d+)\.(linear_in|linear_out)\.weight",
-     "depformer.slices.{1}.transformer.layers.{0}.gating.{2}.weight"),
+    (
+        r"depformer\.layers\.(\d+)\.self_attn\.(in|out)_projs\.(\d+)\.weight",
+        "depformer.slices.{2}.transformer.layers.{0}.self_attn.{1}_proj.weight",
+    ),
+    (
+        r"depformer\.layers\.(\d+)\.gating\.(\d+)\.(linear_in|linear_out)\.weight",
+        "depformer.slices.{1}.transformer.layers.{0}.gating.{2}.weight",
+    ),
     (r"(transformer\.layers\.\d+\.gating\.linear_(?:in|out)\.weight)", "{0}"),
     (r"(text_emb\.weight|text_linear\.weight)", "{0}"),
-]  # fmt: skip
+]
 
 
 def to_mlx_names(state: dict[str, torch.Tensor], dep_q: int) -> dict[str, torch.Tensor]:
@@ -97,15 +119,21 @@ def build_model() -> LMModel:
 def teacher_forcing(model: LMModel, rng: np.random.Generator) -> dict[str, np.ndarray]:
     k, steps = model.num_codebooks, TEACHER_STEPS
     tokens = np.concatenate(
-        [rng.integers(0, model.text_card, (1, 1, steps)),
-         rng.integers(0, model.card, (1, k - 1, steps))], axis=1,
-    )  # fmt: skip
+        [
+            rng.integers(0, model.text_card, (1, 1, steps)),
+            rng.integers(0, model.card, (1, k - 1, steps)),
+        ],
+        axis=1,
+    )
     tokens[:, :, 0] = [model.text_card] + [model.card] * (k - 1)  # start tokens
     tokens[0, 3, 5] = tokens[0, 12, 7] = tokens[0, 0, 9] = -1  # "no input"
     dep_prev = np.concatenate(
-        [rng.integers(0, model.text_card, (1, 1, steps)),
-         rng.integers(0, model.card, (1, model.dep_q - 1, steps))], axis=1,
-    )  # fmt: skip
+        [
+            rng.integers(0, model.text_card, (1, 1, steps)),
+            rng.integers(0, model.card, (1, model.dep_q - 1, steps)),
+        ],
+        axis=1,
+    )
     with torch.no_grad():
         out, text_logits = model.forward_text(torch.from_numpy(tokens))
         dep_seq = torch.zeros((1, k, steps), dtype=torch.long)
@@ -125,10 +153,11 @@ def greedy(model: LMModel, rng: np.random.Generator) -> dict[str, np.ndarray]:
     user[11, 2] = -1
     texts, audios, outs = [], [], []
     gen = LMGen(
-        model, use_sampling=False,
+        model,
+        use_sampling=False,
         on_text_hook=lambda t: texts.append(int(t[0])),
         on_audio_hook=lambda a: audios.append(a[0].numpy().copy()),
-    )  # fmt: skip
+    )
     with gen.streaming(1):
         for codes in user:
             out = gen.step(torch.from_numpy(codes)[None, :, None])
@@ -145,8 +174,10 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     model = build_model()
     weights = to_mlx_names(model.state_dict(), model.dep_q)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
-              str(OUT / "weights.safetensors"))  # fmt: skip
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()},
+        str(OUT / "weights.safetensors"),
+    )
     (OUT / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
     rng = np.random.default_rng(0)
     golden = teacher_forcing(model, rng) | greedy(model, rng)

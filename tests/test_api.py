@@ -24,9 +24,12 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(files):
     return MoshiModel.load(
-        moshi_weight=files["moshi"], mimi_weight=files["mimi"], tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"], codec_backend=fast_codec(),
-    )  # fmt: skip
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
 
 
 def _user_audio(n_frames: int) -> np.ndarray:
@@ -97,9 +100,11 @@ def test_step_rejects_wrong_frame_size(model):
 
 def test_lm_config_object_and_mismatches(files, tmp_path):
     kwargs = {
-        "moshi_weight": files["moshi"], "mimi_weight": files["mimi"],
-        "tokenizer": files["tokenizer"], "codec_backend": fast_codec(),
-    }  # fmt: skip
+        "moshi_weight": files["moshi"],
+        "mimi_weight": files["mimi"],
+        "tokenizer": files["tokenizer"],
+        "codec_backend": fast_codec(),
+    }
     assert MoshiModel.load(lm_config=tiny_config(), **kwargs).lm.cfg == tiny_config()
     with pytest.raises(ConfigError, match="64 audio tokens per codebook but Mimi has 2048"):
         MoshiModel.load(lm_config=LmConfig.tiny(), **kwargs)

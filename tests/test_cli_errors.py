@@ -30,10 +30,12 @@ def env(tmp_path):
     """Offline, empty caches, and a sound server that does not exist (so: no devices)."""
     env = dict(os.environ)
     env.update(
-        HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
         MOSHI_MLX_WEIGHTS=str(tmp_path / "no_weights"),
-        PULSE_SERVER=f"unix:{tmp_path / 'no_pulse'}", XDG_RUNTIME_DIR=str(tmp_path),
-    )  # fmt: skip
+        PULSE_SERVER=f"unix:{tmp_path / 'no_pulse'}",
+        XDG_RUNTIME_DIR=str(tmp_path),
+    )
     return env
 
 
@@ -48,9 +50,13 @@ def _fails(env, *args, module="moshi_mlx.run_inference"):
     """Run the CLI; assert it failed cleanly and return its one-line error."""
     command = [sys.executable, "-m", module] if module else [sys.executable]
     done = subprocess.run(
-        [*command, *map(str, args)], env=env, capture_output=True, text=True, timeout=120,
+        [*command, *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()

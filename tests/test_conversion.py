@@ -169,10 +169,20 @@ def test_packed_layout_is_what_the_pytorch_reference_loads(tmp_path, fixture_wei
     mx.save_safetensors(str(packed), to_pytorch_naming(fixture_weights))
     newer = tmp_path / "newer.safetensors"
     run = subprocess.run(
-        [str(REFERENCE_PYTHON), "-c", textwrap.dedent(_REFERENCE_SCRIPT), str(REPO / "scripts"),
-         str(LM_FIXTURES / "golden.npz"), str(packed), str(newer)],
-        check=False, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(REFERENCE_PYTHON),
+            "-c",
+            textwrap.dedent(_REFERENCE_SCRIPT),
+            str(REPO / "scripts"),
+            str(LM_FIXTURES / "golden.npz"),
+            str(packed),
+            str(newer),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     text_error, depformer_error = (float(x) for x in run.stdout.split())
     assert text_error < 1e-5 and depformer_error < 1e-5

@@ -44,9 +44,11 @@ def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
     monkeypatch.setenv(hub.WEIGHTS_ENV, str(folder))
     files = hub.resolve_weights(quantize=8)
     assert files == hub.WeightFiles(
-        moshi=folder / "model.q8.safetensors", mimi=folder / hub.MIMI_FILE,
-        tokenizer=folder / hub.TOKENIZER_FILE, lm_config=folder / "config.json",
-    )  # fmt: skip
+        moshi=folder / "model.q8.safetensors",
+        mimi=folder / hub.MIMI_FILE,
+        tokenizer=folder / hub.TOKENIZER_FILE,
+        lm_config=folder / "config.json",
+    )
     mine = _touch(tmp_path / "mine", ("lm.safetensors",)) / "lm.safetensors"
     files = hub.resolve_weights(moshi_weight=mine)
     assert files.moshi == mine and files.mimi == folder / hub.MIMI_FILE
@@ -61,9 +63,11 @@ def test_missing_flag_path_names_the_flag(tmp_path):
 def _resolve_in_subprocess(tmp_path, hf_home, *args):
     """huggingface_hub reads HF_HOME / HF_HUB_OFFLINE at import: use a fresh interpreter."""
     env = {
-        "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
-        hub.WEIGHTS_ENV: str(tmp_path / "empty"), "PATH": "/usr/bin:/bin",
-    }  # fmt: skip
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        hub.WEIGHTS_ENV: str(tmp_path / "empty"),
+        "PATH": "/usr/bin:/bin",
+    }
     code = (
         "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.checkpoints.hub import resolve_weights"
         "\ndef go(argv):"

@@ -31,8 +31,9 @@ def _forward(lm, steps: int = 6) -> np.ndarray:
     return np.array(logits.astype(mx.float32))
 
 
-@pytest.mark.parametrize("variant, bits, group_size", [("bf16", None, None), ("q8", 8, 64),
-                                                        ("q4", 4, 32)])  # fmt: skip
+@pytest.mark.parametrize(
+    "variant, bits, group_size", [("bf16", None, None), ("q8", 8, 64), ("q4", 4, 32)]
+)
 def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, group_size):
     path = tiny_lm_checkpoints[variant]
     assert path.name == ("model.safetensors" if bits is None else f"model.q{bits}.safetensors")
@@ -79,17 +80,20 @@ def test_quantized_logits_track_bf16(tiny_lm_checkpoints):
 def test_quantization_metadata_is_honoured_and_checked(tiny_lm_checkpoints, tmp_path):
     tensors = mx.load(str(tiny_lm_checkpoints["q4"]))
     good = tmp_path / "good.safetensors"
-    mx.save_safetensors(str(good), tensors, {"quantization_bits": "4",
-                                             "quantization_group_size": "32"})  # fmt: skip
+    mx.save_safetensors(
+        str(good), tensors, {"quantization_bits": "4", "quantization_group_size": "32"}
+    )
     assert load_lm(good, LmConfig.tiny()).cfg == LmConfig.tiny()
     bad = tmp_path / "bad.safetensors"
-    mx.save_safetensors(str(bad), tensors, {"quantization_bits": "8",
-                                            "quantization_group_size": "64"})  # fmt: skip
+    mx.save_safetensors(
+        str(bad), tensors, {"quantization_bits": "8", "quantization_group_size": "64"}
+    )
     with pytest.raises(WeightsError, match="bad.safetensors.*8-bit"):
         load_lm(bad, LmConfig.tiny())
     plain = tmp_path / "plain.safetensors"
-    mx.save_safetensors(str(plain), mx.load(str(tiny_lm_checkpoints["bf16"])),
-                        {"quantization_bits": "4"})  # fmt: skip
+    mx.save_safetensors(
+        str(plain), mx.load(str(tiny_lm_checkpoints["bf16"])), {"quantization_bits": "4"}
+    )
     with pytest.raises(WeightsError, match="plain.safetensors.*no tensor is"):
         load_lm(plain, LmConfig.tiny())
 
@@ -112,20 +116,25 @@ def test_strict_load_names_missing_tensor(tiny_lm_checkpoints, tmp_path, variant
 
 def test_strict_load_names_unexpected_tensor(tiny_lm_checkpoints, tmp_path):
     path = _rewrite(
-        tiny_lm_checkpoints["bf16"], tmp_path,
+        tiny_lm_checkpoints["bf16"],
+        tmp_path,
         lambda t: t.update({"depformer.slices.8.linear_in.weight": mx.zeros((64, 64))}),
-    )  # fmt: skip
+    )
     with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) depformer.slices.8.linear_in"):
         load_lm(path, LmConfig.tiny())
 
 
 def test_strict_load_names_mis_shaped_tensor(tiny_lm_checkpoints, tmp_path):
     path = _rewrite(
-        tiny_lm_checkpoints["bf16"], tmp_path,
+        tiny_lm_checkpoints["bf16"],
+        tmp_path,
         lambda t: t.update({"audio_embs.4.weight": mx.zeros((64, 64))}),
-    )  # fmt: skip
-    with pytest.raises(WeightsError, match=r"audio_embs.4.weight has shape \(64, 64\), expected "
-                                           r"\(65, 64\)"):  # fmt: skip
+    )
+    with pytest.raises(
+        WeightsError,
+        match=r"audio_embs.4.weight has shape \(64, 64\), expected "
+        r"\(65, 64\)",
+    ):
         load_lm(path, LmConfig.tiny())
 
 

@@ -215,11 +215,21 @@ def test_progress_bar_and_check_from_the_cli(sources, tmp_path, capsys):
 
 # A model large enough for the conversion to take a few seconds (about 80 M parameters).
 MEDIUM = LmConfig(
-    dim=512, num_heads=8, num_layers=6, hidden_scale=4.125, context=16,
-    depformer_dim=256, depformer_num_heads=4, depformer_num_layers=2,
-    depformer_dim_feedforward=1056, card=2048, text_card=32000, n_q=16, dep_q=8,
+    dim=512,
+    num_heads=8,
+    num_layers=6,
+    hidden_scale=4.125,
+    context=16,
+    depformer_dim=256,
+    depformer_num_heads=4,
+    depformer_num_layers=2,
+    depformer_dim_feedforward=1056,
+    card=2048,
+    text_card=32000,
+    n_q=16,
+    dep_q=8,
     delays=MOSHI_DELAYS,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -304,15 +314,22 @@ def test_outputs_load_strictly_in_kyutai_moshi_mlx(tmp_path):
     config = replace(CONFIG, dim=256, hidden_scale=4.125)
     source = write_random_lm_checkpoint(tmp_path, config, seed=3, write_config=True)
     outputs = [
-        (str(quantize_checkpoint(source, tmp_path / f"out{bits}.safetensors", bits).output),
-         bits, group_size)
+        (
+            str(quantize_checkpoint(source, tmp_path / f"out{bits}.safetensors", bits).output),
+            bits,
+            group_size,
+        )
         for bits, group_size in ((4, 32), (8, 64), (16, None))
-    ]  # fmt: skip
+    ]
     arguments = [str(tmp_path / "config.json"), json.dumps(outputs)]
     run = subprocess.run(  # in tmp_path, so that Kyutai's moshi_mlx is imported, not ours
         [str(KYUTAI_PYTHON), "-c", _KYUTAI_SCRIPT, *arguments],
-        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     kyutai_sums = json.loads(run.stdout)
     for path, _, _ in outputs:

@@ -21,9 +21,17 @@ def spm_model(tmp_path_factory):
     corpus.write_text("\n".join(LINES))
     prefix = root / "tiny"
     sentencepiece.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(prefix), vocab_size=300, model_type="unigram",
-        byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=3, minloglevel=2,
-    )  # fmt: skip
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=300,
+        model_type="unigram",
+        byte_fallback=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        minloglevel=2,
+    )
     return prefix.with_suffix(".model")
 
 

@@ -23,9 +23,12 @@ def write_tokenizer(path: Path) -> Path:
 
     prefix = path.with_suffix("")
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES * 20), model_prefix=str(prefix), vocab_size=100,
-        hard_vocab_limit=False, minloglevel=2,
-    )  # fmt: skip
+        sentence_iterator=iter(SENTENCES * 20),
+        model_prefix=str(prefix),
+        vocab_size=100,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
     return prefix.with_suffix(".model")
 
 
@@ -44,9 +47,13 @@ def write_tiny_moshi(root: Path) -> dict[str, Path]:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     moshi = write_random_lm_checkpoint(
-        root / "model.q4.safetensors", tiny_config(), bits=4, group_size=32, seed=3,
+        root / "model.q4.safetensors",
+        tiny_config(),
+        bits=4,
+        group_size=32,
+        seed=3,
         write_config=True,
-    )  # fmt: skip
+    )
     return {
         "moshi": moshi,
         "lm_config": root / "config.json",
@@ -65,9 +72,15 @@ def fast_codec() -> str:
 def weight_flags(files: dict[str, Path]) -> list[str]:
     """The CLI flags that point at `files`."""
     return [
-        "--moshi-weight", str(files["moshi"]), "--mimi-weight", str(files["mimi"]),
-        "--tokenizer", str(files["tokenizer"]), "--lm-config", str(files["lm_config"]),
-    ]  # fmt: skip
+        "--moshi-weight",
+        str(files["moshi"]),
+        "--mimi-weight",
+        str(files["mimi"]),
+        "--tokenizer",
+        str(files["tokenizer"]),
+        "--lm-config",
+        str(files["lm_config"]),
+    ]
 
 
 if __name__ == "__main__":

@@ -20,8 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from moshi_mlx.errors import WeightsError, WeightsMismatchError
 
 _MAX_NAMES_IN_ERROR = 5
-_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32",
-                       mx.uint32: "U32"}  # fmt: skip
+_SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32", mx.uint32: "U32"}
 
 Layout = dict[str, tuple[tuple[int, ...], mx.Dtype]]  # name -> (shape, dtype)
 

@@ -18,8 +18,10 @@ for target in "${targets[@]}"; do
             --index-url https://download.pytorch.org/whl/cpu \
             || "$root/ref/bin/pip" install "${pip_quiet[@]}" torch==2.13.0
         "$root/ref/bin/pip" install "${pip_quiet[@]}" --no-deps moshi==0.2.13
-        "$root/ref/bin/pip" install "${pip_quiet[@]}" numpy safetensors einops sentencepiece \
-            huggingface_hub aiohttp sphn sounddevice
+        # moshi 0.2.13's own pins (its bitsandbytes is for CUDA and not needed here)
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" "numpy>=1.26,<2.3" "safetensors>=0.4,<0.8" \
+            einops sentencepiece "huggingface_hub>=0.24,<1.0" "aiohttp>=3.10.5,<3.12" sphn \
+            sounddevice==0.5
         ;;
     kyutai)
         python3 -m venv "$root/kyutai"
@@ -29,7 +31,8 @@ for target in "${targets[@]}"; do
         "$root/kyutai/bin/pip" install "${pip_quiet[@]}" --no-deps moshi_mlx==0.3.0
         # moshi_mlx 0.3.0's own pins
         "$root/kyutai/bin/pip" install "${pip_quiet[@]}" "numpy>=2.1,<2.3" "safetensors>=0.4,<0.6" \
-            sentencepiece==0.2 sounddevice==0.5 huggingface_hub rustymimi sphn
+            sentencepiece==0.2 sounddevice==0.5 "huggingface_hub>=0.24,<0.29" \
+            "aiohttp>=3.10.5,<3.12" rustymimi sphn
         ;;
     *) echo "unknown environment '$target' (ref or kyutai)" >&2; exit 2 ;;
     esac

@@ -14,7 +14,6 @@ holds its own streaming state (LM caches, codec state, random key, text decoder)
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ from moshi_mlx.generate import LmGen
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.tokenizer import TextDecoder
+from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,9 +55,8 @@ class MoshiModel:
         self.files = files
         self.codec_backend = codec_backend
         _check_codec_fits(lm.cfg)
-        self._idle_codecs: list[Codec] = [self._load_codec()]
-        TextDecoder(files.tokenizer)  # fail now, not in the first conversation
-        self._lock = threading.Lock()
+        self._codec = load_codec(files.mimi, codec_backend, num_codebooks=lm.cfg.dep_q)
+        self.tokenizer = load_tokenizer(files.tokenizer)
 
     @classmethod
     def load(
@@ -94,23 +92,12 @@ class MoshiModel:
             ) from None
         return cls(lm, files, codec_backend)
 
-    def _load_codec(self) -> Codec:
-        return load_codec(self.files.mimi, self.codec_backend, num_codebooks=self.lm.cfg.dep_q)
-
     def conversation(
         self, sampling: SamplingConfig | None = None, seed: int | None = None
     ) -> Conversation:
-        """Start a conversation; several may be open at once (each gets its own codec)."""
-        with self._lock:
-            codec = self._idle_codecs.pop() if self._idle_codecs else None
-        if codec is None:
-            codec = self._load_codec()
-        return Conversation(self, codec, LmGen(self.lm, sampling, seed))
-
-    def _release(self, codec: Codec) -> None:
-        codec.reset()
-        with self._lock:
-            self._idle_codecs.append(codec)
+        """Start a conversation; several may be open at once (each has its own streams over
+        the shared weights)."""
+        return Conversation(self, self._codec.fresh(), LmGen(self.lm, sampling, seed))
 
 
 def _check_codec_fits(cfg: LmConfig) -> None:
@@ -139,7 +126,7 @@ class Conversation:
         self._model = model
         self._codec = codec
         self._generator = generator
-        self._text = TextDecoder(model.files.tokenizer)
+        self._text = TextDecoder(model.tokenizer)
         self._silence = np.zeros(model.frame_size, dtype=np.float32)
         self._closed = False
 
@@ -175,10 +162,8 @@ class Conversation:
         self._text.reset()
 
     def close(self) -> None:
-        """Give the codec back to the model; the conversation cannot be used afterwards."""
-        if not self._closed:
-            self._closed = True
-            self._model._release(self._codec)
+        """End the conversation: its streams are dropped and it cannot be used afterwards."""
+        self._closed = True
 
     def __enter__(self) -> Self:
         return self

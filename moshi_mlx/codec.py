@@ -50,6 +50,10 @@ class Codec(Protocol):
         """Start a new stream in both directions."""
         ...
 
+    def fresh(self) -> Codec:
+        """Another codec over the same weights, with a stream of its own."""
+        ...
+
 
 def _check_pcm(pcm: np.ndarray | mx.array) -> mx.array:
     if tuple(pcm.shape) != (FRAME_SIZE,):
@@ -66,7 +70,7 @@ def _check_codes(codes: np.ndarray | mx.array, num_codebooks: int) -> mx.array:
 
 
 class MlxCodec:
-    """Our MLX Mimi behind the `Codec` interface."""
+    """Our MLX Mimi behind the `Codec` interface; the stream's state is the codec's own."""
 
     sample_rate = SAMPLE_RATE
     frame_size = FRAME_SIZE
@@ -74,21 +78,25 @@ class MlxCodec:
     def __init__(self, model: Mimi):
         self.model = model
         self.num_codebooks = model.num_codebooks
+        self._stream = model.make_state()
 
     def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
-        codes = self.model.encode_step(_check_pcm(pcm)[None, None, :])
+        codes = self.model.encode_step(_check_pcm(pcm)[None, None, :], self._stream)
         return codes[0, :, 0].astype(mx.int32)
 
     def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
         codes = _check_codes(codes, self.num_codebooks)
-        return self.model.decode_step(codes[None, :, None])[0, 0]
+        return self.model.decode_step(codes[None, :, None], self._stream)[0, 0]
 
     @property
     def state(self) -> list[mx.array]:
-        return self.model.stream_state.state
+        return self._stream.state
 
     def reset(self) -> None:
-        self.model.reset()
+        self._stream.reset()
+
+    def fresh(self) -> MlxCodec:
+        return MlxCodec(self.model)
 
 
 class RustyMimiCodec:
@@ -137,6 +145,9 @@ class RustyMimiCodec:
         # rustymimi 0.4's Tokenizer.reset() leaves part of the encoder's state (the first frame
         # after it encodes differently from a fresh stream), so open the file again (~1 s).
         self._tokenizer = self._open()
+
+    def fresh(self) -> RustyMimiCodec:
+        return RustyMimiCodec(self.weight_path, self.num_codebooks)
 
 
 def load_codec(weight_path: str | Path, backend: str = "mlx", num_codebooks: int = 8) -> Codec:

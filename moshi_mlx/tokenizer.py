@@ -13,21 +13,27 @@ PADDING_IDS = (0, 3)  # Moshi's text padding tokens: not text
 _WORD_START = "\u2581"  # SentencePiece's leading-space marker
 
 
+def load_tokenizer(path: str | Path) -> sentencepiece.SentencePieceProcessor:
+    """Read Moshi's SentencePiece model (`tokenizer_spm_32k_3.model`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"text tokenizer not found: {path}")
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as exc:
+        raise WeightsError(f"cannot read {path} as a SentencePiece model: {exc}") from None
+
+
 class TextDecoder:
-    """Incremental decoder over a SentencePiece model (`tokenizer_spm_32k_3.model`).
+    """Incremental decoder over a SentencePiece model (see `load_tokenizer`); one per stream,
+    several may share one model.
 
     `decode(token)` returns the text the token adds: "" for padding and control tokens, word
     pieces with their leading marker turned into a space, byte pieces joined into UTF-8.
     """
 
-    def __init__(self, path: str | Path):
-        path = Path(path)
-        if not path.is_file():
-            raise WeightsError(f"text tokenizer not found: {path}")
-        try:
-            self.processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as exc:
-            raise WeightsError(f"cannot read {path} as a SentencePiece model: {exc}") from None
+    def __init__(self, processor: sentencepiece.SentencePieceProcessor):
+        self.processor = processor
         self._bytes = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def reset(self) -> None:

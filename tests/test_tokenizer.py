@@ -4,7 +4,7 @@ import pytest
 import sentencepiece
 
 from moshi_mlx.errors import WeightsError
-from moshi_mlx.tokenizer import TextDecoder
+from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 
 LINES = [
     "hello there how are you doing today",
@@ -36,7 +36,7 @@ def spm_model(tmp_path_factory):
 
 
 def test_incremental_decoding_reads_as_text(spm_model):
-    decoder = TextDecoder(spm_model)
+    decoder = TextDecoder(load_tokenizer(spm_model))
     sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
     text = "the lazy fox speaks one token at a time"
     ids = sp.encode(text)
@@ -47,12 +47,12 @@ def test_incremental_decoding_reads_as_text(spm_model):
 
 
 def test_padding_and_control_tokens_are_silent(spm_model):
-    decoder = TextDecoder(spm_model)
+    decoder = TextDecoder(load_tokenizer(spm_model))
     assert [decoder.decode(i) for i in (0, 1, 2, 3, 10_000, -5)] == [""] * 6
 
 
 def test_byte_pieces_join_into_utf8(spm_model):
-    decoder = TextDecoder(spm_model)
+    decoder = TextDecoder(load_tokenizer(spm_model))
     sp = sentencepiece.SentencePieceProcessor(model_file=str(spm_model))
     ids = sp.encode("the café")
     assert any(sp.is_byte(i) for i in ids)  # "é" is not in the tiny vocabulary
@@ -63,8 +63,8 @@ def test_byte_pieces_join_into_utf8(spm_model):
 
 def test_missing_or_bad_model(tmp_path):
     with pytest.raises(WeightsError, match="not found"):
-        TextDecoder(tmp_path / "nope.model")
+        load_tokenizer(tmp_path / "nope.model")
     bad = tmp_path / "bad.model"
     bad.write_bytes(b"not a model")
     with pytest.raises(WeightsError, match="SentencePiece"):
-        TextDecoder(bad)
+        load_tokenizer(bad)

@@ -283,21 +283,21 @@ class Mimi(nn.Module):
         codes = codes.transpose(0, 2, 1)
         return self._in_chunks(self._pcm, codes, BATCH_CHUNK_FRAMES).transpose(0, 2, 1)
 
-    def encode_step(self, pcm: mx.array) -> mx.array:
+    def encode_step(self, pcm: mx.array, state: MimiState | None = None) -> mx.array:
         """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), lazily (evaluate
-        them together with `stream_state.state`)."""
+        them together with the state's arrays). `state` defaults to `self.stream_state`."""
         if pcm.ndim != 3 or pcm.shape[1:] != (1, self.frame_size):
             raise AudioError(
                 f"expected pcm of shape (B, 1, {self.frame_size}), got {tuple(pcm.shape)}"
             )
-        latent = self._latent(pcm.transpose(0, 2, 1), self.stream_state)
+        latent = self._latent(pcm.transpose(0, 2, 1), state or self.stream_state)
         return self.quantizer.encode(latent).transpose(0, 2, 1)
 
-    def decode_step(self, codes: mx.array) -> mx.array:
+    def decode_step(self, codes: mx.array, state: MimiState | None = None) -> mx.array:
         """One streaming frame: codes (B, K, 1) -> pcm (B, 1, frame_size), lazily (evaluate
-        it together with `stream_state.state`)."""
+        it together with the state's arrays). `state` defaults to `self.stream_state`."""
         if codes.ndim != 3 or codes.shape[1:] != (self.num_codebooks, 1):
             raise AudioError(
                 f"expected codes of shape (B, {self.num_codebooks}, 1), got {tuple(codes.shape)}"
             )
-        return self._pcm(codes.transpose(0, 2, 1), self.stream_state).transpose(0, 2, 1)
+        return self._pcm(codes.transpose(0, 2, 1), state or self.stream_state).transpose(0, 2, 1)

@@ -37,6 +37,26 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, s
     return tensors, dict(metadata or {})
 
 
+def read_safetensors_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
+    """Names, shapes and dtypes of a safetensors file's tensors, and its metadata, from its
+    header alone (no tensor data is read)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        metadata = header.pop("__metadata__", None) or {}
+        names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
+        layout = {
+            name: (tuple(entry["shape"]), names[entry["dtype"]]) for name, entry in header.items()
+        }
+    except FileNotFoundError:
+        raise WeightsError(f"weights file not found: {path}") from None
+    except (OSError, struct.error, ValueError, KeyError, TypeError) as exc:
+        raise WeightsError(f"cannot read {path} as safetensors: {exc!r}") from None
+    return layout, metadata
+
+
 def read_json(path: str | Path) -> dict:
     """Read a JSON file, turning a missing or malformed file into a `WeightsError`."""
     path = Path(path)

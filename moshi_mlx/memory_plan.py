@@ -1,0 +1,244 @@
+"""How much memory a Moshi model will take, planned before any weight is read.
+
+From the LM config and the files' headers: the LM weights as they will sit in memory (packed
+quantized tensors as stored, floating tensors in the compute dtype), the temporal transformer's
+KV ring at the full context (optionally quantized), the Mimi codec with its streaming state,
+and the activations of one step. `check_fits` compares the total with what the device can
+hold (on Apple GPUs MLX's recommended working set, on the CPU the RAM the system has free)
+and, when it does not fit, says in one line which choices would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from moshi_mlx.checkpoints.io import Layout
+from moshi_mlx.checkpoints.lm import parameter_count
+from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.models.mimi import Mimi, MimiConfig
+
+KV_BITS = (4, 8)  # quantized KV cache choices (None: the compute dtype)
+KV_DEFAULT_GROUP_SIZE = {8: 64, 4: 32}
+# One step's transient arrays beyond the logits (attention scores, feed-forward hidden
+# states, sampling) and MLX's compiled-graph buffers: measured well under this at 7B shape.
+_STEP_OVERHEAD_BYTES = 64 << 20
+_MIN_USEFUL_CONTEXT = 250  # 20 s of conversation: below this a shorter context is no advice
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes each part of a loaded model needs, and what the device can hold."""
+
+    weights: int
+    kv_cache: int
+    codec: int
+    activations: int
+    capacity: int
+    device: str  # what `capacity` is, in words
+    context: int
+    kv_bits: int | None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.codec + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def table(self) -> str:
+        """The plan as a small text table, in GB."""
+        cache = f"KV cache ({self.context} steps, {_kv_name(self.kv_bits)})"
+        rows = [
+            ("LM weights", self.weights),
+            (cache, self.kv_cache),
+            ("Mimi codec", self.codec),
+            ("activations", self.activations),
+            ("total", self.total),
+            (self.device, self.capacity),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {size / 1e9:7.2f} GB" for name, size in rows]
+        lines.append("fits" if self.fits else "does not fit")
+        return "\n".join(lines)
+
+
+def _kv_name(kv_bits: int | None) -> str:
+    return "unquantized" if kv_bits is None else f"{kv_bits}-bit"
+
+
+def lm_weight_bytes(layout: Layout, dtype: mx.Dtype) -> int:
+    """Bytes of an LM file's tensors once loaded: packed integers as stored, floating tensors
+    cast to the compute dtype."""
+    total = 0
+    for shape, stored in layout.values():
+        itemsize = stored.size if not mx.issubdtype(stored, mx.floating) else dtype.size
+        total += math.prod(shape) * itemsize
+    return total
+
+
+def quantized_lm_weight_bytes(config: LmConfig, bits: int, dtype: mx.Dtype) -> int:
+    """Bytes of the LM's weights quantized as Kyutai's files are, with no file at hand."""
+    group_size = DEFAULT_GROUP_SIZE[bits]
+    total = 0
+    for _, param in tree_flatten(Lm(config).parameters()):  # lazy: nothing is allocated
+        if is_quantized(param.shape, group_size):
+            rows, cols = param.shape
+            total += rows * cols * bits // 8 + 2 * rows * (cols // group_size) * dtype.size
+        else:
+            total += param.size * dtype.size
+    return total
+
+
+def kv_cache_bytes(
+    config: LmConfig,
+    dtype: mx.Dtype,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+    positions: int | None = None,
+) -> int:
+    """Keys and values of the temporal transformer for `positions` (default: the context),
+    plus the depformer's one-step cache."""
+    positions = config.context if positions is None else positions
+    values = 2 * config.num_layers * positions * config.dim  # keys and values
+    if kv_bits is None:
+        temporal = values * dtype.size
+    else:
+        group_size = kv_group_size or KV_DEFAULT_GROUP_SIZE[kv_bits]
+        temporal = values * kv_bits // 8 + 2 * (values // group_size) * dtype.size
+    depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
+    return temporal + depformer * dtype.size
+
+
+def codec_bytes(
+    backend: str, mimi_file: str | Path, num_codebooks: int, config: MimiConfig | None = None
+) -> int:
+    """The codec's weights (our MLX Mimi in float32, with its streaming caches), or for
+    rustymimi, which keeps them outside MLX, the file's size."""
+    if backend != "mlx":
+        return Path(mimi_file).stat().st_size
+    config = config or MimiConfig.moshi()
+    mimi = Mimi(config, num_codebooks)  # lazy: nothing is allocated
+    transformer = config.transformer
+    caches = 2 * 2 * transformer.num_layers * transformer.context * transformer.d_model
+    return (parameter_count(mimi) + caches) * mx.float32.size
+
+
+def activation_bytes(config: LmConfig) -> int:
+    """One step's transient arrays: the logits of every stream, and a fixed overhead."""
+    logits = config.text_card + config.dep_q * config.card
+    return 4 * logits * mx.float32.size + _STEP_OVERHEAD_BYTES
+
+
+def device_capacity() -> tuple[int, str]:
+    """(bytes, description) of the memory the model may use on MLX's default device."""
+    if mx.default_device().type == mx.DeviceType.gpu:
+        info = mx.device_info()
+        size = info.get("max_recommended_working_set_size") or info.get("memory_size", 0)
+        return int(size), "GPU working set"
+    return _available_ram(), "free RAM"
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def plan_memory(
+    config: LmConfig,
+    lm_layout: Layout,
+    dtype: mx.Dtype,
+    codec: int,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+    capacity: tuple[int, str] | None = None,
+) -> MemoryPlan:
+    """The memory plan of a model about to be loaded (see the module docstring)."""
+    size, device = capacity or device_capacity()
+    return MemoryPlan(
+        weights=lm_weight_bytes(lm_layout, dtype),
+        kv_cache=kv_cache_bytes(config, dtype, kv_bits, kv_group_size),
+        codec=codec,
+        activations=activation_bytes(config),
+        capacity=size,
+        device=device,
+        context=config.context,
+        kv_bits=kv_bits,
+    )
+
+
+def fit_advice(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int | None):
+    """Up to three choices that make a plan that does not fit fit, as command-line flags with
+    what they come to (empty when none does). `lm_bits` is the LM file's quantization."""
+
+    def with_kv(bits: int | None, context: int | None = None) -> MemoryPlan:
+        cfg = config if context is None else replace(config, context=context)
+        return replace(
+            plan, kv_cache=kv_cache_bytes(cfg, dtype, bits), kv_bits=bits, context=cfg.context
+        )
+
+    def longest_context(candidate: MemoryPlan) -> int:
+        empty = kv_cache_bytes(config, dtype, candidate.kv_bits, positions=0)
+        per_step = kv_cache_bytes(config, dtype, candidate.kv_bits, positions=1) - empty
+        room = candidate.capacity - (candidate.total - candidate.kv_cache + empty)
+        return int(min(max(room, 0) // per_step, config.context - 1))
+
+    smaller_kv = [bits for bits in sorted(KV_BITS, reverse=True) if bits < (plan.kv_bits or 16)]
+    candidates: list[tuple[str, MemoryPlan]] = []
+    if lm_bits != 4:
+        q4 = quantized_lm_weight_bytes(config, 4, dtype)
+        candidates.append(("-q 4", replace(plan, weights=q4)))
+        candidates += [(f"-q 4 --kv-bits {b}", replace(with_kv(b), weights=q4)) for b in smaller_kv]
+    candidates += [(f"--kv-bits {bits}", with_kv(bits)) for bits in smaller_kv]
+    for bits in (plan.kv_bits, *smaller_kv[-1:]):
+        context = longest_context(with_kv(bits))
+        if context >= _MIN_USEFUL_CONTEXT and not with_kv(bits).fits:
+            flags = f"--context {context}" if bits == plan.kv_bits else f"--kv-bits {bits} "
+            flags += "" if bits == plan.kv_bits else f"--context {context}"
+            candidates.append((flags, with_kv(bits, context)))
+    fitting = [(flags, option) for flags, option in candidates if option.fits]
+    return [f"{flags} ({option.total / 1e9:.2f} GB)" for flags, option in fitting[:3]]
+
+
+def check_fits(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int | None) -> None:
+    """Raise `ConfigError` with one line of advice when the plan does not fit."""
+    if plan.fits:
+        return
+    needs = (
+        f"Moshi needs {plan.total / 1e9:.2f} GB (weights {plan.weights / 1e9:.2f}, KV cache "
+        f"{plan.kv_cache / 1e9:.2f} for {plan.context} steps, Mimi {plan.codec / 1e9:.2f}) but "
+        f"the {plan.device} is {plan.capacity / 1e9:.2f} GB"
+    )
+    options = fit_advice(plan, config, dtype, lm_bits)
+    advice = "; it fits with " + " or ".join(options) if options else "; no smaller choice fits"
+    raise ConfigError(needs + advice + " (see --memory-plan)")
+
+
+@contextmanager
+def wired_memory(plan: MemoryPlan) -> Iterator[None]:
+    """On Apple GPUs, keep the model's memory wired (resident) while in the block, then put
+    MLX's previous wired limit back. Elsewhere it does nothing."""
+    if not mx.metal.is_available():
+        yield
+        return
+    previous = mx.set_wired_limit(min(plan.total, plan.capacity))
+    try:
+        yield
+    finally:
+        mx.set_wired_limit(previous)

@@ -14,7 +14,7 @@ holds its own streaming state (LM caches, codec state, random key, text decoder)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,11 +22,13 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
+from moshi_mlx.checkpoints.io import read_safetensors_header
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import read_lm_config
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
 from moshi_mlx.generate import LmGen
+from moshi_mlx.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.sampling import SamplingConfig
@@ -50,8 +52,15 @@ class MoshiModel:
     sample_rate = SAMPLE_RATE
     frame_size = FRAME_SIZE
 
-    def __init__(self, lm: Lm, files: WeightFiles, codec_backend: str = "mlx"):
+    def __init__(
+        self,
+        lm: Lm,
+        files: WeightFiles,
+        codec_backend: str = "mlx",
+        memory: MemoryPlan | None = None,
+    ):
         self.lm = lm
+        self.memory = memory  # the plan it was loaded under
         self.files = files
         self.codec_backend = codec_backend
         _check_codec_fits(lm.cfg)
@@ -69,28 +78,33 @@ class MoshiModel:
         lm_config: str | Path | LmConfig | None = None,
         codec_backend: str = "mlx",
         dtype: mx.Dtype | None = None,
+        context: int | None = None,
+        check_memory: bool = True,
     ) -> MoshiModel:
         """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
-        `moshi_mlx.checkpoints.hub`) and load them. `quantize` is 4, 8 or 16 (bf16); `lm_config` is a
-        Kyutai `config.json` path or an `LmConfig` (default: the repo's config, else Moshi 7B).
-        `dtype` is the LM's compute dtype (default: bf16 on a GPU, float32 on the CPU; see
-        `moshi_mlx.checkpoints.lm.compute_dtype`).
+        `moshi_mlx.checkpoints.hub`) and load them. `quantize` is 4, 8 or 16 (bf16);
+        `lm_config` is a Kyutai `config.json` path or an `LmConfig` (default: the repo's
+        config, else Moshi 7B). `dtype` is the LM's compute dtype (default: bf16 on a GPU,
+        float32 on the CPU; see `moshi_mlx.checkpoints.lm.compute_dtype`). `context` shortens
+        the attention window (at most the config's 3000 steps) to save memory. Unless
+        `check_memory` is False, a model that would not fit in the device's memory raises
+        `ConfigError` with what would, before any weight is read (see `memory_plan`).
         """
-        config_path = None if isinstance(lm_config, LmConfig) else lm_config
-        files = resolve_weights(
-            hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path
+        files, config = find_model(
+            hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, lm_config, context
         )
-        config = lm_config if isinstance(lm_config, LmConfig) else read_lm_config(files.lm_config)
-        _check_codec_fits(config)  # before reading gigabytes of weights
+        plan = memory_plan(files, config, codec_backend, dtype)
+        if check_memory:
+            check_fits(plan, config)
         try:
-            lm = load_lm(files.moshi, config, dtype=dtype)
+            lm = load_lm(files.moshi, config, dtype=plan.dtype)
         except WeightsMismatchError as exc:
             used = files.lm_config or "the Moshi 7B preset"
             raise WeightsMismatchError(
                 f"{exc}; these LM weights do not fit the LM config ({used}): "
                 "pass the config.json that belongs to them with --lm-config"
             ) from None
-        return cls(lm, files, codec_backend)
+        return cls(lm, files, codec_backend, plan)
 
     def conversation(
         self, sampling: SamplingConfig | None = None, seed: int | None = None
@@ -98,6 +112,39 @@ class MoshiModel:
         """Start a conversation; several may be open at once (each has its own streams over
         the shared weights)."""
         return Conversation(self, self._codec.fresh(), LmGen(self.lm, sampling, seed))
+
+
+def find_model(
+    hf_repo: str | None = None,
+    quantize: int | None = None,
+    moshi_weight: str | Path | None = None,
+    mimi_weight: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    lm_config: str | Path | LmConfig | None = None,
+    context: int | None = None,
+) -> tuple[WeightFiles, LmConfig]:
+    """The files of a model and its LM config, as `MoshiModel.load` finds them."""
+    config_path = None if isinstance(lm_config, LmConfig) else lm_config
+    files = resolve_weights(hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path)
+    config = lm_config if isinstance(lm_config, LmConfig) else read_lm_config(files.lm_config)
+    if context is not None:
+        if not 1 <= context <= config.context:
+            raise ConfigError(
+                f"--context must be between 1 and {config.context} steps (the model's "
+                f"attention window), got {context}"
+            )
+        config = replace(config, context=context)
+    _check_codec_fits(config)  # before reading gigabytes of weights
+    return files, config
+
+
+def memory_plan(
+    files: WeightFiles, config: LmConfig, codec_backend: str = "mlx", dtype: mx.Dtype | None = None
+) -> MemoryPlan:
+    """What the model of these files would take in memory, from their headers alone."""
+    layout, _ = read_safetensors_header(files.moshi)
+    codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
+    return plan_memory(config, layout, codec, dtype)
 
 
 def _check_codec_fits(cfg: LmConfig) -> None:

@@ -49,6 +49,19 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=BACKENDS[0],
         help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
     )
+    memory = parser.add_argument_group("memory")
+    memory.add_argument(
+        "--context",
+        type=int,
+        metavar="STEPS",
+        help="attention window in 80 ms steps, at most the model's 3000 (a shorter one saves "
+        "KV-cache memory)",
+    )
+    memory.add_argument(
+        "--memory-plan",
+        action="store_true",
+        help="print how much memory the model would take and whether it fits, then exit",
+    )
     defaults = SamplingConfig()
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
@@ -85,19 +98,34 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
     )
 
 
+def _model_choices(args: argparse.Namespace) -> dict:
+    """The weight flags as keyword arguments of `MoshiModel.load` / `find_model`."""
+    return {
+        "hf_repo": args.hf_repo,
+        "quantize": args.quantize,
+        "moshi_weight": args.moshi_weight,
+        "mimi_weight": args.mimi_weight,
+        "tokenizer": args.tokenizer,
+        "lm_config": args.lm_config,
+        "context": args.context,
+    }
+
+
+def print_memory_plan(args: argparse.Namespace) -> int:
+    """`--memory-plan`: print the plan of the model the flags describe (no weight is read)."""
+    from moshi_mlx.api import find_model, memory_plan
+
+    files, config = find_model(**_model_choices(args))
+    plan = memory_plan(files, config, args.codec)
+    print(plan.table())
+    return 0
+
+
 def load_model(args: argparse.Namespace):
     """Load the `MoshiModel` that the weight flags describe."""
     from moshi_mlx.api import MoshiModel
 
-    return MoshiModel.load(
-        hf_repo=args.hf_repo,
-        quantize=args.quantize,
-        moshi_weight=args.moshi_weight,
-        mimi_weight=args.mimi_weight,
-        tokenizer=args.tokenizer,
-        lm_config=args.lm_config,
-        codec_backend=args.codec,
-    )
+    return MoshiModel.load(codec_backend=args.codec, **_model_choices(args))
 
 
 def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:

@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from moshi_mlx.checkpoints.io import Layout
-from moshi_mlx.checkpoints.lm import parameter_count
+from moshi_mlx.checkpoints.lm import compute_dtype, parameter_count
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -47,6 +47,8 @@ class MemoryPlan:
     device: str  # what `capacity` is, in words
     context: int
     kv_bits: int | None
+    dtype: mx.Dtype  # the LM's compute dtype
+    lm_bits: int | None  # the LM file's quantization (None: unquantized)
 
     @property
     def total(self) -> int:
@@ -160,16 +162,31 @@ def _available_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def file_bits(lm_layout: Layout, config: LmConfig) -> int | None:
+    """The quantization bits of an LM file, from its text head (input width `config.dim`)."""
+    if "text_linear.scales" not in lm_layout:
+        return None
+    packed_columns = lm_layout["text_linear.weight"][0][-1]
+    return packed_columns * 32 // config.dim
+
+
 def plan_memory(
     config: LmConfig,
     lm_layout: Layout,
-    dtype: mx.Dtype,
     codec: int,
+    dtype: mx.Dtype | None = None,
     kv_bits: int | None = None,
     kv_group_size: int | None = None,
     capacity: tuple[int, str] | None = None,
 ) -> MemoryPlan:
-    """The memory plan of a model about to be loaded (see the module docstring)."""
+    """The memory plan of a model about to be loaded (see the module docstring); `dtype`
+    defaults to the one `load_lm` would choose."""
+    lm_bits = file_bits(lm_layout, config)
+    if dtype is None:
+        parameters = sum(math.prod(shape) for shape, _ in lm_layout.values())
+        dtype = compute_dtype(parameters, quantized=lm_bits is not None)
+    if kv_bits is not None and kv_bits not in KV_BITS:
+        raise ConfigError(f"--kv-bits must be one of {KV_BITS}, got {kv_bits}")
     size, device = capacity or device_capacity()
     return MemoryPlan(
         weights=lm_weight_bytes(lm_layout, dtype),
@@ -180,12 +197,15 @@ def plan_memory(
         device=device,
         context=config.context,
         kv_bits=kv_bits,
+        dtype=dtype,
+        lm_bits=lm_bits,
     )
 
 
-def fit_advice(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int | None):
+def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
     """Up to three choices that make a plan that does not fit fit, as command-line flags with
-    what they come to (empty when none does). `lm_bits` is the LM file's quantization."""
+    what they come to (empty when none does)."""
+    dtype = plan.dtype
 
     def with_kv(bits: int | None, context: int | None = None) -> MemoryPlan:
         cfg = config if context is None else replace(config, context=context)
@@ -201,7 +221,7 @@ def fit_advice(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int
 
     smaller_kv = [bits for bits in sorted(KV_BITS, reverse=True) if bits < (plan.kv_bits or 16)]
     candidates: list[tuple[str, MemoryPlan]] = []
-    if lm_bits != 4:
+    if plan.lm_bits != 4:
         q4 = quantized_lm_weight_bytes(config, 4, dtype)
         candidates.append(("-q 4", replace(plan, weights=q4)))
         candidates += [(f"-q 4 --kv-bits {b}", replace(with_kv(b), weights=q4)) for b in smaller_kv]
@@ -216,7 +236,7 @@ def fit_advice(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int
     return [f"{flags} ({option.total / 1e9:.2f} GB)" for flags, option in fitting[:3]]
 
 
-def check_fits(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int | None) -> None:
+def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
     """Raise `ConfigError` with one line of advice when the plan does not fit."""
     if plan.fits:
         return
@@ -225,7 +245,7 @@ def check_fits(plan: MemoryPlan, config: LmConfig, dtype: mx.Dtype, lm_bits: int
         f"{plan.kv_cache / 1e9:.2f} for {plan.context} steps, Mimi {plan.codec / 1e9:.2f}) but "
         f"the {plan.device} is {plan.capacity / 1e9:.2f} GB"
     )
-    options = fit_advice(plan, config, dtype, lm_bits)
+    options = fit_advice(plan, config)
     advice = "; it fits with " + " or ".join(options) if options else "; no smaller choice fits"
     raise ConfigError(needs + advice + " (see --memory-plan)")
 

@@ -16,7 +16,13 @@ import numpy as np
 import soundfile as sf
 
 from moshi_mlx.audio.wav import read_audio, write_audio
-from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
+from moshi_mlx.cli import (
+    add_model_args,
+    load_model,
+    print_memory_plan,
+    run_cli,
+    sampling_from_args,
+)
 from moshi_mlx.codec import SAMPLE_RATE
 from moshi_mlx.errors import AudioError
 
@@ -76,6 +82,8 @@ def _write_atomically(output: Path, pcm: np.ndarray, sample_rate: int) -> None:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
+    if args.memory_plan:
+        return print_memory_plan(args)
     output = Path(args.output)
     check_output(Path(args.input), output, args.force)  # before minutes of inference
     user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast

@@ -1,0 +1,169 @@
+"""The memory plan: published 7B figures, agreement with what MLX allocates, and its advice."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import MANIFESTS
+from mlx.utils import tree_flatten
+from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
+
+from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors_header
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.codec import MlxCodec
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.memory_plan import (
+    check_fits,
+    codec_bytes,
+    kv_cache_bytes,
+    plan_memory,
+    quantized_lm_weight_bytes,
+)
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.run_inference import main as run_inference
+
+GB = 1e9
+EIGHT_GB_MAC = (int(8 * GB * 2 / 3), "GPU working set")  # macOS wires about two thirds
+
+
+def _manifest_layout(name: str) -> dict:
+    dtypes = {"bfloat16": mx.bfloat16, "uint32": mx.uint32}
+    with (MANIFESTS / f"moshiko_mlx_{name}.tsv").open() as file:
+        rows = list(csv.DictReader(file, delimiter="\t"))
+    return {
+        r["name"]: (tuple(int(d) for d in r["shape"].split(",")), dtypes[r["dtype"]]) for r in rows
+    }
+
+
+def test_published_7b_figures():
+    config = LmConfig.moshi_7b()
+    q4 = plan_memory(config, _manifest_layout("q4"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    assert q4.lm_bits == 4 and q4.dtype == mx.bfloat16
+    assert round(q4.weights / GB, 2) == 4.81  # Kyutai's file, as loaded in bf16
+    assert round(q4.kv_cache / GB, 2) == 1.57  # 32 layers x 2 x 3000 x 4096 x 2 bytes
+    assert quantized_lm_weight_bytes(config, 4, mx.bfloat16) == q4.weights
+    assert (
+        quantized_lm_weight_bytes(config, 8, mx.bfloat16)
+        == plan_memory(
+            config, _manifest_layout("q8"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC
+        ).weights
+    )
+    kv8, kv4 = (kv_cache_bytes(config, mx.bfloat16, bits) / GB for bits in (8, 4))
+    assert round(kv8, 2) == 0.84 and round(kv4, 2) == 0.49
+    bf16 = plan_memory(config, _manifest_layout("bf16"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    assert bf16.lm_bits is None and round(bf16.weights / GB, 2) == 15.38
+    assert "KV cache (3000 steps, unquantized)" in q4.table() and "does not fit" in q4.table()
+
+
+def test_advice_names_what_fits():
+    config = LmConfig.moshi_7b()
+    mimi = codec_bytes("mlx", "unused", 8)
+    bf16 = plan_memory(
+        config, _manifest_layout("bf16"), mimi, mx.bfloat16, capacity=(11 * 10**9, "GPU")
+    )
+    with pytest.raises(ConfigError) as error:
+        check_fits(bf16, config)
+    message = str(error.value)
+    assert "\n" not in message and "needs 17.37 GB" in message
+    assert "it fits with -q 4 (6.80 GB)" in message
+    q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    with pytest.raises(ConfigError, match=r"fits with --kv-bits 4 --context \d+ \(5\.\d+ GB\)"):
+        check_fits(q4, config)
+    check_fits(replace(q4, capacity=7 * 10**9), config)  # fits: no error
+
+
+def _allocated(build) -> tuple[int, object]:
+    mx.synchronize()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    built = build()
+    mx.synchronize()
+    return mx.get_active_memory() - before, built
+
+
+@pytest.mark.parametrize("variant", ["bf16", "q8", "q4"])
+def test_planned_weights_are_what_mlx_allocates(tiny_lm_checkpoints, variant):
+    path = tiny_lm_checkpoints[variant]
+    layout, _ = read_safetensors_header(path)
+    plan = plan_memory(LmConfig.tiny(), layout, 0)
+    allocated, lm = _allocated(lambda: load_lm(path))
+    held = sum(p.nbytes for _, p in tree_flatten(lm.parameters()))
+    print(f"{variant}: planned {plan.weights} B, allocated {allocated} B, parameters {held} B")
+    assert lm.out_norm.weight.dtype == plan.dtype
+    assert abs(plan.weights - held) <= 0.05 * held
+    assert abs(plan.weights - allocated) <= 0.05 * allocated
+
+
+def test_planned_codec_is_what_mlx_allocates(tiny_mimi_checkpoint, mimi_signal):
+    """Weights as allocated at load, plus the streaming state once the attention caches are
+    full. (MLX also keeps the buffers that the conv states are views of: 21 MB at full size,
+    counted in the plan's activations.)"""
+    path, config = tiny_mimi_checkpoint
+    planned = codec_bytes("mlx", path, 4, config)
+    allocated, codec = _allocated(lambda: MlxCodec(load_mimi(path, num_codebooks=4, config=config)))
+    for _ in range(config.transformer.context // 2 + 1):  # two attention steps per frame
+        mx.eval(codec.decode_step(codec.encode_step(mimi_signal(1920))), codec.state)
+    allocated += sum(array.nbytes for array in codec.state)
+    print(f"tiny Mimi: planned {planned} B, allocated {allocated} B")
+    assert abs(planned - allocated) <= 0.05 * allocated
+
+
+def _header_only_lm(folder, config: LmConfig):
+    """An LM file with a complete header and no tensor data, and its config.json."""
+    params = tree_flatten(Lm(config).parameters())
+    layout = {name: (tuple(p.shape), mx.bfloat16) for name, p in sorted(params)}
+    path = folder / "model.safetensors"
+    with open(path, "wb") as file:
+        writer = SafetensorsWriter(file, layout, metadata={})
+        file.truncate(writer.total_bytes - sum(p.size * 2 for _, p in params))  # no data
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    return path
+
+
+def _silence(folder):
+    path = folder / "user.wav"
+    sf.write(path, np.zeros(24000, np.float32), 24000)
+    return path
+
+
+def test_a_model_that_does_not_fit_stops_before_reading_weights(tmp_path, tmp_path_factory, capsys):
+    files = cached_tiny_moshi(tmp_path_factory)
+    huge = replace(LmConfig.moshi_7b(), num_layers=400, card=2048)  # about 90 GB in bf16
+    moshi = _header_only_lm(tmp_path, huge)
+    flags = [
+        *weight_flags(files),
+        "--moshi-weight",
+        str(moshi),
+        "--lm-config",
+        str(tmp_path / "config.json"),
+    ]
+    user = _silence(tmp_path)
+    code = run_inference([str(user), str(tmp_path / "out.wav"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: Moshi needs") and "--memory-plan" in err
+    # Had it read the weights, it would have failed on the missing data instead.
+    assert run_inference([str(user), str(tmp_path / "out.wav"), *flags, "--memory-plan"]) == 0
+    table = capsys.readouterr().out
+    assert "LM weights" in table and table.rstrip().endswith("does not fit")
+
+
+def test_memory_plan_flag_and_context(tmp_path, tmp_path_factory, capsys):
+    files = cached_tiny_moshi(tmp_path_factory)
+    user = _silence(tmp_path)
+    argv = [str(user), str(tmp_path / "out.wav"), *weight_flags(files)]
+    assert run_inference([*argv, "--memory-plan", "--context", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "KV cache (8 steps, unquantized)" in table and table.rstrip().endswith("fits")
+    assert not (tmp_path / "out.wav").exists()
+    context = tiny_config().context
+    assert run_inference([*argv, "--context", str(context + 1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--context must be between 1 and {context}" in err

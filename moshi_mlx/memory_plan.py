@@ -26,9 +26,8 @@ from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import Mimi, MimiConfig
+from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS
 
-KV_BITS = (4, 8)  # quantized KV cache choices (None: the compute dtype)
-KV_DEFAULT_GROUP_SIZE = {8: 64, 4: 32}
 # One step's transient arrays beyond the logits (attention scores, feed-forward hidden
 # states, sampling) and MLX's compiled-graph buffers: measured well under this at 7B shape.
 _STEP_OVERHEAD_BYTES = 64 << 20
@@ -116,7 +115,7 @@ def kv_cache_bytes(
     if kv_bits is None:
         temporal = values * dtype.size
     else:
-        group_size = kv_group_size or KV_DEFAULT_GROUP_SIZE[kv_bits]
+        group_size = kv_group_size or DEFAULT_KV_GROUP_SIZE[kv_bits]
         temporal = values * kv_bits // 8 + 2 * (values // group_size) * dtype.size
     depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
     return temporal + depformer * dtype.size

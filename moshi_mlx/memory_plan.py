@@ -124,7 +124,8 @@ def kv_cache_bytes(
 def codec_bytes(
     backend: str, mimi_file: str | Path, num_codebooks: int, config: MimiConfig | None = None
 ) -> int:
-    """The codec's weights (our MLX Mimi in float32, with its streaming caches), or for
+    """The codec's weights (our MLX Mimi in float32, with its codebook search tables and
+    streaming caches), or for
     rustymimi, which keeps them outside MLX, the file's size."""
     if backend != "mlx":
         return Path(mimi_file).stat().st_size
@@ -132,7 +133,8 @@ def codec_bytes(
     mimi = Mimi(config, num_codebooks)  # lazy: nothing is allocated
     transformer = config.transformer
     caches = 2 * 2 * transformer.num_layers * transformer.context * transformer.d_model
-    return (parameter_count(mimi) + caches) * mx.float32.size
+    tables = sum(table.size for table in mimi.quantizer.search_tables())
+    return (parameter_count(mimi) + tables + caches) * mx.float32.size
 
 
 def activation_bytes(config: LmConfig) -> int:

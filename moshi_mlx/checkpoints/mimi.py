@@ -242,5 +242,5 @@ def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | Non
     check_tensors(expected, tensors, str(path))
     tensors = {name: t.astype(mx.float32) for name, t in tensors.items()}
     load_strict(model, convert_mimi_tensors(tensors, cfg, num_codebooks), str(path), mx.float32)
-    mx.eval(model.parameters())
+    mx.eval(model.parameters(), model.quantizer.search_tables())
     return model

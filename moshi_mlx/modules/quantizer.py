@@ -33,20 +33,20 @@ class ResidualVectorQuantizer(nn.Module):
     def num_codebooks(self) -> int:
         return self.codebooks.shape[0]
 
-    def _search_tables(self) -> tuple[mx.array, mx.array]:
+    def search_tables(self) -> tuple[mx.array, mx.array]:
         """Codebooks as (K, dim, bins), contiguous for the distance matmul, and their squared
-        norms (K, 1, bins); derived from `codebooks` once per set of weights."""
+        norms (K, 1, bins); derived from `codebooks` once per set of weights (lazily: the
+        loader evaluates them with the weights)."""
         cached = getattr(self, "_tables", None)
         if cached is None or cached[0] is not self.codebooks:
             columns = mx.contiguous(self.codebooks.transpose(0, 2, 1))
             norms = (self.codebooks * self.codebooks).sum(axis=-1)[:, None, :]
-            mx.eval(columns, norms)
             self._tables = (self.codebooks, columns, norms)
         return self._tables[1], self._tables[2]
 
     def encode(self, latent: mx.array) -> mx.array:
         """(B, T, latent_dim) -> codes (B, T, num_codebooks) uint32."""
-        columns, norms = self._search_tables()
+        columns, norms = self.search_tables()
         residual = self.input_proj(latent)
         codes = []
         for k in range(self.num_codebooks):
@@ -79,6 +79,11 @@ class SplitResidualVectorQuantizer(nn.Module):
         self.num_acoustic = num_codebooks - cfg.semantic_codebooks
         if self.num_acoustic > 0:
             self.acoustic = ResidualVectorQuantizer(latent_dim, cfg, self.num_acoustic)
+
+    def search_tables(self) -> list[mx.array]:
+        """The derived arrays encoding searches with (see `ResidualVectorQuantizer`)."""
+        quantizers = [self.semantic, *([self.acoustic] if self.num_acoustic > 0 else [])]
+        return [table for q in quantizers for table in q.search_tables()]
 
     def encode(self, latent: mx.array) -> mx.array:
         """(B, T, latent_dim) -> codes (B, T, num_codebooks)."""

@@ -71,8 +71,8 @@ def test_advice_names_what_fits():
     with pytest.raises(ConfigError) as error:
         check_fits(bf16, config)
     message = str(error.value)
-    assert "\n" not in message and "needs 17.37 GB" in message
-    assert "it fits with -q 4 (6.80 GB)" in message
+    assert "\n" not in message and "needs 17.38 GB" in message
+    assert "it fits with -q 4 (6.81 GB)" in message
     q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
     with pytest.raises(ConfigError, match=r"fits with --kv-bits 4 --context \d+ \(5\.\d+ GB\)"):
         check_fits(q4, config)

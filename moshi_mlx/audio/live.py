@@ -5,6 +5,11 @@ and poke the worker through a non-blocking pipe. The worker thread runs the mode
 frames in order; when it falls more than `max_lag_frames` behind it drops the oldest mic
 frames, so the conversation never drifts further behind real time.
 
+With an `EchoCanceller`, the output callback also copies what it played into a third ring;
+the worker lines that far end up with each mic frame (`PlayedAudio`) and removes its echo,
+10 ms at a time, before the model hears the frame (dropped frames too, so the canceller sees
+the microphone without gaps).
+
 Latency of a frame: from the moment its mic block reached the app to the moment the reply
 block computed from it reaches the speaker (the output callback time plus the device's output
 latency). It excludes Moshi's own 80-160 ms of model delay (the codebook delays).
@@ -21,11 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moshi_mlx.audio.echo import EchoCanceller, PlayedAudio
 from moshi_mlx.audio.ring import FrameRing, StampLog
 
 StepFn = Callable[[np.ndarray], tuple[np.ndarray, str]]
 _MAX_SPEAKER_BACKLOG = 2  # replies waiting at an output callback: the due one + one of slack
 _MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
+_PLAYED_FRAMES = 64  # played blocks waiting for the canceller: 5 s, more than any model step
 
 
 class Wakeup:
@@ -124,8 +131,10 @@ class LiveLoop:
     """Callbacks + worker for one live conversation.
 
     `step` turns a mic frame into (reply frame, text). `on_text` receives new text,
-    `on_frames(mic, reply)` every mic frame (reply is silence for dropped frames) and
-    `on_status` short messages (lag, latency); they run on the worker thread.
+    `on_frames(mic, reply)` every mic frame as the model heard it (after echo cancellation;
+    reply is silence for dropped frames) and `on_status` short messages (lag, latency); they
+    run on the worker thread. Set `input_latency` and `output_latency` (seconds, as the
+    streams report them) before the streams start: `echo` lines the far end up with them.
     """
 
     def __init__(
@@ -138,6 +147,7 @@ class LiveLoop:
         on_frames: Callable[[np.ndarray, np.ndarray], None] | None = None,
         on_status: Callable[[str], None] | None = None,
         status_every: float = 5.0,
+        echo: EchoCanceller | None = None,
     ):
         self._step = step
         self.frame_size = frame_size
@@ -162,6 +172,11 @@ class LiveLoop:
         self.speaker_dropped = 0
         self._replies_started = False
         self.output_latency = 0.0  # seconds from an output callback to the speaker
+        self.input_latency = 0.0  # seconds from the microphone to an input callback
+        self._echo = echo
+        self.played = FrameRing(_PLAYED_FRAMES, frame_size) if echo is not None else None
+        self.far_end = PlayedAudio(sample_rate) if echo is not None else None
+        self._far_block = np.zeros(frame_size, dtype=np.float32)
         self._wakeup = Wakeup()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -187,13 +202,15 @@ class LiveLoop:
             outdata.fill(0)
             if self._replies_started:
                 self.speaker_underruns += 1
-            return
-        self._replies_started = True
-        n = min(frames, self.frame_size)
-        for channel in range(outdata.shape[1]):
-            outdata[:n, channel] = self._reply[:n]
-        outdata[n:] = 0
-        self._latency_log.append(now + self.output_latency - stamp)
+        else:
+            self._replies_started = True
+            n = min(frames, self.frame_size)
+            for channel in range(outdata.shape[1]):
+                outdata[:n, channel] = self._reply[:n]
+            outdata[n:] = 0
+            self._latency_log.append(now + self.output_latency - stamp)
+        if self.played is not None:  # the far end: exactly what was played, silence included
+            self.played.push(outdata[:, 0], now)
 
     # --- worker -------------------------------------------------------------------------
     def run(self) -> None:
@@ -217,7 +234,7 @@ class LiveLoop:
             if backlog > self.max_lag_frames:
                 self.lag_events += 1
                 for _ in range(backlog - 1):  # keep only the newest frame
-                    self.mic.pop_into(frame)
+                    self._cancel_echo(frame, self.mic.pop_into(frame))
                     self._on_frames(frame, silence)
                 self.dropped_frames += backlog - 1
                 dropped_since_message += backlog - 1
@@ -230,6 +247,7 @@ class LiveLoop:
                     )
                     last_lag_message, dropped_since_message = now, 0
             stamp = self.mic.pop_into(frame)
+            self._cancel_echo(frame, stamp)
             started = time.monotonic()
             reply, text = self._step(frame)
             self._step_times.append(time.monotonic() - started)
@@ -244,6 +262,16 @@ class LiveLoop:
                 self._on_status(self._live_status())
                 last_status = now
 
+    def _cancel_echo(self, frame: np.ndarray, stamp: float) -> None:
+        """Remove from `frame` (in place) the echo of what the speaker played meanwhile."""
+        if self._echo is None:
+            return
+        while (played_at := self.played.pop_into(self._far_block)) is not None:
+            self.far_end.add(self._far_block, played_at + self.output_latency)
+        captured_at = stamp - self.input_latency - self.frame_seconds
+        far = self.far_end.far_for(self.frame_size, captured_at)
+        frame[:] = self._echo.process(frame, far)
+
     def _live_status(self) -> str:
         frames = max(1, int(self._status_every / self.frame_seconds))
         recent = self._latency_log.values()[-frames:]
@@ -256,6 +284,9 @@ class LiveLoop:
 
     def stats(self, **extra) -> LiveStats:
         """Everything measured so far."""
+        if self.far_end is not None:
+            extra["echo_offset_moves"] = self.far_end.moves
+            extra["echo_far_overflows"] = self.played.overflows
         return LiveStats(
             input_times=self._input_log.values(),
             output_times=self._output_log.values(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -48,20 +50,57 @@ def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = 24_000) ->
 
 
 class WavRecorder:
-    """Streams frames of several channels into a 16-bit wav file (e.g. user | Moshi)."""
+    """Streams frames of several channels into a new 16-bit wav file (e.g. user | Moshi).
 
-    def __init__(self, path: str | Path, channels: int, sample_rate: int = 24_000):
+    The header's sizes are rewritten every `sync_seconds`, so whatever ends the process (even
+    `kill -9`) the file stays a valid wav holding everything up to the last sync. An existing
+    file is never overwritten.
+    """
+
+    def __init__(
+        self, path: str | Path, channels: int, sample_rate: int = 24_000, sync_seconds: float = 1.0
+    ):
         self.path = Path(path)
+        self.channels = channels
+        self.sample_rate = sample_rate
+        self._sync_every = max(1, round(sync_seconds * sample_rate))
+        self._frames = self._synced = 0
         try:
-            self._file = sf.SoundFile(
-                str(path), "w", samplerate=sample_rate, channels=channels, subtype="PCM_16"
-            )
-        except (sf.LibsndfileError, RuntimeError, OSError) as exc:
-            raise AudioError(f"cannot create recording {path}: {exc}") from None
+            self._file = open(path, "xb", buffering=0)  # noqa: SIM115 - closed by close()
+        except FileExistsError:
+            raise AudioError(
+                f"{path} already exists; give a new file name or remove it first"
+            ) from None
+        except OSError as exc:
+            raise AudioError(f"cannot create recording {path}: {exc.strerror}") from None
+        self._file.write(self._header(0))
+
+    def _header(self, data_bytes: int) -> bytes:
+        block_align = 2 * self.channels  # 16-bit PCM
+        byte_rate = self.sample_rate * block_align
+        fmt = struct.pack("<HHIIHH", 1, self.channels, self.sample_rate, byte_rate, block_align, 16)
+        riff = struct.pack("<4sI4s", b"RIFF", 36 + data_bytes, b"WAVE")
+        return (
+            riff
+            + struct.pack("<4sI", b"fmt ", len(fmt))
+            + fmt
+            + b"data"
+            + struct.pack("<I", data_bytes)
+        )
 
     def write(self, *channels: np.ndarray) -> None:
         """Append one block: one (n,) array per channel."""
-        self._file.write(np.clip(np.stack(channels, axis=1), -1.0, 1.0))
+        block = np.clip(np.stack(channels, axis=1), -1.0, 1.0)
+        self._file.write(np.round(block * 32767).astype("<i2").tobytes())
+        self._frames += len(block)
+        if self._frames - self._synced >= self._sync_every:
+            self._sync()
+
+    def _sync(self) -> None:
+        os.pwrite(self._file.fileno(), self._header(self._frames * 2 * self.channels), 0)
+        self._synced = self._frames
 
     def close(self) -> None:
-        self._file.close()
+        if not self._file.closed:
+            self._sync()
+            self._file.close()

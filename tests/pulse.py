@@ -5,6 +5,10 @@ as the microphone, in a temporary runtime dir so it never touches a user's sound
         env = pulse.env()  # PULSE_SERVER, XDG_RUNTIME_DIR, HOME for child processes
         pulse.feed_mic(pcm_int16_bytes)  # real-time paced writes into the virtual mic
         pulse.start_recording(path)  # the speaker's monitor, raw s16le mono 24 kHz
+
+With `echo_delay_ms`, the room has an acoustic loop: the microphone is the monitor of a
+second null sink (the room), into which both the user's speech and, through
+`module-loopback` with that delay, everything the speaker plays are mixed.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
 RATE = 24_000
 SPEAKER = "moshi_test_speaker"
 MIC = "moshi_test_mic"
+ROOM = "moshi_test_room"
 
 
 def pulseaudio_missing_reason() -> str | None:
@@ -38,8 +43,9 @@ def pulseaudio_missing_reason() -> str | None:
 class PulseServer:
     """Starts `pulseaudio` in the foreground; `close()` (or leaving the `with`) stops it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, echo_delay_ms: int | None = None):
         self.root = Path(root)
+        self.echo_delay_ms = echo_delay_ms
         self.runtime = self.root / "runtime"
         self.home = self.root / "home"
         self.socket = self.runtime / "native"
@@ -47,6 +53,7 @@ class PulseServer:
         self._server: subprocess.Popen | None = None
         self._recorder: subprocess.Popen | None = None
         self._feeder: threading.Thread | None = None
+        self._player: subprocess.Popen | None = None
         self._stop_feeding = threading.Event()
 
     def env(self) -> dict[str, str]:
@@ -65,19 +72,37 @@ class PulseServer:
         self.runtime.mkdir(parents=True, mode=0o700)
         self.home.mkdir(parents=True)
         script = self.root / "server.pa"
+        if self.echo_delay_ms is None:
+            mic = (
+                f"load-module module-pipe-source source_name={MIC} file={self.fifo} "
+                f"format=s16le rate={RATE} channels=1\n"
+            )
+        else:
+            mic = (
+                f"load-module module-null-sink sink_name={ROOM} rate={RATE} channels=1\n"
+                f"load-module module-remap-source source_name={MIC} master={ROOM}.monitor\n"
+                f"load-module module-loopback source={SPEAKER}.monitor sink={ROOM} "
+                f"latency_msec={self.echo_delay_ms}\n"
+            )
         script.write_text(
             f"load-module module-native-protocol-unix socket={self.socket} auth-anonymous=1\n"
             f"load-module module-null-sink sink_name={SPEAKER} rate={RATE} channels=1\n"
-            f"load-module module-pipe-source source_name={MIC} file={self.fifo} "
-            f"format=s16le rate={RATE} channels=1\n"
+            f"{mic}"
             f"set-default-sink {SPEAKER}\n"
             f"set-default-source {MIC}\n"
         )
         # -n: no default.pa; --use-pid-file=no lets several servers (and root) coexist.
         command = [
-            "pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "-n", "-F", str(script),
-            "--use-pid-file=no", "--log-target=stderr", "--log-level=error",
-        ]  # fmt: skip
+            "pulseaudio",
+            "--daemonize=no",
+            "--exit-idle-time=-1",
+            "-n",
+            "-F",
+            str(script),
+            "--use-pid-file=no",
+            "--log-target=stderr",
+            "--log-level=error",
+        ]
         self._server = subprocess.Popen(
             command,
             env=self.env(),
@@ -89,10 +114,12 @@ class PulseServer:
             if self._server.poll() is not None:
                 raise RuntimeError(f"pulseaudio exited: {self.log()}")
             ready = subprocess.run(
-                ["pactl", "list", "short", "sources"], env=self.env(), capture_output=True,
+                ["pactl", "list", "short", "sources"],
+                env=self.env(),
+                capture_output=True,
                 check=False,
                 text=True,
-            )  # fmt: skip
+            )
             if ready.returncode == 0 and MIC in ready.stdout:
                 return self
             time.sleep(0.1)
@@ -104,8 +131,12 @@ class PulseServer:
 
     def feed_mic(self, pcm: np.ndarray, then_silence: bool = True) -> None:
         """Write float `pcm` (24 kHz) into the virtual mic at real-time pace in 20 ms chunks,
-        then silence until `close()`. (The pipe source delivers only what is written.)"""
+        then silence until `close()`. (The pipe source delivers only what is written.) With an
+        acoustic loop, `pcm` is played into the room instead."""
         data = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+        if self.echo_delay_ms is not None:
+            self._play_into_room(data)
+            return
         chunk = RATE // 50
 
         def run() -> None:
@@ -132,12 +163,42 @@ class PulseServer:
         self._feeder = threading.Thread(target=run, daemon=True)
         self._feeder.start()
 
+    def _play_into_room(self, data: np.ndarray) -> None:
+        command = [
+            "pacat",
+            "--playback",
+            "-d",
+            ROOM,
+            "--raw",
+            "--format",
+            "s16le",
+            "--rate",
+            str(RATE),
+            "--channels",
+            "1",
+            "--latency-msec",
+            "20",
+        ]
+        self._player = subprocess.Popen(command, env=self.env(), stdin=subprocess.PIPE)
+        self._player.stdin.write(data.tobytes())
+        self._player.stdin.close()
+
     def start_recording(self, path: Path) -> None:
         """Record the speaker (null sink monitor) into `path` as raw s16le mono 24 kHz."""
         command = [
-            "parec", "-d", f"{SPEAKER}.monitor", "--rate", str(RATE), "--channels", "1",
-            "--format", "s16le", "--raw", "--latency-msec", "20",
-        ]  # fmt: skip
+            "parec",
+            "-d",
+            f"{SPEAKER}.monitor",
+            "--rate",
+            str(RATE),
+            "--channels",
+            "1",
+            "--format",
+            "s16le",
+            "--raw",
+            "--latency-msec",
+            "20",
+        ]
         self._recorder = subprocess.Popen(
             command,
             env=self.env(),
@@ -153,6 +214,9 @@ class PulseServer:
     def close(self) -> None:
         self._stop_feeding.set()
         self.stop_recording()
+        if self._player is not None:
+            self._player.kill()
+            self._player.wait(5)
         if self._server is not None:
             self._server.terminate()
             try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from pulse import PulseServer, pulseaudio_missing_reason
-from tiny_moshi import cached_tiny_moshi, espeak_speech, weight_flags
+from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
 
 from moshi_mlx.audio.wav import read_audio
 
@@ -23,6 +23,7 @@ pytestmark = [
 ]
 BLOCKS_PER_SECOND = 24000 / 1920  # 12.5
 RUN_SECONDS = 6.0
+ROOM_SECONDS = 5.0  # Moshi talking alone after the user's speech, in the echo test
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,22 @@ def _wait_for(path, text, proc, timeout):
 
 def test_list_and_pick_devices(pulse):
     listing = subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local", "--list-devices"], env=pulse.env(),
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "moshi_mlx.local", "--list-devices"],
+        env=pulse.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert "pulse" in listing.stdout and "idx  in  out  name" in listing.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "moshi_mlx.local", "--input-device", "no-such-mic"],
-        env=pulse.env(), capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=pulse.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == (
         "error: no input device name contains 'no-such-mic'; see --list-devices and pass "
@@ -77,10 +86,24 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     pulse.start_recording(tmp_path / "speaker.raw")
     with open(stderr_path, "w") as stderr:
         proc = _local(
-            pulse, *weight_flags(files), "--seed", 1, "--input-device", "pulse",
-            "--output-device", "pulse", "--record", record, "--transcript", transcript,
-            "--stats", stats_path, stdout=subprocess.PIPE, stderr=stderr, text=True,
-        )  # fmt: skip
+            pulse,
+            *weight_flags(files),
+            "--seed",
+            1,
+            "--input-device",
+            "pulse",
+            "--output-device",
+            "pulse",
+            "--record",
+            record,
+            "--transcript",
+            transcript,
+            "--stats",
+            stats_path,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
         try:
             _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             pulse.feed_mic(speech)  # real-time paced, then silence
@@ -125,9 +148,12 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     latencies = np.array(stats["latencies_ms"])
     assert len(latencies) >= 5, latencies
     bound = (
-        stats["mic_wait_ms_max"] + stats["step_ms_max"] + 80 + 150
+        stats["mic_wait_ms_max"]
+        + stats["step_ms_max"]
+        + 80
+        + 150
         + 1000 * stats["latency_output_device_s"]
-    )  # fmt: skip
+    )
     assert latencies.max() < bound, (latencies, bound)
 
     # Moshi's audio reached the speaker: the null sink's monitor is not silent
@@ -143,3 +169,158 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     assert np.abs(both[:, 0]).max() > 0.1 and np.abs(both[:, 1]).max() > 1e-3, both.shape
     # Transcript: the text printed live, saved to the file
     assert transcript.read_text().strip() == out.strip()
+
+
+def test_a_load_error_is_one_line_with_exit_code_2(pulse, tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moshi_mlx.local",
+            "--moshi-weight",
+            tmp_path / "none.safetensors",
+            "--input-device",
+            "pulse",
+            "--output-device",
+            "pulse",
+        ],
+        env={**pulse.env(), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "none.safetensors" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_path_factory):
+    files = cached_tiny_moshi(tmp_path_factory)
+    speech_file = espeak_speech(tmp_path / "user.wav", "Hello Moshi. Are you still there?")
+    if speech_file is None:
+        pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
+    record, transcript = tmp_path / "both.wav", tmp_path / "moshi.txt"
+    record.write_bytes(b"made by the user")
+    stderr_path = tmp_path / "stderr.txt"
+    refused = subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", *weight_flags(files), "--record", record],
+        env=pulse.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2 and "already exists" in refused.stderr, refused.stderr
+    assert record.read_bytes() == b"made by the user"  # never overwritten
+    record.unlink()
+    with open(stderr_path, "w") as stderr:
+        proc = _local(
+            pulse,
+            *weight_flags(files),
+            "--seed",
+            2,
+            "--input-device",
+            "pulse",
+            "--output-device",
+            "pulse",
+            "--record",
+            record,
+            "--transcript",
+            transcript,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        try:
+            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            talking = time.monotonic()
+            pulse.feed_mic(read_audio(speech_file))
+            time.sleep(3.5)
+            proc.kill()  # SIGKILL: no handler, no close, no flush
+            ran = time.monotonic() - talking
+            out = proc.stdout.read().decode()
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    both, rate = sf.read(record)
+    assert rate == 24000 and both.shape[1] == 2
+    # everything up to the last whole second of the conversation is there
+    assert len(both) >= (ran - 1.5) * 24000, (len(both) / 24000, ran)
+    assert np.abs(both[:, 0]).max() > 0.05
+    assert transcript.read_text(encoding="utf-8") == out  # each piece flushed as printed
+
+
+@pytest.fixture(scope="module")
+def pulse_room(tmp_path_factory):
+    """A server whose microphone also hears the speaker, 60 ms later: an acoustic loop."""
+    with PulseServer(tmp_path_factory.mktemp("pulse_room"), echo_delay_ms=60) as server:
+        yield server
+
+
+def _talk_in_the_room(pulse, files, folder, speech, *flags) -> tuple[np.ndarray, dict]:
+    """Run the app in `pulse`'s room while `speech` is said; its --record and --stats."""
+    folder.mkdir()
+    record, stats_path, stderr_path = folder / "both.wav", folder / "s.json", folder / "err"
+    with open(stderr_path, "w") as stderr:
+        proc = _local(
+            pulse,
+            *weight_flags(files),
+            "--codec",
+            fast_codec(),
+            "--seed",
+            3,
+            "--input-device",
+            "pulse",
+            "--output-device",
+            "pulse",
+            "--record",
+            record,
+            "--stats",
+            stats_path,
+            *flags,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            pulse.feed_mic(speech)
+            time.sleep(len(speech) / 24000 + ROOM_SECONDS)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, stderr_path.read_text()
+    return sf.read(record)[0], json.loads(stats_path.read_text())
+
+
+def _echo_level_db(both: np.ndarray, start: int) -> float:
+    """Power of the user channel over Moshi's channel, from sample `start` (the user quiet)."""
+    user, moshi = both[start:, 0], both[start:, 1]
+    return float(10 * np.log10(np.mean(user**2) / np.mean(moshi**2)))
+
+
+def test_echo_cancellation_in_an_acoustic_loop(pulse_room, tmp_path, tmp_path_factory):
+    files = cached_tiny_moshi(tmp_path_factory)
+    speech_file = espeak_speech(
+        tmp_path / "user.wav", "Hello Moshi. I am talking to you through my laptop speakers."
+    )
+    if speech_file is None:
+        pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
+    speech = read_audio(speech_file)
+    runs = {}
+    for name, flags in (("off", ["--no-echo-cancel"]), ("on", [])):
+        runs[name] = _talk_in_the_room(pulse_room, files, tmp_path / name, speech, *flags)
+    quiet_from = int(len(speech) + 1.5 * 24000)  # the user has finished by then
+    levels = {name: _echo_level_db(both, quiet_from) for name, (both, _) in runs.items()}
+    print(f"\nMoshi's voice on the user channel: {levels} dB (relative to Moshi's channel)")
+    assert runs["on"][1]["echo_cancel"] and not runs["off"][1]["echo_cancel"]
+    assert levels["off"] > -10  # the loop really brings Moshi back into the microphone
+    assert levels["off"] - levels["on"] >= 20
+    # the user's speech is still there with the canceller on, at its own level
+    heard = runs["on"][0][:quiet_from, 0]
+    speech_db = 10 * np.log10(np.mean(heard**2) / np.mean(speech**2) * len(heard) / len(speech))
+    print(f"the user's speech on the user channel: {speech_db:+.1f} dB")
+    assert abs(speech_db) < 6

@@ -119,7 +119,7 @@ class PlayedAudio:
         return far
 
     def _track(self, estimate: int) -> None:
-        self._estimates = [*self._estimates[-7:], estimate]
+        self._estimates = [*self._estimates[-6:], estimate]  # 7: the median is one of them
         median = int(np.median(self._estimates))
         if self.offset is None:
             self.offset = median

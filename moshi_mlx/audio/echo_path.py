@@ -41,7 +41,8 @@ def play_through_room(far: np.ndarray, response: np.ndarray, clip: float = 0.9) 
     then the room. Same length as `far`."""
     limit = clip * np.max(np.abs(far))
     played = np.clip(far, -limit, limit)
-    return np.convolve(played, response)[: len(far)]
+    size = 1 << (len(far) + len(response)).bit_length()
+    return np.fft.irfft(np.fft.rfft(played, size) * np.fft.rfft(response, size), size)[: len(far)]
 
 
 @dataclass
@@ -94,9 +95,10 @@ def erle_blocks(mic: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def best_lag(out: np.ndarray, reference: np.ndarray, max_lag: int = RATE // 20) -> int:
     """The lag (samples, 0..max_lag) at which `out` best matches `reference` delayed."""
-    n = len(reference) - max_lag
-    scores = [abs(np.dot(out[lag : lag + n], reference[:n])) for lag in range(max_lag)]
-    return int(np.argmax(scores))
+    size = 1 << (len(out) + len(reference)).bit_length()
+    spectrum = np.fft.rfft(out, size) * np.conj(np.fft.rfft(reference, size))
+    scores = np.fft.irfft(spectrum, size)[:max_lag]  # scores[lag] = sum out[t + lag] ref[t]
+    return int(np.argmax(np.abs(scores)))
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:

@@ -117,8 +117,9 @@ class LiveStats:
         d = self.as_dict()
         latency = (
             f"latency median {d['latency_ms_median']:.0f} ms, p90 {d['latency_ms_p90']:.0f} ms"
-            if d["latency_ms_median"] is not None else "no reply played"
-        )  # fmt: skip
+            if d["latency_ms_median"] is not None
+            else "no reply played"
+        )
         return (
             f"{d['input_callbacks']} mic blocks ({d['input_rate_hz']:.1f}/s), "
             f"{d['output_callbacks']} speaker blocks ({d['output_rate_hz']:.1f}/s), "
@@ -268,7 +269,10 @@ class LiveLoop:
             return
         while (played_at := self.played.pop_into(self._far_block)) is not None:
             self.far_end.add(self._far_block, played_at + self.output_latency)
-        captured_at = stamp - self.input_latency - self.frame_seconds
+        # The block's last sample was captured `input_latency` before its callback; taking
+        # that as the time of its first sample makes the far end lead its echo by one more
+        # block, a margin for devices that under-report latency (AEC3 finds the rest itself).
+        captured_at = stamp - self.input_latency
         far = self.far_end.far_for(self.frame_size, captured_at)
         frame[:] = self._echo.process(frame, far)
 

@@ -23,7 +23,14 @@ from moshi_mlx.audio.devices import device_name, format_devices, import_sounddev
 from moshi_mlx.audio.echo import EchoCanceller
 from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
-from moshi_mlx.cli import INTERRUPTED_EXIT, add_model_args, load_model, run_cli, sampling_from_args
+from moshi_mlx.cli import (
+    INTERRUPTED_EXIT,
+    add_model_args,
+    load_model,
+    print_memory_plan,
+    run_cli,
+    sampling_from_args,
+)
 from moshi_mlx.errors import AudioError
 
 WORKER_NAME = "moshi-worker"
@@ -222,6 +229,8 @@ class LiveSession:
         if args.list_devices:
             print(format_devices())
             return 0
+        if args.memory_plan:
+            return print_memory_plan(args)
         sd = import_sounddevice()
         input_device = resolve_device(args.input_device, "input")
         output_device = resolve_device(args.output_device, "output")

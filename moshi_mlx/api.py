@@ -37,13 +37,17 @@ from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from moshi_mlx.audio.echo import EchoCanceller
+
 
 @dataclass(frozen=True)
 class StepResult:
-    """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text."""
+    """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text;
+    with an echo canceller, also the user's audio as Moshi heard it (after cancellation)."""
 
     pcm: np.ndarray
     text: str
+    heard: np.ndarray | None = None
 
 
 class MoshiModel:
@@ -107,11 +111,16 @@ class MoshiModel:
         return cls(lm, files, codec_backend, plan)
 
     def conversation(
-        self, sampling: SamplingConfig | None = None, seed: int | None = None
+        self,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
+        echo_canceller: EchoCanceller | None = None,
     ) -> Conversation:
         """Start a conversation; several may be open at once (each has its own streams over
-        the shared weights)."""
-        return Conversation(self, self._codec.fresh(), LmGen(self.lm, sampling, seed))
+        the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
+        the far end too and removes its echo from the user's audio."""
+        generator = LmGen(self.lm, sampling, seed)
+        return Conversation(self, self._codec.fresh(), generator, echo_canceller)
 
 
 def find_model(
@@ -169,8 +178,15 @@ class Conversation:
     a live stream keeps its cadence. Use as a context manager or call `close()`.
     """
 
-    def __init__(self, model: MoshiModel, codec: Codec, generator: LmGen):
+    def __init__(
+        self,
+        model: MoshiModel,
+        codec: Codec,
+        generator: LmGen,
+        echo_canceller: EchoCanceller | None = None,
+    ):
         self._model = model
+        self.echo_canceller = echo_canceller
         self._codec = codec
         self._generator = generator
         self._text = TextDecoder(model.tokenizer)
@@ -182,8 +198,13 @@ class Conversation:
         """The seed of this conversation's random stream (drawn at random if none was given)."""
         return self._generator.seed
 
-    def step(self, pcm: np.ndarray) -> StepResult:
-        """Feed one frame of the user's audio (1920,) float32 at 24 kHz; get Moshi's frame."""
+    def step(self, pcm: np.ndarray, far: np.ndarray | None = None) -> StepResult:
+        """Feed one frame of the user's audio (1920,) float32 at 24 kHz; get Moshi's frame.
+
+        With an echo canceller, `far` is what the speaker played while `pcm` was recorded
+        (1920 samples; None: silence). It may lead its echo in `pcm` by up to a few hundred
+        ms, never trail it: pass the audio that was sounding, not what you queue next.
+        """
         if self._closed:
             raise MoshiError("this conversation is closed; start a new one")
         pcm = np.asarray(pcm, dtype=np.float32)
@@ -192,21 +213,32 @@ class Conversation:
                 f"Conversation.step takes {self._model.frame_size} samples (80 ms at "
                 f"{self._model.sample_rate} Hz), got an array of shape {pcm.shape}"
             )
+        heard = None
+        if self.echo_canceller is not None:
+            far = self._silence if far is None else np.asarray(far, dtype=np.float32)
+            if far.shape != pcm.shape:
+                raise AudioError(
+                    f"Conversation.step takes a far end of {pcm.shape[0]} samples, like the "
+                    f"user's audio; got an array of shape {far.shape}"
+                )
+            pcm = heard = self.echo_canceller.process(pcm, far)
         user_codes = self._codec.encode_step(pcm)
         out = self._generator.step(user_codes)
         text = self._text.decode(out.text_token)
         if out.moshi_codes is None:
             mx.eval(self._codec.state)
-            return StepResult(self._silence.copy(), text)
+            return StepResult(self._silence.copy(), text, heard)
         reply = self._codec.decode_step(out.moshi_codes)
         mx.eval(reply, self._codec.state)
-        return StepResult(np.array(reply), text)
+        return StepResult(np.array(reply), text, heard)
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""
         self._generator.reset()
         self._codec.reset()
         self._text.reset()
+        if self.echo_canceller is not None:
+            self.echo_canceller.reset()
 
     def close(self) -> None:
         """End the conversation: its streams are dropped and it cannot be used afterwards."""

@@ -7,7 +7,9 @@
 Parts: `lm` (ms per LM step: the whole step as `LmGen.step` runs it, and its split into
 temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone),
 `mimi` (ms per streaming 80 ms frame, encode and decode, per codec backend), `pipeline`
-(encode + LM step + decode per frame, real-time factor, time to the first audio frame).
+(encode + LM step + decode per frame, real-time factor, time to the first audio frame),
+`echo` (ms of the live app's echo canceller, WebRTC AEC3, per 80 ms mic frame of a simulated
+room with double talk; the canceller comparison is `scripts/echo_compare.py`).
 Peak memory is MLX's (`mx.get_peak_memory`), reset before every case. Percentiles are over
 the measured steps, after `--warmup` steps. Weights are random, written in the published
 formats into `--weights-dir` (default: a temporary folder), never fetched.
@@ -307,6 +309,31 @@ def bench_pipeline(
     }
 
 
+# Echo canceller ---------------------------------------------------------------------------
+def bench_echo(frames: int, warmup: int, seed: int) -> dict:
+    """Time of the live app's echo canceller per 80 ms mic frame (8 sub-frames of 10 ms) on
+    the simulated room of `echo_path` (espeak-ng speech, or noise without espeak-ng)."""
+    from moshi_mlx.audio import echo_path
+    from moshi_mlx.audio.echo import EchoCanceller
+
+    far = echo_path.speak(echo_path.FAR_TEXT)
+    near = echo_path.speak(echo_path.NEAR_TEXT, voice="en+f3")
+    if far is None or near is None:
+        rng = np.random.default_rng(seed)
+        far, near = (0.1 * rng.normal(size=16 * 24_000).astype(np.float32) for _ in range(2))
+    scene, _ = echo_path.conversation_scene(far, near, delay_s=0.1, gain_db=-3.0, seed=seed)
+    canceller = EchoCanceller()
+    times = []
+    total = min(warmup + frames, len(scene.mic) // 1920)
+    for k in range(total):
+        frame = slice(k * 1920, (k + 1) * 1920)
+        started = time.perf_counter()
+        canceller.process(scene.mic[frame], scene.far[frame])
+        if k >= warmup:
+            times.append(time.perf_counter() - started)
+    return {"backend": "webrtc-aec3", "frame_ms": summarize(times)}
+
+
 # Kyutai -----------------------------------------------------------------------------------
 def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
     """Run `bench_kyutai.py` in Kyutai's environment; its JSON result."""
@@ -391,6 +418,7 @@ def format_table(results: list[dict]) -> str:
         "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms"),
         "mimi": ("encode_ms", "decode_ms", "frame_ms", "batch_encode_ms", "batch_decode_ms"),
         "pipeline": ("frame_ms",),
+        "echo": ("frame_ms",),
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
@@ -434,7 +462,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b")
     parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
-    parser.add_argument("--parts", type=_csv, default=["lm", "mimi", "pipeline"])
+    parser.add_argument("--parts", type=_csv, default=["lm", "mimi", "pipeline", "echo"])
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
@@ -465,7 +493,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     for name, allowed in (("shapes", LM_SHAPES), ("quant", QUANT_BITS),
-                          ("parts", ("lm", "mimi", "pipeline")),
+                          ("parts", ("lm", "mimi", "pipeline", "echo")),
                           ("codec", ("mlx", "rustymimi")), ("dtype", DTYPES)):  # fmt: skip
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
@@ -526,6 +554,10 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                         )  # fmt: skip
                         results.append(case)
                         print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "echo" in args.parts:
+        case = {"part": "echo", "ours": bench_echo(max(args.frames, 100), args.warmup, args.seed)}
+        results.append(case)
+        print(format_table([case]).split("\n", 2)[2], flush=True)
     return results
 
 

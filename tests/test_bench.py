@@ -27,7 +27,7 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     command = [
         sys.executable, str(SCRIPTS / "bench.py"), "--shapes", "tiny", "--quant", "bf16,q4",
-        "--parts", "lm,mimi,pipeline", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
+        "--parts", "lm,mimi,pipeline,echo", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
         "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--batch-seconds", "1",
         "--json", str(out),
     ]  # fmt: skip
@@ -76,6 +76,12 @@ def test_pipeline_cases(report):
         # The first audio frame needs two frames: one step fills the acoustic delay.
         assert ours["first_audio_ms"] >= ours["frame_ms"]["p50"] * 0.5
         assert ours["real_time_factor"] == pytest.approx(80.0 / ours["frame_ms"]["p50"])
+
+
+def test_echo_case(report):
+    (case,) = _cases(report, "echo")
+    _check_timing(case["ours"]["frame_ms"], 100)  # at least 100 frames of 80 ms
+    assert case["ours"]["frame_ms"]["p50"] < 40  # far below real time
 
 
 def test_bandwidth_floor_from_manifests():

@@ -119,3 +119,36 @@ def test_live_loop_cancels_the_echo_of_what_it_played(voices):
     print(f"\nlive loop ERLE over the last 2 s: {erle:.1f} dB")
     assert loop.stats().extra["echo_offset_moves"] == 0
     assert erle >= 20
+
+
+def test_a_conversation_takes_the_far_end(tmp_path_factory, voices):
+    """An app that plays Moshi itself: `step(mic, far)` hears the mic without the far end's
+    echo (`heard`), and the same audio without a canceller reaches the model unchanged."""
+    from tiny_moshi import cached_tiny_moshi, fast_codec
+
+    from moshi_mlx.api import MoshiModel
+
+    files = cached_tiny_moshi(tmp_path_factory)
+    model = MoshiModel.load(
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
+    far = voices[0][: 40 * 1920]
+    echo = echo_path.play_through_room(far, echo_path.room_impulse_response(0.3, 0.05, -3.0))
+    heard = []
+    with model.conversation(seed=1, echo_canceller=EchoCanceller(RATE)) as conversation:
+        for k in range(40):
+            frame = slice(k * 1920, (k + 1) * 1920)
+            result = conversation.step(echo[frame], far=far[frame])
+            heard.append(result.heard)
+        with pytest.raises(AudioError, match="far end of 1920 samples"):
+            conversation.step(echo[:1920], far=far[:100])
+    erle = 10 * np.log10(
+        np.mean(echo[-1920 * 15 :] ** 2) / np.mean(np.concatenate(heard[-15:]) ** 2)
+    )
+    assert erle >= 20, erle
+    with model.conversation(seed=1) as plain:
+        assert plain.step(echo[:1920]).heard is None

@@ -3,7 +3,8 @@
     python scripts/echo_compare.py                 # every installed candidate, 9 rooms
     python scripts/echo_compare.py --json echo.json
 
-Candidates: `webrtc` (WebRTC AEC3 through pywebrtc-audio: what moshi_mlx uses), `livekit`
+Candidates: `webrtc` (WebRTC AEC3 through pywebrtc-audio: what moshi_mlx uses; `webrtc+ns`
+with its noise suppression too, as `--denoise` runs it), `livekit`
 (WebRTC's audio processing module through livekit's `rtc.AudioProcessingModule`), `speex`
 (SpeexDSP's MDF echo canceller with its residual-echo suppressor, libspeexdsp through
 ctypes; Debian: apt install libspeexdsp1, macOS: brew install speexdsp). Each runs on 10 ms
@@ -35,6 +36,12 @@ def webrtc() -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     from moshi_mlx.audio.echo import EchoCanceller
 
     return EchoCanceller(RATE).process
+
+
+def webrtc_denoise() -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    from moshi_mlx.audio.echo import EchoCanceller
+
+    return EchoCanceller(RATE, denoise=True).process
 
 
 def livekit() -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -84,7 +91,7 @@ def speex(tail_s: float = 0.6) -> Callable[[np.ndarray, np.ndarray], np.ndarray]
     return process
 
 
-CANDIDATES = {"webrtc": webrtc, "livekit": livekit, "speex": speex}
+CANDIDATES = {"webrtc": webrtc, "webrtc+ns": webrtc_denoise, "livekit": livekit, "speex": speex}
 
 
 def _int16(x: np.ndarray) -> np.ndarray:
@@ -153,7 +160,7 @@ def summary(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cancellers", default=",".join(CANDIDATES), help="webrtc,livekit,speex")
+    parser.add_argument("--cancellers", default=",".join(CANDIDATES), help=",".join(CANDIDATES))
     parser.add_argument("--json", type=Path, help="write every row here")
     args = parser.parse_args(argv)
     rows = compare([name for name in args.cancellers.split(",") if name])

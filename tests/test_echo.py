@@ -152,3 +152,34 @@ def test_a_conversation_takes_the_far_end(tmp_path_factory, voices):
     assert erle >= 20, erle
     with model.conversation(seed=1) as plain:
         assert plain.step(echo[:1920]).heard is None
+
+
+def test_denoise_lowers_steady_noise_and_keeps_speech(voices):
+    near = voices[1]
+    mic = np.zeros(8 * RATE, np.float32)
+    mic[RATE : RATE + len(near)] = near
+    mic += np.random.default_rng(0).normal(size=len(mic)).astype(np.float32) * 10 ** (-45 / 20)
+    silent_far = np.zeros_like(mic)
+    plain = EchoCanceller(RATE).process(mic, silent_far)
+    denoised = EchoCanceller(RATE, denoise=True).process(mic, silent_far)
+
+    def db(x, seconds):
+        return 10 * np.log10(np.mean(x[seconds[0] * RATE : seconds[1] * RATE] ** 2))
+
+    assert db(plain, (7, 8)) - db(denoised, (7, 8)) >= 4  # the noise alone, at the end
+    assert abs(db(plain, (2, 5)) - db(denoised, (2, 5))) < 1  # the speech
+
+
+def test_without_the_package_the_app_says_so_and_goes_on(monkeypatch, capsys):
+    import argparse
+    import sys
+
+    from moshi_mlx import local
+
+    monkeypatch.setitem(sys.modules, "pywebrtc_audio", None)  # as if not installed
+    with pytest.raises(AudioError, match="pip install pywebrtc-audio"):
+        EchoCanceller(RATE)
+    args = argparse.Namespace(echo_cancel=True, denoise=False)
+    assert local._echo_canceller(args) is None
+    assert "going on without it: use headphones" in capsys.readouterr().err
+    assert local._echo_canceller(argparse.Namespace(echo_cancel=False, denoise=False)) is None

@@ -31,11 +31,10 @@ from moshi_mlx.cli import (
     run_cli,
     sampling_from_args,
 )
+from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import AudioError
 
 WORKER_NAME = "moshi-worker"
-SAMPLE_RATE = 24_000
-FRAME_SIZE = 1920  # 80 ms, Mimi's frame
 _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
 
 
@@ -260,6 +259,7 @@ class LiveSession:
             if not self._ready.is_set():
                 if self._load_error is not None:
                     raise self._load_error
+                print("interrupted", file=sys.stderr)
                 return INTERRUPTED_EXIT
             self._converse(streams, input_device, output_device)
         finally:

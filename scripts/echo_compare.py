@@ -10,7 +10,8 @@ with its noise suppression too, as `--denoise` runs it), `livekit`
 ctypes; Debian: apt install libspeexdsp1, macOS: brew install speexdsp). Each runs on 10 ms
 sub-frames at 24 kHz over rooms with a 0.3 s decay, 40/100/200 ms delay and -6/-3/0 dB gain:
 far-end espeak-ng speech throughout, near-end speech joining at 5 s, a 40 ms delay jump at
-11 s. Figures: see `moshi_mlx.audio.echo_path.grade`.
+11 s. Figures: see `moshi_mlx.audio.echo_path.grade`. A candidate whose package is not
+installed (`pip install livekit`) is skipped with a message.
 """
 
 from __future__ import annotations

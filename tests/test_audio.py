@@ -189,6 +189,21 @@ def test_wav_recorder_writes_two_channels(tmp_path):
     np.testing.assert_allclose(data[-1], [0.0, 1.0], atol=1e-4)
 
 
+def test_wav_recorder_is_readable_before_close_and_never_overwrites(tmp_path):
+    path = tmp_path / "r.wav"
+    rec = WavRecorder(path, channels=2, sync_seconds=1.0)
+    for _ in range(19):  # 1.52 s, not closed: as if the process had been killed
+        rec.write(np.full(FRAME, 0.5, np.float32), np.zeros(FRAME, np.float32))
+    data, rate = sf.read(path)
+    assert rate == 24000 and data.shape == (13 * FRAME, 2)  # the header of the last sync
+    np.testing.assert_allclose(data[:, 0], 0.5, atol=1e-4)
+    rec.close()
+    assert sf.info(path).frames == 19 * FRAME
+    with pytest.raises(AudioError, match="already exists"):
+        WavRecorder(path, channels=2)
+    assert sf.info(path).frames == 19 * FRAME
+
+
 def test_live_loop_hands_a_model_error_to_the_main_thread():
     def step(pcm):
         raise AudioError("model failed")

@@ -1,0 +1,153 @@
+"""Talk to Moshi in a browser: a server of Kyutai's chat protocol and our page.
+
+    python -m moshi_mlx.local_web [--host HOST] [--port 8998] [--ssl DIR] [weight flags]
+
+The browser's echo cancellation keeps Moshi from hearing itself, so this is the way to talk
+without headphones. Kyutai's clients (its web client served with `--static`,
+`python -m moshi.client`) work against it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import ssl
+import sys
+import webbrowser
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.web.server import FRAME_SIZE, PAGE_DIR, SAMPLE_RATE, ServerConfig, create_app
+from moshi_mlx.web.worker import ModelWorker
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m moshi_mlx.local_web",
+        description="Serve Moshi to a browser (Kyutai's chat protocol on /api/chat).",
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--host", default="localhost", help="address to listen on (default %(default)s)"
+    )
+    server.add_argument("--port", type=int, default=8998, help="port (default %(default)s)")
+    server.add_argument(
+        "--static", metavar="DIR", help="serve this folder (e.g. Kyutai's built web client)"
+    )
+    server.add_argument(
+        "--ssl", metavar="DIR", help="serve https with DIR/key.pem and DIR/cert.pem"
+    )
+    server.add_argument(
+        "--no-browser", action="store_true", help="do not open the page once the model is ready"
+    )
+    server.add_argument(
+        "--max-lag", type=float, default=0.24, metavar="SECONDS",
+        help="seconds of mic audio the model may fall behind before the oldest is dropped",
+    )  # fmt: skip
+    server.add_argument(
+        "--max-conversations", type=int, default=1, metavar="N",
+        help="conversations at once; more connections are told the server is busy",
+    )  # fmt: skip
+    add_model_args(parser)
+    return parser.parse_args(argv)
+
+
+def ssl_context(folder: str) -> ssl.SSLContext:
+    """A server context from `folder/cert.pem` and `folder/key.pem`."""
+    cert, key = Path(folder) / "cert.pem", Path(folder) / "key.pem"
+    for path in (cert, key):
+        if not path.is_file():
+            raise ConfigError(f"--ssl {folder}: {path.name} not found (see README: https)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile=cert, keyfile=key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"--ssl {folder}: cannot use cert.pem/key.pem: {exc}") from None
+    return context
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (the only hosts that need no https)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """Per-connection settings from the flags (checked before the model loads)."""
+    if args.max_lag <= 0:
+        raise ConfigError(f"--max-lag must be > 0 seconds, got {args.max_lag}")
+    if args.max_conversations < 1:
+        raise ConfigError(f"--max-conversations must be >= 1, got {args.max_conversations}")
+    static_dir = Path(args.static) if args.static else PAGE_DIR
+    if not (static_dir / "index.html").is_file():
+        raise ConfigError(f"--static {static_dir}: no index.html in that folder")
+    return ServerConfig(
+        sampling=sampling_from_args(args), seed=args.seed,
+        max_lag_frames=max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE)),
+        max_conversations=args.max_conversations, static_dir=static_dir.resolve(),
+    )  # fmt: skip
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    config = server_config(args)
+    context = ssl_context(args.ssl) if args.ssl else None
+    worker = ModelWorker(lambda: load_model(args))
+    worker.start()
+    runner = web.AppRunner(create_app(worker, config), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port, ssl_context=context).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    url = f"{'https' if context else 'http'}://{args.host}:{args.port}"
+    if not is_loopback(args.host) and context is None:
+        _say(
+            f"warning: serving plain http on {args.host}: browsers on other machines will refuse "
+            "the microphone; use --ssl DIR (see README: talk from a phone)"
+        )
+    _say(f"serving {url} (loading and warming up the model...)")
+    try:
+        while not worker.ready.is_set():
+            await asyncio.sleep(0.1)
+        if worker.error is not None:
+            raise worker.error
+        _say(
+            f"ready: open {url} (model loaded in {worker.load_seconds:.1f} s, warmed up in "
+            f"{worker.warmup_seconds:.1f} s); Ctrl-C to stop"
+        )
+        if not args.no_browser:
+            webbrowser.open(url)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    asyncio.run(_serve(args))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.local_web` (`moshi-mlx-web`)."""
+    return run_cli(_run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

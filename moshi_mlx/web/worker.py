@@ -1,0 +1,245 @@
+"""The model worker: one thread that does all MLX work (load, warm-up, every step).
+
+MLX keeps streams and compiled kernels per thread, and a model step takes tens of
+milliseconds, so the event loop never touches the model. The loop hands each client's audio
+frames to a `Session` and gets results back through the session's `deliver` callback (the
+loop passes one that hops onto the loop with `call_soon_threadsafe`).
+
+Lag policy (as in the terminal app): when a session's unprocessed audio exceeds
+`max_lag_frames`, the oldest frames are dropped so that Moshi answers the newest audio, and
+the session is told how many were dropped.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from moshi_mlx.sampling import SamplingConfig
+
+WARMUP_STEPS = 4  # enough for the codebook delays to fill, so every kernel has run once
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The session's conversation exists; `seed` is its random stream's seed."""
+
+    seed: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One model step: Moshi's 80 ms of audio and its new text."""
+
+    pcm: np.ndarray
+    text: str
+    step_seconds: float
+    mic_wait_seconds: float  # how long the mic frame waited for the model
+
+
+@dataclass(frozen=True)
+class Lag:
+    """Mic frames dropped because the model fell behind (`dropped` now, `total` so far)."""
+
+    dropped: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The model could not serve this session; the reason is for the client."""
+
+    reason: str
+
+
+WorkerEvent = Ready | Reply | Lag | Failed
+
+
+class Session:
+    """One client's conversation, shared between the event loop and the worker thread.
+
+    At most one step job per session waits in the worker's queue (`_scheduled`), so open
+    sessions take turns frame by frame.
+    """
+
+    def __init__(
+        self,
+        sampling: SamplingConfig,
+        seed: int | None,
+        deliver: Callable[[WorkerEvent], None],
+        max_lag_frames: int,
+    ):
+        self.sampling = sampling
+        self.seed = seed
+        self.deliver = deliver
+        self.max_lag_frames = max(1, max_lag_frames)
+        # Bound on queued frames even while a step stalls (a flooding client costs no memory).
+        self._capacity = 4 * self.max_lag_frames + 16
+        self._frames: deque[tuple[np.ndarray, float]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._closed = False
+        self._unreported_drops = 0
+        self.dropped_frames = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, frame: np.ndarray) -> bool:
+        """Queue a mic frame (loop side); True if the worker must be woken for it."""
+        with self._lock:
+            if self._closed:
+                return False
+            if len(self._frames) >= self._capacity:
+                self._frames.popleft()
+                self._unreported_drops += 1
+            self._frames.append((frame, time.monotonic()))
+            wake = not self._scheduled
+            self._scheduled = True
+            return wake
+
+    def close(self) -> None:
+        """Forget queued audio; the worker frees the conversation after its current step."""
+        with self._lock:
+            self._closed = True
+            self._frames.clear()
+
+    def take(self) -> tuple[np.ndarray | None, float, int, bool]:
+        """(oldest frame to step or None, its arrival time, frames dropped for lag, more left).
+
+        Beyond `max_lag_frames` of backlog only the newest frame is kept.
+        """
+        with self._lock:
+            dropped, self._unreported_drops = self._unreported_drops, 0
+            if len(self._frames) > self.max_lag_frames:
+                dropped += len(self._frames) - 1
+                while len(self._frames) > 1:
+                    self._frames.popleft()
+            self.dropped_frames += dropped
+            frame, stamp = self._frames.popleft() if self._frames else (None, 0.0)
+            self._scheduled = bool(self._frames)
+            return frame, stamp, dropped, self._scheduled
+
+
+class ModelWorker:
+    """Loads the model on its own thread, warms it up, then runs the sessions' steps.
+
+    `load` is called on the worker thread and returns a `moshi_mlx.api.MoshiModel`.
+    `ready` is set once the model can take sessions (or `error` says why it cannot).
+    """
+
+    def __init__(self, load: Callable[[], object]):
+        self._load = load
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.model = None
+        self.load_seconds = 0.0
+        self.warmup_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="moshi-model", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the current job and end the thread."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def open(self, session: Session) -> None:
+        """Start the session's conversation; the session receives `Ready` or `Failed`."""
+        self._jobs.put(("open", session))
+
+    def submit(self, session: Session, frame: np.ndarray) -> None:
+        """Queue one of the session's mic frames for a model step."""
+        if session.push(frame):
+            self._jobs.put(("step", session))
+
+    def release(self, session: Session) -> None:
+        """Close the session and free its conversation."""
+        session.close()
+        self._jobs.put(("close", session))
+
+    # --- worker thread ---
+    def _run(self) -> None:
+        try:
+            started = time.monotonic()
+            self.model = self._load()
+            self.load_seconds = time.monotonic() - started
+            started = time.monotonic()
+            self._warm_up()
+            self.warmup_seconds = time.monotonic() - started
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            self.error = exc
+            self.ready.set()
+            return
+        self.ready.set()
+        conversations: dict[Session, object] = {}
+        while (job := self._jobs.get()) is not None:
+            action, session = job
+            if action == "open":
+                self._open(session, conversations)
+            elif action == "step":
+                self._step(session, conversations)
+            else:
+                conversation = conversations.pop(session, None)
+                if conversation is not None:
+                    conversation.close()
+        for conversation in conversations.values():
+            conversation.close()
+
+    def _warm_up(self) -> None:
+        silence = np.zeros(self.model.frame_size, dtype=np.float32)
+        with self.model.conversation(seed=0) as conversation:
+            for _ in range(WARMUP_STEPS):
+                conversation.step(silence)
+
+    def _open(self, session: Session, conversations: dict) -> None:
+        if session.closed:
+            return
+        try:
+            conversation = self.model.conversation(sampling=session.sampling, seed=session.seed)
+        except Exception as exc:  # noqa: BLE001 - reported to this client only
+            _deliver(session, Failed(f"cannot start a conversation: {exc}"))
+            return
+        conversations[session] = conversation
+        _deliver(session, Ready(conversation.seed))
+        self._jobs.put(("step", session))  # audio that came before the conversation existed
+
+    def _step(self, session: Session, conversations: dict) -> None:
+        conversation = conversations.get(session)
+        if conversation is None or session.closed:
+            return
+        frame, stamp, dropped, more = session.take()
+        if more:
+            self._jobs.put(("step", session))  # behind the other sessions' turns
+        if dropped:
+            _deliver(session, Lag(dropped, session.dropped_frames))
+        if frame is None:
+            return
+        started = time.monotonic()
+        try:
+            result = conversation.step(frame)
+        except Exception as exc:  # noqa: BLE001 - ends this conversation, not the server
+            conversations.pop(session).close()
+            _deliver(session, Failed(f"the model failed: {exc}"))
+            return
+        reply = Reply(result.pcm, result.text, time.monotonic() - started, started - stamp)
+        if session.closed:  # the client left during the step: free the conversation now
+            conversations.pop(session).close()
+            return
+        _deliver(session, reply)
+
+
+def _deliver(session: Session, event: WorkerEvent) -> None:
+    try:
+        session.deliver(event)
+    except RuntimeError:  # the event loop is gone (server shutting down)
+        pass

@@ -28,6 +28,7 @@ SAMPLE_RATE = 24_000
 FRAME_SIZE = 1920
 PING_AFTER_SECONDS = 1.0  # Kyutai's clients give up after 10 s without a message
 LAG_NOTICE_EVERY_SECONDS = 1.0
+SLOT_GRACE_SECONDS = 1.0
 # Frames over this size are refused by the websocket layer itself (close code 1009); between
 # protocol.MAX_MESSAGE_BYTES and this, the client gets a 0x05 with the reason.
 _WEBSOCKET_MAX_BYTES = 1 << 20
@@ -94,6 +95,7 @@ class _ChatHandler:
         self._worker = worker
         self._config = config
         self._active = 0
+        self._slots = asyncio.Condition()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         origin = request.headers.get("Origin")
@@ -103,17 +105,33 @@ class _ChatHandler:
         ws = web.WebSocketResponse(max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         peer = request.remote
-        if self._active >= self._config.max_conversations:
+        if not await self._take_slot():
             log.info("%s: refused, busy", peer)
             await _fail(ws, "busy: Moshi is talking with someone else; try again later")
             return ws
-        self._active += 1
         try:
+            log.info("%s: conversation started", peer)
             await _Connection(ws, self._worker, self._config, request.query).run()
         finally:
-            self._active -= 1
+            async with self._slots:
+                self._active -= 1
+                self._slots.notify_all()
             log.info("%s: connection closed", peer)
         return ws
+
+    async def _take_slot(self) -> bool:
+        """A free conversation slot, waiting a moment for one that is being freed (a client
+        that reconnects right after leaving)."""
+        async with self._slots:
+            try:
+                await asyncio.wait_for(
+                    self._slots.wait_for(lambda: self._active < self._config.max_conversations),
+                    SLOT_GRACE_SECONDS,
+                )
+            except asyncio.TimeoutError:
+                return False
+            self._active += 1
+            return True
 
 
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:

@@ -1,0 +1,323 @@
+"""`moshi_mlx.web` on a tiny random checkpoint, through Python websocket clients: Kyutai's
+protocol, equality with the offline API, bad inputs, busy, disconnects, origin, static files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec
+from web_harness import FRAME, Reply, ServerThread, decode_ogg, has_handshake, ogg_pages, read_until
+
+from moshi_mlx.api import MoshiModel
+from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.errors import WeightsError
+from moshi_mlx.generate import LmGen
+from moshi_mlx.local_web import ssl_context
+from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.web import protocol
+from moshi_mlx.web.protocol import Kind
+from moshi_mlx.web.server import ServerConfig
+from moshi_mlx.web.worker import ModelWorker
+
+NO_LAG = 10**6  # frames: the equality test must not drop any
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return cached_tiny_moshi(tmp_path_factory)
+
+
+def _load(files) -> MoshiModel:
+    return MoshiModel.load(
+        moshi_weight=files["moshi"], mimi_weight=files["mimi"], tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"], codec_backend=fast_codec(),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    worker = ModelWorker(lambda: _load(files))
+    worker.start()
+    assert worker.ready.wait(120) and worker.error is None, worker.error
+    running = ServerThread(worker)
+    yield running
+    running.close()
+    worker.stop(10)
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG))
+    return f"ws://127.0.0.1:{port}/api/chat"
+
+
+def _speech(tmp_path, seconds: float) -> np.ndarray:
+    """espeak-ng speech read from a wav (a two-tone signal where espeak is missing)."""
+    wav = espeak_speech(tmp_path / "speech.wav", "hello moshi how are you today")
+    if wav is not None:
+        pcm = read_audio(wav)
+    else:
+        t = np.arange(int(seconds * 24000)) / 24000
+        pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 2 * t)).astype(np.float32)
+    return np.resize(pcm, int(seconds * 24000)).astype(np.float32)
+
+
+def _talk(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 120))
+
+
+def test_seeded_conversation_equals_the_offline_api(files, url, tmp_path, monkeypatch):
+    """Text and Moshi's codes through the server equal `MoshiModel` on the decoded input."""
+    codes_by_thread: dict[str, list] = {}
+    real_step = LmGen.step
+
+    def recording_step(self, user_codes):
+        out = real_step(self, user_codes)
+        if out.moshi_codes is not None:
+            name = threading.current_thread().name
+            codes_by_thread.setdefault(name, []).append(np.array(out.moshi_codes))
+        return out
+
+    monkeypatch.setattr(LmGen, "step", recording_step)
+    pages = ogg_pages(_speech(tmp_path, 2.0))
+    query = "?text_seed=7&audio_seed=9&text_temperature=0.9&audio_topk=100&pad_mult=0"
+
+    async def converse():
+        async with aiohttp.ClientSession() as session, session.ws_connect(url + query) as ws:
+            reply = await read_until(ws, Reply(), has_handshake)
+            for page in pages:
+                await ws.send_bytes(protocol.audio(page))
+            n_frames = len(decode_ogg(pages)) // FRAME
+            await read_until(ws, reply, lambda r: len(decode_ogg(r.audio)) >= n_frames * FRAME)
+            # The last step's text follows its audio; a ping says nothing more is coming.
+            return await read_until(ws, reply, lambda r: r.messages[-1][0] == Kind.PING)
+
+    reply = _talk(converse())
+    served_codes = codes_by_thread.pop("moshi-model")
+    info = json.loads(reply.of_kind(Kind.METADATA)[0])
+    assert info["seed"] == 7 and info["text_temperature"] == 0.9 and info["audio_topk"] == 100
+
+    # Offline: the same bytes decoded by the same library, stepped by the embedding API.
+    user = decode_ogg(pages)
+    offline_model = _load(files)
+    sampling = SamplingConfig(text_temp=0.9, audio_top_k=100)
+    with offline_model.conversation(sampling=sampling, seed=7) as conversation:
+        steps = [
+            conversation.step(user[i : i + FRAME]) for i in range(0, len(user) - FRAME + 1, FRAME)
+        ]
+    offline_codes = codes_by_thread.pop(threading.current_thread().name)
+    assert reply.text == "".join(step.text for step in steps)
+    assert len(served_codes) == len(offline_codes) > 0
+    np.testing.assert_array_equal(np.stack(served_codes), np.stack(offline_codes))
+    heard = decode_ogg(reply.audio)
+    assert len(heard) == len(steps) * FRAME and np.abs(heard).max() > 1e-3
+
+
+def test_handshake_is_kyutais_and_pings_keep_an_idle_connection_alive(url):
+    async def idle():
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            return await read_until(ws, Reply(), lambda r: len(r.of_kind(Kind.PING)) >= 2, 5)
+
+    reply = _talk(idle())
+    assert reply.messages[0] == bytes([0]) + bytes(8)  # kind 0, version 0 and model 0 as u32
+    assert reply.of_kind(Kind.METADATA) and not reply.error
+
+
+BAD_INPUTS = {
+    "oversized": (lambda ws: ws.send_bytes(protocol.audio(bytes(100_000))), "over the limit"),
+    "text message": (lambda ws: ws.send_str("hello"), "text messages are not part"),
+    "unknown kind": (lambda ws: ws.send_bytes(b"\x09abc"), "unknown message kind 0x09"),
+    "empty message": (lambda ws: ws.send_bytes(b""), "empty message"),
+    "undecodable opus": (
+        lambda ws: ws.send_bytes(protocol.audio(b"this is not an ogg stream" * 4)),
+        "undecodable Ogg Opus",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_ends_that_connection_with_a_reason(url, name):
+    send, reason = BAD_INPUTS[name]
+
+    async def bad_then_good():
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url) as ws:
+                await read_until(ws, Reply(), has_handshake)
+                await send(ws)
+                bad = await read_until(ws, Reply(), lambda r: False)
+            async with session.ws_connect(url) as ws:  # the server lives on
+                good = await read_until(ws, Reply(), has_handshake)
+        return bad, good
+
+    bad, good = _talk(bad_then_good())
+    assert bad.closed and reason in (bad.error or ""), bad.messages
+    assert has_handshake(good)
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [("text_temperature=warm", "text_temperature must be a number"),
+     ("audio_topk=-3", "audio_topk must be a whole number"),
+     ("text_seed=1.5", "text_seed must be a whole number")],
+)  # fmt: skip
+def test_bad_query_parameter_is_refused(url, query, reason):
+    async def connect():
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}?{query}") as ws:
+            return await read_until(ws, Reply(), lambda r: False)
+
+    reply = _talk(connect())
+    assert reply.closed and reason in reply.error and not has_handshake(reply)
+
+
+def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(url, tmp_path):
+    pages = ogg_pages(_speech(tmp_path, 1.6))
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            first = await session.ws_connect(url)
+            await read_until(first, Reply(), has_handshake)
+            async with session.ws_connect(url) as second:
+                busy = await read_until(second, Reply(), lambda r: False)
+            for page in pages:
+                await first.send_bytes(protocol.audio(page))
+            await read_until(first, Reply(), lambda r: len(r.audio) >= 3)
+            await first.close()  # mid-conversation: frames are still queued for the model
+            async with session.ws_connect(url) as third:
+                reply = await read_until(third, Reply(), has_handshake)
+                for page in pages[:4]:
+                    await third.send_bytes(protocol.audio(page))
+                await read_until(third, reply, lambda r: len(r.audio) >= 3)
+        return busy, reply
+
+    busy, reply = _talk(scenario())
+    assert busy.closed and busy.error.startswith("busy"), busy.messages
+    assert not has_handshake(busy)
+    assert has_handshake(reply) and not reply.error
+
+
+def test_lagging_model_drops_oldest_audio_and_tells_the_client(server, tmp_path):
+    port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=1))
+    pages = ogg_pages(_speech(tmp_path, 2.4))
+
+    async def flood():
+        chat = f"ws://127.0.0.1:{port}/api/chat"
+        async with aiohttp.ClientSession() as session, session.ws_connect(chat) as ws:
+            await read_until(ws, Reply(), has_handshake)
+            for page in pages:  # 30 frames at once: far more than the model does in time
+                await ws.send_bytes(protocol.audio(page))
+            return await read_until(ws, Reply(), _lag_notices)
+
+    reply = _talk(flood())
+    lag = _lag_notices(reply)[0]
+    assert lag["dropped_frames"] > 0 and lag["total_dropped"] >= lag["dropped_frames"]
+    assert len(reply.audio) < len(pages)
+
+
+def _lag_notices(reply: Reply) -> list[dict]:
+    notices = [json.loads(m) for m in reply.of_kind(Kind.METADATA)]
+    return [notice["lag"] for notice in notices if "lag" in notice]
+
+
+def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
+    gate = threading.Event()
+
+    def slow_failing_load():
+        gate.wait(30)
+        raise WeightsError("no weights here")
+
+    worker = ModelWorker(slow_failing_load)
+    worker.start()
+    running = ServerThread(worker)
+    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+
+    async def connect():
+        chat = f"ws://127.0.0.1:{port}/api/chat"
+        async with aiohttp.ClientSession() as session, session.ws_connect(chat) as ws:
+            reply = await read_until(ws, Reply(), lambda r: len(r.of_kind(Kind.PING)) >= 2)
+            gate.set()
+            return await read_until(ws, reply, lambda r: False)
+
+    try:
+        reply = _talk(connect())
+    finally:
+        gate.set()
+        running.close()
+    assert reply.closed and "could not load the model" in reply.error
+    assert not has_handshake(reply)
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [(None, True), ("http://127.0.0.1:{port}", True), ("http://evil.example", False),
+     ("http://127.0.0.1:1", False), ("null", False)],
+)  # fmt: skip
+def test_browser_websockets_must_come_from_this_server(url, origin, allowed):
+    port = url.split(":")[2].split("/")[0]
+    headers = {} if origin is None else {"Origin": origin.format(port=port)}
+
+    async def connect():
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.ws_connect(url, headers=headers) as ws:
+                    return has_handshake(await read_until(ws, Reply(), has_handshake))
+            except aiohttp.WSServerHandshakeError as exc:
+                assert exc.status == 403
+                return False
+
+    assert _talk(connect()) is allowed
+
+
+def test_static_files_only_from_the_page_folder(server, tmp_path):
+    static = tmp_path / "dist"
+    (static / "assets").mkdir(parents=True)
+    (static / "index.html").write_text("<p>their client</p>")
+    (static / "assets" / "app.js").write_text("// js")
+    (tmp_path / "secret.txt").write_text("do not serve")
+    ours = server.serve(ServerConfig(sampling=SamplingConfig()))
+    theirs = server.serve(ServerConfig(sampling=SamplingConfig(), static_dir=static))
+
+    async def fetch(port, path):
+        page = f"http://127.0.0.1:{port}{path}"
+        async with aiohttp.ClientSession() as session, session.get(page) as response:
+            return response.status, await response.text()
+
+    def get(port, path):
+        return _talk(fetch(port, path))
+
+    status, page = get(ours, "/")
+    assert status == 200 and "Moshi" in page and "app.js" in page
+    for name in ("app.js", "ogg.js", "audio-worklet.js", "style.css"):
+        assert get(ours, f"/{name}")[0] == 200
+    assert get(theirs, "/") == (200, "<p>their client</p>")
+    assert get(theirs, "/assets/app.js")[0] == 200
+    for path in ("/../secret.txt", "/%2e%2e/secret.txt", "/assets/../../secret.txt",
+                 "/..%2fsecret.txt", "/%2e%2e%2f%2e%2e%2fetc%2fpasswd"):  # fmt: skip
+        status, body = get(theirs, path)
+        assert status in (403, 404) and "do not serve" not in body, path
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=localhost", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    port = server.serve(ServerConfig(sampling=SamplingConfig()), ssl_context(str(tmp_path)))
+
+    async def connect():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"https://127.0.0.1:{port}/", ssl=False) as response:
+                page = await response.text()
+            async with session.ws_connect(f"wss://127.0.0.1:{port}/api/chat", ssl=False) as ws:
+                return page, await read_until(ws, Reply(), has_handshake)
+
+    page, reply = _talk(connect())
+    assert "Moshi" in page and has_handshake(reply)

@@ -1,0 +1,112 @@
+"""Running `moshi_mlx.web` servers inside the test process, and a small protocol client."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import aiohttp
+import numpy as np
+import sphn
+from aiohttp import web
+
+from moshi_mlx.web import protocol
+from moshi_mlx.web.server import ServerConfig, create_app
+from moshi_mlx.web.worker import ModelWorker
+
+FRAME = 1920
+
+
+class ServerThread:
+    """aiohttp sites for one `ModelWorker`, served by an event loop on a background thread."""
+
+    def __init__(self, worker: ModelWorker):
+        self.worker = worker
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._runners: list[web.AppRunner] = []
+
+    def serve(self, config: ServerConfig, ssl_context=None) -> int:
+        """Start a site with `config` on a free localhost port; returns the port."""
+        return asyncio.run_coroutine_threadsafe(
+            self._serve(config, ssl_context), self._loop
+        ).result(30)
+
+    async def _serve(self, config: ServerConfig, ssl_context) -> int:
+        runner = web.AppRunner(create_app(self.worker, config), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+        await site.start()
+        self._runners.append(runner)
+        return runner.addresses[0][1]
+
+    def close(self) -> None:
+        async def cleanup():
+            for runner in self._runners:
+                await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def ogg_pages(pcm: np.ndarray) -> list[bytes]:
+    """`pcm` (24 kHz float32) as the Ogg Opus pages that sphn writes, 80 ms per call."""
+    writer = sphn.OpusStreamWriter(24_000)
+    pages = []
+    for start in range(0, len(pcm) - FRAME + 1, FRAME):
+        data = writer.append_pcm(pcm[start : start + FRAME])
+        if data:
+            pages.append(data)
+    return pages
+
+
+def decode_ogg(chunks: list[bytes]) -> np.ndarray:
+    reader = sphn.OpusStreamReader(24_000)
+    decoded = [reader.append_bytes(chunk) for chunk in chunks]
+    return np.concatenate([d for d in decoded if d.size] or [np.zeros(0, np.float32)])
+
+
+class Reply:
+    """What a client collected: messages by kind, Moshi's audio bytes and text."""
+
+    def __init__(self):
+        self.messages: list[bytes] = []
+        self.audio: list[bytes] = []
+        self.text = ""
+        self.closed = False
+
+    def of_kind(self, kind: protocol.Kind) -> list[bytes]:
+        return [m[1:] for m in self.messages if m and m[0] == kind]
+
+    @property
+    def error(self) -> str | None:
+        errors = self.of_kind(protocol.Kind.ERROR)
+        return errors[0].decode() if errors else None
+
+
+async def read_until(ws, reply: Reply, done, timeout: float = 30.0) -> Reply:
+    """Collect messages into `reply` until `done(reply)`, the server closes, or `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not done(reply):
+        left = deadline - loop.time()
+        if left <= 0:
+            raise AssertionError(f"timed out; got kinds {[m[:1] for m in reply.messages][:40]}")
+        message = await ws.receive(timeout=left)
+        if message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+            reply.closed = True
+            return reply
+        if message.type == aiohttp.WSMsgType.BINARY:
+            data = message.data
+            reply.messages.append(data)
+            if data[0] == protocol.Kind.AUDIO:
+                reply.audio.append(data[1:])
+            elif data[0] == protocol.Kind.TEXT:
+                reply.text += data[1:].decode()
+    return reply
+
+
+def has_handshake(reply: Reply) -> bool:
+    return bool(reply.of_kind(protocol.Kind.HANDSHAKE))

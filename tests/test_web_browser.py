@@ -1,0 +1,150 @@
+"""Our page in headless Chromium against `python -m moshi_mlx.local_web` on a tiny random
+checkpoint, driven through the DevTools protocol. The fake microphone plays espeak-ng speech.
+
+Needs Debian's `chromium` (`apt install chromium`; scripts/run_tests.sh installs it as root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+from chromium import Chromium, chromium_binary
+from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from web_harness import ServerThread
+
+from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.web.server import ServerConfig
+from moshi_mlx.web.worker import ModelWorker
+
+pytestmark = pytest.mark.skipif(
+    chromium_binary() is None,
+    reason="chromium not installed (Debian: apt install chromium; scripts/run_tests.sh does it)",
+)
+STATS = "window.moshiStats ? JSON.stringify(window.moshiStats) : null"
+CLICK_START = "document.getElementById('start').click()"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _mic_wav(tmp_path):
+    """48 kHz speech for Chromium's fake microphone (a 24 kHz file would arrive as silence)."""
+    path = espeak_speech(tmp_path / "mic48k.wav", "hello moshi, how are you today?", rate=48000)
+    if path is None:  # no espeak-ng/sox: a modulated tone, still 48 kHz
+        t = np.arange(3 * 48000) / 48000
+        tone = 0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 2 * t)
+        path = tmp_path / "mic48k.wav"
+        sf.write(path, tone.astype(np.float32), 48000, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture
+def local_web(tmp_path_factory, tmp_path):
+    """`python -m moshi_mlx.local_web` on a free port; yields (url, process, log path)."""
+    files = cached_tiny_moshi(tmp_path_factory)
+    port = _free_port()
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
+             "--codec", fast_codec(), "--port", str(port), "--no-browser"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "ready: open" not in log.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    yield f"http://localhost:{port}/", process, log
+    if process.poll() is None:
+        process.terminate()
+        process.wait(10)
+
+
+async def _poll(page, done, timeout: float) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        raw = await page.evaluate(STATS)  # None until the page's module has run
+        stats = json.loads(raw) if raw else None
+        if (stats and done(stats)) or asyncio.get_running_loop().time() > deadline:
+            return stats
+        await asyncio.sleep(0.25)
+
+
+def _talking(stats: dict) -> bool:
+    return (
+        stats["state"] == "live" and stats["sentSeconds"] > 1.0 and stats["micSoundSamples"] > 0
+        and stats["receivedAudioMessages"] >= 5 and stats["playedSoundSamples"] > 0
+        and len(stats["text"].strip()) > 0
+    )  # fmt: skip
+
+
+def test_page_talks_with_moshi_in_chromium(local_web, tmp_path):
+    url, server, log = local_web
+
+    async def scenario():
+        with Chromium(tmp_path, fake_mic_wav=_mic_wav(tmp_path)) as browser:
+            async with aiohttp.ClientSession() as session:
+                page = await browser.open(session, url)
+                await _poll(page, lambda s: True, 10)  # the module has loaded
+                await page.evaluate(CLICK_START, user_gesture=True)
+                talking = await _poll(page, _talking, 60)
+                await page.screenshot(tmp_path / "talking.png")
+                shown = await page.evaluate(
+                    "[...document.querySelectorAll('#state, #latency, #keeps-up, #text')]"
+                    ".map(e => e.textContent)"
+                )
+                second = await browser.open(session, url)  # one conversation at a time
+                await _poll(second, lambda s: True, 10)
+                await second.evaluate(CLICK_START, user_gesture=True)
+                busy = await _poll(second, lambda s: s["error"], 20)
+                await second.screenshot(tmp_path / "busy.png")
+                server.terminate()  # the page must say that the connection closed
+                closed = await _poll(page, lambda s: s["error"], 20)
+                await page.screenshot(tmp_path / "closed.png")
+                return talking, shown, busy, closed, page.console
+
+    talking, shown, busy, closed, console = asyncio.run(asyncio.wait_for(scenario(), 180))
+    assert _talking(talking), (talking, console[-20:], log.read_text()[-2000:])
+    assert talking["sentSeconds"] > 1.0 and talking["receivedSeconds"] > 0.3  # both ways
+    assert talking["latencyMs"] is not None and talking["latencyMs"] > 0
+    state, latency, keeps_up, text = shown
+    assert state.startswith("connected") and latency.endswith(" ms") and text.strip()
+    assert keeps_up in ("keeps up",) or keeps_up.startswith("falling behind")
+    assert "busy" in busy["error"] and busy["state"] == "closed", busy
+    assert "connection to Moshi was closed" in closed["error"], closed
+    assert (tmp_path / "talking.png").stat().st_size > 10_000
+
+
+def test_page_explains_a_denied_microphone(tmp_path):
+    """Without the auto-accepting fake UI, headless Chromium denies the microphone."""
+    worker = ModelWorker(lambda: time.sleep(60))  # the page alone: no model needed
+    running = ServerThread(worker)
+    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+
+    async def scenario():
+        with Chromium(tmp_path, deny_mic=True) as browser:
+            async with aiohttp.ClientSession() as session:
+                page = await browser.open(session, f"http://localhost:{port}/")
+                await _poll(page, lambda s: True, 10)
+                await page.evaluate(CLICK_START, user_gesture=True)
+                stats = await _poll(page, lambda s: s["error"], 20)
+                await page.screenshot(tmp_path / "denied.png")
+                return stats
+
+    try:
+        stats = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        running.close()
+    assert "Microphone access was denied" in stats["error"], stats

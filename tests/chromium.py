@@ -54,6 +54,7 @@ class Chromium:
         binary = chromium_binary()
         assert binary is not None, "chromium not installed"
         self.profile.mkdir(parents=True, exist_ok=True)
+        (self.profile / "DevToolsActivePort").unlink(missing_ok=True)  # a stale one's port
         flags = [
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",

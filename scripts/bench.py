@@ -9,7 +9,10 @@ temporal transformer + text sampling / depformer + audio sampling / the 9 sample
 `mimi` (ms per streaming 80 ms frame, encode and decode, per codec backend), `pipeline`
 (encode + LM step + decode per frame, real-time factor, time to the first audio frame),
 `echo` (ms of the live app's echo canceller, WebRTC AEC3, per 80 ms mic frame of a simulated
-room with double talk; the canceller comparison is `scripts/echo_compare.py`).
+room with double talk; the canceller comparison is `scripts/echo_compare.py`),
+`web` (`python -m moshi_mlx.local_web`'s own work per 80 ms frame, the model aside: decoding
+the client's Ogg Opus, encoding Moshi's frame, and a websocket round trip of the two audio
+messages on localhost; target <= 5 ms).
 Peak memory is MLX's (`mx.get_peak_memory`), reset before every case. Percentiles are over
 the measured steps, after `--warmup` steps. Weights are random, written in the published
 formats into `--weights-dir` (default: a temporary folder), never fetched.
@@ -334,6 +337,85 @@ def bench_echo(frames: int, warmup: int, seed: int) -> dict:
     return {"backend": "webrtc-aec3", "frame_ms": summarize(times)}
 
 
+# Web server -------------------------------------------------------------------------------
+def _voiced_frames(count: int, seed: int) -> np.ndarray:
+    """Speech-like audio (harmonics of a gliding pitch, syllable-rate envelope, a little
+    noise): what the server's Opus codec sees. White noise costs the encoder up to 4x more."""
+    t = np.arange(count * 1920) / 24_000
+    pitch = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / 24_000
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t) ** 2
+    noise = np.random.default_rng(seed).standard_normal(len(t))
+    pcm = 0.1 * voice * envelope + 0.005 * noise
+    return pcm.astype(np.float32).reshape(count, 1920)
+
+
+def bench_web(frames: int, warmup: int, seed: int) -> dict:
+    """ms per 80 ms frame that the web server spends besides the model step."""
+    import asyncio
+
+    import aiohttp
+    import sphn
+    from aiohttp import web
+
+    from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
+
+    pcm = _voiced_frames(warmup + frames, seed)
+    client_writer = sphn.OpusStreamWriter(24_000)
+    client_pages = [client_writer.append_pcm(frame) for frame in pcm]  # the mic's 80 ms
+    reader, writer = OpusFrameReader(24_000, 1920), OpusFrameWriter(24_000)
+    decode, encode, replies = [], [], []
+    for pages, reply in zip(client_pages, pcm[::-1]):
+        t0 = time.perf_counter()
+        reader.feed(pages)
+        t1 = time.perf_counter()
+        replies.append(writer.encode(reply))
+        decode.append(t1 - t0)
+        encode.append(time.perf_counter() - t1)
+
+    async def echo(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        index = 0
+        async for _message in ws:  # each client message answered by Moshi's pages
+            await ws.send_bytes(b"\x01" + replies[index])
+            index += 1
+        return ws
+
+    async def round_trips() -> list[float]:
+        app = web.Application()
+        app.router.add_get("/api/chat", echo)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        times = []
+        chat = f"ws://127.0.0.1:{port}/api/chat"
+        async with aiohttp.ClientSession() as session, session.ws_connect(chat) as ws:
+            for pages in client_pages:
+                t0 = time.perf_counter()
+                await ws.send_bytes(b"\x01" + pages)
+                await ws.receive()
+                times.append(time.perf_counter() - t0)
+        await runner.cleanup()
+        return times
+
+    websocket = asyncio.run(round_trips())
+    total = [d + e + w for d, e, w in zip(decode, encode, websocket)]
+    return {
+        "impl": "ours",
+        "backend": "sphn+aiohttp",
+        "decode_ms": summarize(decode[warmup:]),
+        "encode_ms": summarize(encode[warmup:]),
+        "websocket_ms": summarize(websocket[warmup:]),
+        "overhead_ms": summarize(total[warmup:]),
+        "client_bytes_per_frame": float(np.mean([len(p) for p in client_pages[warmup:]])),
+        "reply_bytes_per_frame": float(np.mean([len(r) for r in replies[warmup:]])),
+    }
+
+
 # Kyutai -----------------------------------------------------------------------------------
 def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
     """Run `bench_kyutai.py` in Kyutai's environment; its JSON result."""
@@ -419,6 +501,7 @@ def format_table(results: list[dict]) -> str:
         "mimi": ("encode_ms", "decode_ms", "frame_ms", "batch_encode_ms", "batch_decode_ms"),
         "pipeline": ("frame_ms",),
         "echo": ("frame_ms",),
+        "web": ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"),
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
@@ -431,8 +514,8 @@ def format_table(results: list[dict]) -> str:
                 label = "kyutai"
             elif case["part"] == "lm":
                 label = f"ours-{data['dtype']}"
-            elif case["part"] == "pipeline":
-                label = f"{data['backend']}-{data['dtype']}"
+            elif case["part"] in ("pipeline", "web"):
+                label = f"{data['backend']}-{data.get('dtype', '')}".rstrip("-")
             else:
                 label = data["backend"]
             peak = data.get("peak_memory_gb")
@@ -462,7 +545,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b")
     parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
-    parser.add_argument("--parts", type=_csv, default=["lm", "mimi", "pipeline", "echo"])
+    parser.add_argument(
+        "--parts",
+        type=_csv,
+        default=["lm", "mimi", "pipeline", "echo"],
+        help="lm,mimi,pipeline,echo,web",
+    )
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
@@ -493,7 +581,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     for name, allowed in (("shapes", LM_SHAPES), ("quant", QUANT_BITS),
-                          ("parts", ("lm", "mimi", "pipeline", "echo")),
+                          ("parts", ("lm", "mimi", "pipeline", "echo", "web")),
                           ("codec", ("mlx", "rustymimi")), ("dtype", DTYPES)):  # fmt: skip
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
@@ -556,6 +644,11 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                         print(format_table([case]).split("\n", 2)[2], flush=True)
     if "echo" in args.parts:
         case = {"part": "echo", "ours": bench_echo(max(args.frames, 100), args.warmup, args.seed)}
+        results.append(case)
+        print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "web" in args.parts:
+        frames = max(args.frames, 10)
+        case = {"part": "web", "ours": bench_web(frames, args.warmup, args.seed)}
         results.append(case)
         print(format_table([case]).split("\n", 2)[2], flush=True)
     return results

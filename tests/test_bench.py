@@ -101,3 +101,20 @@ def test_bandwidth_floor_from_manifests():
     table = bench.format_floor(MANIFESTS)
     # 4.61 GB at an M1's 68 GB/s: 67.8 ms per step.
     assert "| M1 | 68 |" in table and "67.8" in table
+
+
+def test_web_server_overhead(tmp_path):
+    """The web server's own work per 80 ms frame (Opus both ways, a websocket round trip)."""
+    out = tmp_path / "web.json"
+    command = [
+        sys.executable, str(SCRIPTS / "bench.py"), "--parts", "web", "--frames", "10",
+        "--warmup", "2", "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (case,) = json.loads(out.read_text())["results"]
+    ours = case["ours"]
+    for part in ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"):
+        _check_timing(ours[part], 10)
+    assert ours["overhead_ms"]["p50"] >= ours["encode_ms"]["p50"]
+    assert 50 < ours["client_bytes_per_frame"] < 2000  # Ogg Opus pages of 80 ms

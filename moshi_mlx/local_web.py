@@ -106,7 +106,6 @@ async def _serve(args: argparse.Namespace) -> None:
     config = server_config(args)
     context = ssl_context(args.ssl) if args.ssl else None
     worker = ModelWorker(lambda: load_model(args))
-    worker.start()
     runner = web.AppRunner(create_app(worker, config), access_log=None)
     await runner.setup()
     try:
@@ -114,6 +113,7 @@ async def _serve(args: argparse.Namespace) -> None:
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    worker.start()  # pages and websockets are served (with pings) while the model loads
     url = f"{'https' if context else 'http'}://{args.host}:{args.port}"
     if not is_loopback(args.host) and context is None:
         _say(

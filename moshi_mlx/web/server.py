@@ -134,6 +134,10 @@ class _ChatHandler:
             return True
 
 
+class _ConversationEnded(Exception):
+    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
+
+
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
     """Send 0x05 with the reason and close; a client that already left is fine."""
     with contextlib.suppress(ConnectionError, RuntimeError):
@@ -161,10 +165,10 @@ class _Connection:
         keepalive = asyncio.create_task(self._keep_alive())
         try:
             await self._converse()
-        except ProtocolError as exc:
+        except (ProtocolError, _ConversationEnded) as exc:
             log.info("closing a connection: %s", exc)
             await _fail(self._ws, str(exc))
-        except (ConnectionError, asyncio.CancelledError):
+        except ConnectionError:
             pass  # the client left
         finally:
             keepalive.cancel()
@@ -206,7 +210,7 @@ class _Connection:
             raise
         if self._worker.error is not None:
             receiving.cancel()
-            raise ProtocolError("the server could not load the model")
+            raise _ConversationEnded("the server could not load the model")
         self._worker.open(self._session)
         replying = asyncio.create_task(self._reply())
         done, pending = await asyncio.wait(
@@ -215,7 +219,7 @@ class _Connection:
         for task in pending:
             task.cancel()
         for task in done:
-            task.result()  # a ProtocolError ends the connection with its reason
+            task.result()  # a ProtocolError or _ConversationEnded: the reason goes to the client
 
     async def _receive(self) -> None:
         """Client messages until it leaves; audio before the handshake is kept for the model."""
@@ -251,7 +255,7 @@ class _Connection:
                 self._unreported_drops += event.dropped
                 await self._report_lag()
             elif isinstance(event, Failed):
-                raise ProtocolError(event.reason)
+                raise _ConversationEnded(event.reason)
 
     async def _report_lag(self) -> None:
         """Tell the client about dropped mic audio, at most once a second."""

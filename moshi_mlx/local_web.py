@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import ssl
 import sys
+import threading
 import webbrowser
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,8 +131,8 @@ async def _serve(args: argparse.Namespace) -> None:
             f"ready: open {url} (model loaded in {worker.load_seconds:.1f} s, warmed up in "
             f"{worker.warmup_seconds:.1f} s); Ctrl-C to stop"
         )
-        if not args.no_browser:
-            webbrowser.open(url)
+        if not args.no_browser:  # a launcher may block until the browser exits: not on the loop
+            threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

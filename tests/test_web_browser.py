@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -52,20 +53,26 @@ def _mic_wav(tmp_path):
 
 @pytest.fixture
 def local_web(tmp_path_factory, tmp_path):
-    """`python -m moshi_mlx.local_web` on a free port; yields (url, process, log path)."""
+    """`python -m moshi_mlx.local_web` on a free port; yields (url, process, log path).
+
+    Its "open the page" goes to a $BROWSER command that writes the URL to a file.
+    """
     files = cached_tiny_moshi(tmp_path_factory)
     port = _free_port()
-    log = tmp_path / "server.log"
+    log, opened = tmp_path / "server.log", tmp_path / "opened.txt"
+    record_url = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
+    env = {**os.environ, "BROWSER": f'{sys.executable} -c "{record_url}" {opened} %s'}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
-             "--codec", fast_codec(), "--port", str(port), "--no-browser"],
-            stdout=out, stderr=subprocess.STDOUT,
+             "--codec", fast_codec(), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     deadline = time.monotonic() + 120
-    while "ready: open" not in log.read_text():
+    while "ready: open" not in log.read_text() or not opened.exists():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
+    assert opened.read_text() == f"http://localhost:{port}"  # after load and warm-up
     yield f"http://localhost:{port}/", process, log
     if process.poll() is None:
         process.terminate()

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 
 import aiohttp
 import numpy as np
@@ -176,8 +177,9 @@ def test_bad_query_parameter_is_refused(url, query, reason):
     assert reply.closed and reason in reply.error and not has_handshake(reply)
 
 
-def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(url, tmp_path):
+def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(server, url, tmp_path):
     pages = ogg_pages(_speech(tmp_path, 1.6))
+    freed_after = []
 
     async def scenario():
         async with aiohttp.ClientSession() as session:
@@ -189,6 +191,10 @@ def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(url, 
                 await first.send_bytes(protocol.audio(page))
             await read_until(first, Reply(), lambda r: len(r.audio) >= 3)
             await first.close()  # mid-conversation: frames are still queued for the model
+            left = time.monotonic()
+            while server.worker.open_conversations:  # at most the step under way finishes
+                await asyncio.sleep(0.01)
+            freed_after.append(time.monotonic() - left)
             async with session.ws_connect(url) as third:
                 reply = await read_until(third, Reply(), has_handshake)
                 for page in pages[:4]:
@@ -200,6 +206,7 @@ def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(url, 
     assert busy.closed and busy.error.startswith("busy"), busy.messages
     assert not has_handshake(busy)
     assert has_handshake(reply) and not reply.error
+    assert freed_after[0] < 1.0, freed_after  # a tiny step takes ~0.1-0.3 s here
 
 
 def test_lagging_model_drops_oldest_audio_and_tells_the_client(server, tmp_path):

@@ -143,6 +143,7 @@ class ModelWorker:
         self.model = None
         self.load_seconds = 0.0
         self.warmup_seconds = 0.0
+        self.open_conversations = 0  # written by the worker thread only
         self._thread = threading.Thread(target=self._run, name="moshi-model", daemon=True)
 
     def start(self) -> None:
@@ -189,11 +190,15 @@ class ModelWorker:
             elif action == "step":
                 self._step(session, conversations)
             else:
-                conversation = conversations.pop(session, None)
-                if conversation is not None:
-                    conversation.close()
-        for conversation in conversations.values():
+                self._close(session, conversations)
+        for session in list(conversations):
+            self._close(session, conversations)
+
+    def _close(self, session: Session, conversations: dict) -> None:
+        conversation = conversations.pop(session, None)
+        if conversation is not None:
             conversation.close()
+        self.open_conversations = len(conversations)
 
     def _warm_up(self) -> None:
         silence = np.zeros(self.model.frame_size, dtype=np.float32)
@@ -210,6 +215,7 @@ class ModelWorker:
             _deliver(session, Failed(f"cannot start a conversation: {exc}"))
             return
         conversations[session] = conversation
+        self.open_conversations = len(conversations)
         _deliver(session, Ready(conversation.seed))
         self._jobs.put(("step", session))  # audio that came before the conversation existed
 
@@ -228,12 +234,12 @@ class ModelWorker:
         try:
             result = conversation.step(frame)
         except Exception as exc:  # noqa: BLE001 - ends this conversation, not the server
-            conversations.pop(session).close()
+            self._close(session, conversations)
             _deliver(session, Failed(f"the model failed: {exc}"))
             return
         reply = Reply(result.pcm, result.text, time.monotonic() - started, started - stamp)
         if session.closed:  # the client left during the step: free the conversation now
-            conversations.pop(session).close()
+            self._close(session, conversations)
             return
         _deliver(session, reply)
 

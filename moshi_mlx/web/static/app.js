@@ -101,13 +101,15 @@ class Session {
   }
 
   async start() {
+    // Made before the first await, while the click still counts as a user gesture (Safari
+    // lets audio start only then).
+    this.context = new AudioContext();
     setState("waiting", "asking for the microphone…");
     try {
       this.stream = await navigator.mediaDevices.getUserMedia({ audio: MIC_CONSTRAINTS });
     } catch (error) {
       throw new Error(microphoneProblem(error));
     }
-    this.context = new AudioContext();
     await this.context.audioWorklet.addModule("audio-worklet.js");
     await this.context.resume();
     this.player = new AudioWorkletNode(this.context, "moshi-player", {

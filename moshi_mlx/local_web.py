@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import os
 import ssl
 import sys
 import threading
@@ -103,11 +104,11 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
     config = server_config(args)
     context = ssl_context(args.ssl) if args.ssl else None
     worker = ModelWorker(lambda: load_model(args))
-    runner = web.AppRunner(create_app(worker, config), access_log=None)
+    runner = web.AppRunner(create_app(worker, config), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port, ssl_context=context).start()
@@ -115,6 +116,7 @@ async def _serve(args: argparse.Namespace) -> None:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     worker.start()  # pages and websockets are served (with pings) while the model loads
+    started.set()
     url = f"{'https' if context else 'http'}://{args.host}:{args.port}"
     if not is_loopback(args.host) and context is None:
         _say(
@@ -138,16 +140,24 @@ async def _serve(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def _run(argv: Sequence[str] | None, started: threading.Event) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    asyncio.run(_serve(args))
+    asyncio.run(_serve(args, started))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m moshi_mlx.local_web` (`moshi-mlx-web`)."""
-    return run_cli(_run, argv)
+    started = threading.Event()
+    code = run_cli(lambda args: _run(args, started), argv)
+    if started.is_set():
+        # Connections are closed. The model thread may be inside a step (up to seconds on a
+        # slow CPU), and tearing MLX down under it aborts the process: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 
 import aiohttp
 import numpy as np
 import pytest
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec
+from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
 from web_harness import FRAME, Reply, ServerThread, decode_ogg, has_handshake, ogg_pages, read_until
 
 from moshi_mlx.api import MoshiModel
@@ -328,3 +331,43 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
 
     page, reply = _talk(connect())
     assert "Moshi" in page and has_handshake(reply)
+
+
+def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
+             "--codec", fast_codec(), "--host", "127.0.0.1", "--port", str(port), "--no-browser"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "ready: open" not in log.read_text():
+            assert command.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        pages = ogg_pages(_speech(tmp_path, 3.0))
+
+        async def talk_then_interrupt():
+            url = f"ws://127.0.0.1:{port}/api/chat"
+            async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+                reply = await read_until(ws, Reply(), has_handshake)
+                for page in pages:
+                    await ws.send_bytes(protocol.audio(page))
+                await read_until(ws, reply, lambda r: len(r.audio) >= 2)
+                interrupted = time.monotonic()
+                command.send_signal(signal.SIGINT)  # while steps are queued or running
+                await asyncio.get_running_loop().run_in_executor(None, command.wait, 30)
+                return time.monotonic() - interrupted
+
+        seconds = _talk(talk_then_interrupt())
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+    output = log.read_text()
+    assert command.returncode == 130 and "interrupted" in output, output
+    assert "Traceback" not in output and seconds < 3.0, (seconds, output)

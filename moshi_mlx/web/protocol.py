@@ -53,22 +53,27 @@ def handshake() -> bytes:
 
 
 def audio(ogg_pages: bytes) -> bytes:
+    """0x01: Ogg Opus pages of 24 kHz mono audio."""
     return bytes([Kind.AUDIO]) + ogg_pages
 
 
 def text(piece: str) -> bytes:
+    """0x02: a piece of Moshi's text."""
     return bytes([Kind.TEXT]) + piece.encode("utf-8")
 
 
 def metadata(data: Mapping) -> bytes:
+    """0x04: JSON."""
     return bytes([Kind.METADATA]) + json.dumps(data).encode("utf-8")
 
 
 def error(reason: str) -> bytes:
+    """0x05: why the server closes the connection."""
     return bytes([Kind.ERROR]) + reason.encode("utf-8")
 
 
 def ping() -> bytes:
+    """0x06: nothing but a sign of life."""
     return bytes([Kind.PING])
 
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -148,9 +149,15 @@ async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
 class _Connection:
     """One websocket: decode the client's audio, feed the worker, send Moshi's replies."""
 
-    def __init__(self, ws: web.WebSocketResponse, worker, config: ServerConfig, query) -> None:
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        worker: ModelWorker,
+        config: ServerConfig,
+        query: Mapping[str, str],
+    ):
         self._ws = ws
-        self._worker: ModelWorker = worker
+        self._worker = worker
         self._config = config
         self._query = query
         self._events: asyncio.Queue = asyncio.Queue()

@@ -18,10 +18,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from moshi_mlx.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from moshi_mlx.api import Conversation, MoshiModel
 
 WARMUP_STEPS = 4  # enough for the codebook delays to fill, so every kernel has run once
 
@@ -135,12 +139,12 @@ class ModelWorker:
     `ready` is set once the model can take sessions (or `error` says why it cannot).
     """
 
-    def __init__(self, load: Callable[[], object]):
+    def __init__(self, load: Callable[[], MoshiModel]):
         self._load = load
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.model = None
+        self.model: MoshiModel | None = None
         self.load_seconds = 0.0
         self.warmup_seconds = 0.0
         self.open_conversations = 0  # written by the worker thread only
@@ -182,7 +186,7 @@ class ModelWorker:
             self.ready.set()
             return
         self.ready.set()
-        conversations: dict[Session, object] = {}
+        conversations: dict[Session, Conversation] = {}
         while (job := self._jobs.get()) is not None:
             action, session = job
             if action == "open":
@@ -194,7 +198,7 @@ class ModelWorker:
         for session in list(conversations):
             self._close(session, conversations)
 
-    def _close(self, session: Session, conversations: dict) -> None:
+    def _close(self, session: Session, conversations: dict[Session, Conversation]) -> None:
         conversation = conversations.pop(session, None)
         if conversation is not None:
             conversation.close()
@@ -206,7 +210,7 @@ class ModelWorker:
             for _ in range(WARMUP_STEPS):
                 conversation.step(silence)
 
-    def _open(self, session: Session, conversations: dict) -> None:
+    def _open(self, session: Session, conversations: dict[Session, Conversation]) -> None:
         if session.closed:
             return
         try:
@@ -219,7 +223,7 @@ class ModelWorker:
         _deliver(session, Ready(conversation.seed))
         self._jobs.put(("step", session))  # audio that came before the conversation existed
 
-    def _step(self, session: Session, conversations: dict) -> None:
+    def _step(self, session: Session, conversations: dict[Session, Conversation]) -> None:
         conversation = conversations.get(session)
         if conversation is None or session.closed:
             return

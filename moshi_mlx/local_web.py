@@ -97,6 +97,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         sampling=sampling_from_args(args), seed=args.seed,
         max_lag_frames=max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE)),
         max_conversations=args.max_conversations, static_dir=static_dir.resolve(),
+        loopback_only=is_loopback(args.host),
     )  # fmt: skip
 
 

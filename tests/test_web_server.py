@@ -371,3 +371,31 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
     output = log.read_text()
     assert command.returncode == 130 and "interrupted" in output, output
     assert "Traceback" not in output and seconds < 3.0, (seconds, output)
+
+
+def test_a_loopback_server_answers_only_loopback_names(server):
+    """A page whose domain was re-pointed at 127.0.0.1 (DNS rebinding) gets nothing."""
+    port = server.serve(ServerConfig(sampling=SamplingConfig(), loopback_only=True))
+
+    async def status(host: str, path: str) -> int:
+        headers = {"Host": host.format(port=port)}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}{path}", headers=headers) as response,
+        ):
+            return response.status
+
+    async def statuses():
+        return [
+            await status(host, path)
+            for host in (
+                "localhost:{port}",
+                "127.0.0.1:{port}",
+                "[::1]:{port}",
+                "evil.example:{port}",
+            )
+            for path in ("/", "/api/chat")
+        ]
+
+    # /api/chat without an upgrade is a 400 from the websocket handshake, i.e. it was reached.
+    assert _talk(statuses()) == [200, 400, 200, 400, 200, 400, 403, 403]

@@ -46,12 +46,18 @@ class ServerConfig:
     max_lag_frames: int = 3
     max_conversations: int = 1
     static_dir: Path = PAGE_DIR
+    # Bound to a loopback address: answer only requests for a loopback name, so a web page
+    # whose domain was re-pointed at 127.0.0.1 (DNS rebinding) cannot reach the server.
+    loopback_only: bool = False
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def create_app(worker: ModelWorker, config: ServerConfig) -> web.Application:
     """The aiohttp application: `/` and static files from `config.static_dir`, `/api/chat`."""
     chat = _ChatHandler(worker, config)
-    app = web.Application()
+    app = web.Application(middlewares=[_loopback_guard] if config.loopback_only else [])
     app.router.add_get("/api/chat", chat.handle)
     index = config.static_dir / "index.html"
 
@@ -64,6 +70,15 @@ def create_app(worker: ModelWorker, config: ServerConfig) -> web.Application:
     # aiohttp's static resource resolves each path and refuses anything outside the folder.
     app.router.add_static("/", config.static_dir, follow_symlinks=False)
     return app
+
+
+@web.middleware
+async def _loopback_guard(request: web.Request, handler) -> web.StreamResponse:
+    name = _host_port(request.host or "", 80)[0]
+    if name not in LOOPBACK_NAMES:
+        log.warning("refused a request for host %s", request.host)
+        raise web.HTTPForbidden(text=f"this server answers only for localhost, not {name}")
+    return await handler(request)
 
 
 def origin_allowed(origin: str | None, host: str | None) -> bool:

@@ -23,7 +23,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from moshi_mlx.cli import add_model_args, load_model, run_cli, sampling_from_args
+from moshi_mlx.cli import (
+    add_model_args,
+    load_model,
+    print_memory_plan,
+    run_cli,
+    sampling_from_args,
+)
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.web.server import FRAME_SIZE, PAGE_DIR, SAMPLE_RATE, ServerConfig, create_app
 from moshi_mlx.web.worker import ModelWorker
@@ -143,6 +149,8 @@ async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
 
 def _run(argv: Sequence[str] | None, started: threading.Event) -> int:
     args = parse_args(argv)
+    if args.memory_plan:
+        return print_memory_plan(args)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     asyncio.run(_serve(args, started))
     return 0

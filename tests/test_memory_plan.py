@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import mlx.core as mx
@@ -167,3 +169,12 @@ def test_memory_plan_flag_and_context(tmp_path, tmp_path_factory, capsys):
     assert run_inference([*argv, "--context", str(context + 1)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--context must be between 1 and {context}" in err
+
+
+@pytest.mark.parametrize("app", ["local", "local_web"])
+def test_memory_plan_in_the_live_apps(app, tmp_path_factory):
+    files = cached_tiny_moshi(tmp_path_factory)
+    command = [sys.executable, "-m", f"moshi_mlx.{app}", "--memory-plan", *weight_flags(files)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "LM weights" in done.stdout and done.stdout.rstrip().endswith("fits")

@@ -33,6 +33,7 @@ from moshi_mlx.cli import (
 )
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import AudioError
+from moshi_mlx.memory_plan import wired_memory
 
 WORKER_NAME = "moshi-worker"
 _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
@@ -184,7 +185,8 @@ class LiveSession:
             return
         self._conversation = conversation
         self._ready.set()
-        self.loop.run()
+        with wired_memory(model.memory):  # Apple GPUs: keep the model resident while talking
+            self.loop.run()
 
     def _step(self, pcm: np.ndarray) -> tuple[np.ndarray, str]:
         result = self._conversation.step(pcm)

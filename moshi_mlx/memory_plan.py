@@ -252,10 +252,10 @@ def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
 
 
 @contextmanager
-def wired_memory(plan: MemoryPlan) -> Iterator[None]:
+def wired_memory(plan: MemoryPlan | None) -> Iterator[None]:
     """On Apple GPUs, keep the model's memory wired (resident) while in the block, then put
-    MLX's previous wired limit back. Elsewhere it does nothing."""
-    if not mx.metal.is_available():
+    MLX's previous wired limit back. Elsewhere, or without a plan, it does nothing."""
+    if plan is None or not mx.metal.is_available():
         yield
         return
     previous = mx.set_wired_limit(min(plan.total, plan.capacity))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from moshi_mlx.memory_plan import wired_memory
 from moshi_mlx.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -186,6 +187,10 @@ class ModelWorker:
             self.ready.set()
             return
         self.ready.set()
+        with wired_memory(self.model.memory):  # Apple GPUs: keep the model resident
+            self._serve_jobs()
+
+    def _serve_jobs(self) -> None:
         conversations: dict[Session, Conversation] = {}
         while (job := self._jobs.get()) is not None:
             action, session = job

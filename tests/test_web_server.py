@@ -355,8 +355,9 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
             url = f"ws://127.0.0.1:{port}/api/chat"
             async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
                 reply = await read_until(ws, Reply(), has_handshake)
-                for page in pages:
+                for page in pages:  # at the pace of speech, so no audio is dropped for lag
                     await ws.send_bytes(protocol.audio(page))
+                    await asyncio.sleep(0.08)  # one page holds 80 ms
                 await read_until(ws, reply, lambda r: len(r.audio) >= 2)
                 interrupted = time.monotonic()
                 command.send_signal(signal.SIGINT)  # while steps are queued or running

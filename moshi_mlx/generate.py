@@ -5,33 +5,58 @@ Step semantics follow Kyutai's PyTorch `LMGen`. Each stream k is fed with a dela
 text, card — audio padding — for audio). The user's codes given at step t are fed at step
 t + delay; Moshi's tokens sampled at step t are fed at step t + 1 + delay. Once the delays are
 filled, each step returns Moshi's codes of one frame, realigned across codebooks.
+
+A step is one `mx.compile`d function of arrays: the token ring with its delays, the
+temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
+slices. The step's position is an array, so the function is traced once per KV capacity
+bucket (a handful per conversation), not per step. Nothing in a step waits for the device:
+`LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and the
+caller reads them with one evaluation per frame, with whatever it computes from them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.sampling import SamplingConfig, sample
 
 UNGENERATED = -2  # a token slot not written yet
 
 
-@dataclass(frozen=True)
 class LmGenStep:
-    """What one step produced.
+    """What one step produced, as arrays the step's evaluation fills in.
 
-    text_token: the text token sampled at this step (ids 0 and 3 are padding).
-    moshi_codes: (dep_q,) int32 codes of Moshi's audio frame, or None until the delays are filled.
+    text_token_array: () int32, the text token sampled at this step (ids 0 and 3: padding).
+    moshi_codes_array: (dep_q,) int32 codes of Moshi's audio frame, or None until the delays
+    are filled. `text_token` and `moshi_codes` read them on the host.
     """
 
-    text_token: int
-    moshi_codes: np.ndarray | None
+    def __init__(self, text_token_array: mx.array, moshi_codes_array: mx.array | None):
+        self.text_token_array = text_token_array
+        self.moshi_codes_array = moshi_codes_array
+
+    def _arrays(self) -> list[mx.array]:
+        return [a for a in (self.text_token_array, self.moshi_codes_array) if a is not None]
+
+    @property
+    def text_token(self) -> int:
+        """The text token, on the host (waits for the step if it is still computing)."""
+        mx.eval(self._arrays())
+        return self.text_token_array.item()
+
+    @property
+    def moshi_codes(self) -> np.ndarray | None:
+        """Moshi's codes (dep_q,) int32 on the host, or None until the delays are filled."""
+        if self.moshi_codes_array is None:
+            return None
+        mx.eval(self._arrays())
+        return np.array(self.moshi_codes_array, dtype=np.int32)
 
 
 class LmGen:
@@ -42,33 +67,31 @@ class LmGen:
         self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         cfg = lm.cfg
-        self._delays = np.array(cfg.delays)
-        self._initial = np.array([cfg.text_card] + [cfg.card] * cfg.n_q)
+        self._delays = mx.array(cfg.delays, mx.int32)
+        self._initial = mx.array([cfg.text_card] + [cfg.card] * cfg.n_q, mx.int32)
         self._num_user = cfg.n_q - cfg.dep_q
-        self._caches = lm.make_caches()
-        # Everything after the temporal transformer has the same shapes at every step, so it
-        # is traced once and compiled: no per-step Python graph building for the 8 slices.
+        self._width = cfg.max_delay + 2  # columns of the token ring
         self._compiled_sample = mx.compile(self._sample_tokens)
+        self._compiled_step = mx.compile(self._step)
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation; the random stream restarts from the generator's seed."""
-        for cache in self._caches:
-            cache.reset()
+        self._ring = self.lm.make_ring()
         self._key = mx.random.key(self.seed)
         # Ring of token slots: row k holds stream k, column (t % width) step t's input.
-        self._tokens = np.full(
-            (self.lm.cfg.num_codebooks, self.lm.cfg.max_delay + 2), UNGENERATED, np.int64
-        )
+        self._tokens = mx.full((self.lm.cfg.num_codebooks, self._width), UNGENERATED, mx.int32)
         self.step_index = 0
 
-    def _user_array(self, user_codes) -> np.ndarray:
-        codes = np.asarray(user_codes).reshape(-1)
+    def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
+        if not isinstance(user_codes, mx.array):
+            user_codes = mx.array(np.asarray(user_codes).astype(np.int32))
+        codes = user_codes.reshape(-1)
         if codes.shape != (self._num_user,):
             raise MoshiError(
-                f"LmGen.step expects {self._num_user} user codes, got shape {codes.shape}"
+                f"LmGen.step expects {self._num_user} user codes, got shape {user_codes.shape}"
             )
-        return codes.astype(np.int64)
+        return codes.astype(mx.int32)
 
     def sample_tokens(
         self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
@@ -100,27 +123,62 @@ class LmGen:
         return mx.concatenate([text, audio[0]]), key
 
     def step(self, user_codes: np.ndarray | mx.array) -> LmGenStep:
-        """Advance one frame with the user's codes (n_q - dep_q,) (token -1: no input)."""
-        cfg = self.lm.cfg
-        t = self.step_index
-        width = self._tokens.shape[1]
-        user_rows = np.arange(1 + cfg.dep_q, cfg.num_codebooks)
+        """Advance one frame with the user's codes (n_q - dep_q,) (token -1: no input).
+
+        Returns at once: the step computes on the device while the caller goes on building
+        (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
+        """
         codes = self._user_array(user_codes)
-        self._tokens[user_rows, (t + self._delays[user_rows]) % width] = codes
-        inputs = np.where(t <= self._delays, self._initial, self._tokens[:, t % width])
-        tokens = mx.array(inputs.astype(np.int32))[None, :, None]  # (1, K, 1)
+        self._ring = self._ring.grown(self.step_index)
+        ring = self._ring
+        text, moshi_codes, self._tokens, self._key, keys, values, position = (
+            self._compiled_step(codes, self._tokens, self._key, ring.keys, ring.values,
+                                ring.position)
+        )  # fmt: skip
+        self._ring = KVRing(keys, values, position, ring.context)
+        mx.async_eval(text, moshi_codes, self._tokens, self._key, keys, values, position)
+        self.step_index += 1
+        ready = self.step_index > self.lm.cfg.max_delay
+        return LmGenStep(text, moshi_codes if ready else None)
 
-        temporal_out, text_logits = self.lm.forward_text(tokens, self._caches)
-        generated, self._key = self.sample_tokens(temporal_out, text_logits, self._key)
-        mx.eval(generated, self._key)  # the step's one evaluation
-        generated = np.array(generated, dtype=np.int64)
+    def _step(
+        self,
+        user_codes: mx.array,
+        tokens: mx.array,
+        key: mx.array,
+        keys: list[mx.array],
+        values: list[mx.array],
+        position: mx.array,
+    ) -> tuple:
+        """The compiled step: arrays in, arrays out (see `step` for what they are)."""
+        cfg = self.lm.cfg
+        t, delays, width = position, self._delays, self._width
+        first_user = 1 + cfg.dep_q
+        rows = mx.arange(cfg.num_codebooks)
+        user = mx.concatenate([mx.zeros(first_user, mx.int32), user_codes])
+        tokens = _write_columns(tokens, (t + delays) % width, user, rows >= first_user)
+        current = mx.take(tokens, t % width, axis=1)
+        inputs = mx.where(t <= delays, self._initial, current)
 
-        t += 1
-        self.step_index = t
-        self._tokens[: 1 + cfg.dep_q, t % width] = generated
-        moshi_codes = None
-        if t > cfg.max_delay:
-            rows = np.arange(1, 1 + cfg.dep_q)
-            columns = (t - cfg.max_delay + self._delays[rows]) % width
-            moshi_codes = self._tokens[rows, columns].astype(np.int32)
-        return LmGenStep(text_token=int(generated[0]), moshi_codes=moshi_codes)
+        ring = KVRing(keys, values, position, cfg.context)
+        temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
+        generated, key = self._sample_tokens(temporal_out, text_logits, key)
+
+        t = t + 1
+        padded = mx.concatenate([generated, mx.zeros(self._num_user, mx.int32)])
+        tokens = _write_columns(tokens, mx.broadcast_to(t % width, rows.shape), padded,
+                                rows < first_user)  # fmt: skip
+        moshi_delays = delays[1:first_user]
+        columns = (t - cfg.max_delay + moshi_delays + width) % width
+        moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
+        ring = ring.advanced()
+        return generated[0], moshi_codes, tokens, key, ring.keys, ring.values, ring.position
+
+
+def _write_columns(
+    tokens: mx.array, columns: mx.array, values: mx.array, rows: mx.array
+) -> mx.array:
+    """tokens (K, W) with tokens[k, columns[k]] = values[k] for the rows where `rows` is true."""
+    current = mx.take_along_axis(tokens, columns[:, None], axis=1)[:, 0]
+    written = mx.where(rows, values, current)
+    return mx.put_along_axis(tokens, columns[:, None], written[:, None], axis=1)

@@ -104,3 +104,73 @@ def test_long_run_memory_is_flat():
     assert gen.step_index == steps
     assert memory[steps - 1] <= memory[200] + 64 * 1024, memory
     assert np.median(times[-500:]) < 3 * np.median(times[200:700])
+
+
+class _EagerLmGen:
+    """The step loop as it was before the compiled step: the temporal transformer run eagerly
+    over `KVCache`s (exact filled length), the token ring and delays in numpy on the host."""
+
+    def __init__(self, lm: Lm, sampling: SamplingConfig, seed: int):
+        cfg = lm.cfg
+        self.lm, self.cfg = lm, cfg
+        self.sampler = LmGen(lm, sampling, seed=seed)  # only its compiled sampling tail
+        self.caches = lm.make_caches()
+        self.key = mx.random.key(seed)
+        self.delays = np.array(cfg.delays)
+        self.initial = np.array([cfg.text_card] + [cfg.card] * cfg.n_q)
+        self.tokens = np.full((cfg.num_codebooks, cfg.max_delay + 2), -2, np.int64)
+        self.t = 0
+
+    def step(self, codes: np.ndarray) -> tuple[int, np.ndarray | None]:
+        cfg, t, width = self.cfg, self.t, self.tokens.shape[1]
+        user_rows = np.arange(1 + cfg.dep_q, cfg.num_codebooks)
+        self.tokens[user_rows, (t + self.delays[user_rows]) % width] = codes
+        inputs = np.where(t <= self.delays, self.initial, self.tokens[:, t % width])
+        out, logits = self.lm.forward_text(mx.array(inputs.astype(np.int32))[None, :, None],
+                                           self.caches)  # fmt: skip
+        generated, self.key = self.sampler.sample_tokens(out, logits, self.key)
+        generated = np.array(generated, dtype=np.int64)
+        self.t = t = t + 1
+        self.tokens[: 1 + cfg.dep_q, t % width] = generated
+        if t <= cfg.max_delay:
+            return int(generated[0]), None
+        rows = np.arange(1, 1 + cfg.dep_q)
+        return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
+
+
+class _CountingLmGen(LmGen):
+    """Counts the traces of the compiled step (the Python function runs only when traced)."""
+
+    traces = 0
+
+    def _step(self, *args):
+        type(self).traces += 1
+        return super()._step(*args)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig.greedy()])
+def test_compiled_step_equals_eager_stepping_past_the_context(sampling):
+    """Context 100: 240 steps cross the KV buckets (64, 100) and wrap the ring twice; the
+    tokens equal those of the eager loop, and the step is traced once per bucket."""
+    cfg = LmConfig.from_dict(LmConfig.tiny().to_dict() | {"context": 100})
+    lm = Lm(cfg)
+    lm.set_dtype(mx.bfloat16)
+    mx.eval(lm.parameters())
+    user = _user_codes(240, cfg.card, seed=3)
+    user[::7] = -1  # some "no input" frames
+    eager = _EagerLmGen(lm, sampling, seed=11)
+    _CountingLmGen.traces = 0
+    compiled = _CountingLmGen(lm, sampling, seed=11)
+    texts = set()
+    for t, codes in enumerate(user):
+        text, moshi_codes = eager.step(codes)
+        step = compiled.step(codes)
+        assert step.text_token == text, t
+        if moshi_codes is None:
+            assert step.moshi_codes is None
+        else:
+            np.testing.assert_array_equal(step.moshi_codes, moshi_codes)
+        texts.add(text)
+    assert len(texts) > 5  # a stream worth comparing
+    assert _CountingLmGen.traces == 2  # the 64-slot and 100-slot buckets
+    assert compiled._ring.capacity == cfg.context

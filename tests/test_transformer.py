@@ -23,8 +23,12 @@ def _windowed_reference(t: Transformer, x: mx.array) -> mx.array:
         h = layer.norm1(x)
         qkv = attn.in_proj(h).reshape(1, steps, 3, cfg.num_heads, cfg.head_dim)
         q, k, v = qkv.transpose(2, 0, 3, 1, 4)
-        q = mx.fast.rope(q, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0)
-        k = mx.fast.rope(k, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0)
+        q = mx.fast.rope(
+            q, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0
+        )
+        k = mx.fast.rope(
+            k, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0
+        )
         scores = (q @ k.transpose(0, 1, 3, 2)) * cfg.head_dim**-0.5
         scores = mx.where(mask, scores, -mx.inf)
         out = mx.softmax(scores, axis=-1) @ v

@@ -15,7 +15,7 @@ from mlx import nn
 
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.depformer import Depformer, zero_no_input
-from moshi_mlx.modules.kv_cache import KVCache
+from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfig
 
 MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
@@ -242,6 +242,14 @@ class Lm(nn.Module):
         """Fresh streaming state of the temporal transformer."""
         return self.transformer.make_caches()
 
+    def make_ring(self, batch: int = 1) -> KVRing:
+        """Fresh streaming state of the temporal transformer for `step_text`."""
+        cfg = self.cfg
+        # The keys' dtype is what the first projection yields (built lazily, never evaluated).
+        probe = self.transformer.layers[0].self_attn.in_proj(self.text_emb(mx.array([0])))
+        shape = (batch, cfg.num_heads, cfg.dim // cfg.num_heads)
+        return KVRing.empty(cfg.num_layers, shape, probe.dtype, cfg.context)
+
     def embed(self, tokens: mx.array) -> mx.array:
         """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim).
 
@@ -260,4 +268,10 @@ class Lm(nn.Module):
         """
         x = self.transformer(self.embed(tokens), caches)
         x = self.out_norm(x)
+        return x, self.text_linear(x)
+
+    def step_text(self, tokens: mx.array, ring: KVRing) -> tuple[mx.array, mx.array]:
+        """`forward_text` of one position, tokens (B, n_q + 1, 1), through a `KVRing`: the same
+        numbers, built from array state only, so `mx.compile` traces it once per capacity."""
+        x = self.out_norm(self.transformer.step(self.embed(tokens), ring))
         return x, self.text_linear(x)

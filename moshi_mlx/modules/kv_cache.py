@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import mlx.core as mx
 
 
@@ -95,3 +97,81 @@ class KVCache:
         self.offset += steps
         self._write = kept % self.capacity
         return all_keys, all_values, mask
+
+
+FIRST_BUCKET = 64  # slots of a fresh `KVRing`; the capacity doubles from here up to the context
+
+
+def ring_capacity(positions: int, context: int) -> int:
+    """Slots a `KVRing` needs for `positions` cached positions: the smallest power-of-two
+    bucket from `FIRST_BUCKET` that holds them, at most `context` (then the ring wraps)."""
+    capacity = FIRST_BUCKET
+    while capacity < positions:
+        capacity *= 2
+    return min(capacity, context)
+
+
+class KVRing:
+    """The keys and values of a stack of layers for one-position steps in `mx.compile`d code.
+
+    Everything a step reads is an array, so one trace serves every step of a capacity:
+    `position` (a () int32 array) is the absolute position of the next token, written at slot
+    `position % context`; `keys` and `values` hold one (B, H, capacity, head_dim) buffer per
+    layer. A query attends to the `min(position + 1, capacity)` written slots (a boolean mask),
+    which is the window of `context` positions once the ring wraps, as in `KVCache`.
+
+    The capacity starts at `FIRST_BUCKET` slots and is doubled (`grown`, outside compiled code)
+    up to `context`, so early steps do not attend over thousands of empty slots; at full
+    context the memory is the same flat ring as `KVCache`'s.
+    """
+
+    def __init__(self, keys: list[mx.array], values: list[mx.array], position: mx.array,
+                 context: int):  # fmt: skip
+        self.keys = list(keys)
+        self.values = list(values)
+        self.position = position
+        self.context = context
+
+    @classmethod
+    def empty(cls, layers: int, shape: tuple[int, int, int], dtype: mx.Dtype,
+              context: int) -> KVRing:  # fmt: skip
+        """A ring at position 0; `shape` is (B, H, head_dim) of one position's keys."""
+        batch, heads, head_dim = shape
+        size = (batch, heads, ring_capacity(1, context), head_dim)
+        buffers = [mx.zeros(size, dtype) for _ in range(2 * layers)]
+        return cls(buffers[:layers], buffers[layers:], mx.array(0, mx.int32), context)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    @cached_property
+    def visible(self) -> mx.array:
+        """(capacity,) bool: the slots a query at `position` attends to, itself included."""
+        return mx.arange(self.capacity) < mx.minimum(self.position + 1, self.capacity)
+
+    @cached_property
+    def _slot(self) -> mx.array:
+        return (self.position % self.context).reshape(1)
+
+    def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write one position's keys and values (B, H, 1, D) of `layer`; return its buffers."""
+        self.keys[layer] = mx.slice_update(self.keys[layer], keys, self._slot, axes=(2,))
+        self.values[layer] = mx.slice_update(self.values[layer], values, self._slot, axes=(2,))
+        return self.keys[layer], self.values[layer]
+
+    def advanced(self) -> KVRing:
+        """This ring after its step: the updated buffers, at the next position."""
+        return KVRing(self.keys, self.values, self.position + 1, self.context)
+
+    def grown(self, position: int) -> KVRing:
+        """This ring with room for `position` (the host's count of `position`): the next
+        bucket once the written slots fill the capacity (a lazy copy; slots keep their
+        index), else itself."""
+        capacity = ring_capacity(position + 1, self.context)
+        if capacity <= self.capacity:
+            return self
+        pad = [(0, 0), (0, 0), (0, capacity - self.capacity), (0, 0)]
+        grow = [mx.pad(buffer, pad) for buffer in (*self.keys, *self.values)]
+        layers = len(self.keys)
+        return KVRing(grow[:layers], grow[layers:], self.position, self.context)

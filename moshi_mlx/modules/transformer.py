@@ -13,7 +13,7 @@ from typing import Literal
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import KVCache
+from moshi_mlx.modules.kv_cache import KVCache, KVRing
 
 
 @dataclass(frozen=True)
@@ -68,25 +68,39 @@ class Attention(nn.Module):
         self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def _rope(self, x: mx.array, offset: int) -> mx.array:
+    def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
         return mx.fast.rope(
             x, self.head_dim, traditional=True, base=self.max_period, scale=1.0, offset=offset
         )
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
-        batch, steps, _ = x.shape  # (B, T, D)
+    def _project(self, x: mx.array, offset: int | mx.array) -> tuple[mx.array, ...]:
+        """Queries, keys and values (B, H, T, head_dim) of x (B, T, D), RoPE from `offset`."""
+        batch, steps, _ = x.shape
         qkv = self.in_proj(x).reshape(batch, steps, 3, self.num_heads, self.head_dim)
         qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
         queries, keys, values = qkv[0], qkv[1], qkv[2]
         if self.use_rope:
-            queries = self._rope(queries, cache.offset)
-            keys = self._rope(keys, cache.offset)
-        keys, values, mask = cache.update_and_fetch(keys, values)
+            queries = self._rope(queries, offset)
+            keys = self._rope(keys, offset)
+        return queries, keys, values
+
+    def _attend(self, queries, keys, values, mask: mx.array | None) -> mx.array:
+        batch, _, steps, _ = queries.shape
         out = mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=self.scale, mask=mask
         )
-        out = out.transpose(0, 2, 1, 3).reshape(batch, steps, -1)
-        return self.out_proj(out)
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, steps, -1))
+
+    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
+        queries, keys, values = self._project(x, cache.offset)
+        keys, values, mask = cache.update_and_fetch(keys, values)
+        return self._attend(queries, keys, values, mask)
+
+    def step(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
+        """One position x (B, 1, D) through a `KVRing`, traceable by `mx.compile`."""
+        queries, keys, values = self._project(x, ring.position)
+        keys, values = ring.update(layer, keys, values)
+        return self._attend(queries, keys, values, ring.visible)
 
 
 class GatedFeedForward(nn.Module):
@@ -129,7 +143,13 @@ class TransformerLayer(nn.Module):
         return self.linear2(nn.gelu(self.linear1(x)))
 
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
-        attn = self.self_attn(self.norm1(x), cache)
+        return self._residuals(x, self.self_attn(self.norm1(x), cache))
+
+    def step(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
+        """One position x (B, 1, D) through layer `layer` of a `KVRing` (compilable)."""
+        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer))
+
+    def _residuals(self, x: mx.array, attn: mx.array) -> mx.array:
         if self.has_layer_scale:
             attn = self.layer_scale_1(attn)
         x = x + attn
@@ -154,4 +174,10 @@ class Transformer(nn.Module):
     def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cache)
+        return x
+
+    def step(self, x: mx.array, ring: KVRing) -> mx.array:
+        """One position x (B, 1, D) through all layers, reading and updating `ring`."""
+        for index, layer in enumerate(self.layers):
+            x = layer.step(x, ring, index)
         return x

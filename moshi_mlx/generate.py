@@ -98,24 +98,21 @@ class LmGen:
     ) -> tuple[mx.array, mx.array]:
         """Sample the text token, then Moshi's codebooks through the depformer (compiled).
 
-        temporal_out (1, 1, dim), text_logits (1, 1, text_card) -> the (1 + dep_q,) tokens and
-        the next random key, lazily.
+        temporal_out (1, dim), text_logits (1, text_card) -> the (1 + dep_q,) tokens and the
+        next random key, lazily.
         """
         return self._compiled_sample(temporal_out, text_logits, key)
 
     def _sample_tokens(
         self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
     ) -> tuple[mx.array, mx.array]:
-        # The depformer's caches live within one step, so they are made here, inside the
-        # compiled function.
         sampling = self.sampling
         key, text_key, audio_key = mx.random.split(key, 3)
         audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
-        text = sample(text_logits[:, -1], sampling.text_temp, sampling.text_top_k, text_key)
+        text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
         audio = self.lm.depformer.sample(
             temporal_out,
             text,
-            self.lm.depformer.make_caches(),
             lambda logits, k: sample(
                 logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
             ),
@@ -128,18 +125,25 @@ class LmGen:
         Returns at once: the step computes on the device while the caller goes on building
         (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
         """
-        codes = self._user_array(user_codes)
-        self._ring = self._ring.grown(self.step_index)
-        ring = self._ring
-        text, moshi_codes, self._tokens, self._key, keys, values, position = (
-            self._compiled_step(codes, self._tokens, self._key, ring.keys, ring.values,
-                                ring.position)
-        )  # fmt: skip
-        self._ring = KVRing(keys, values, position, ring.context)
-        mx.async_eval(text, moshi_codes, self._tokens, self._key, keys, values, position)
+        outputs = self._outputs(user_codes, self._compiled_step)
+        text, moshi_codes, self._tokens, self._key, keys, values, position = outputs
+        self._ring = KVRing(keys, values, position, self._ring.context)
+        mx.async_eval(outputs)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
         return LmGenStep(text, moshi_codes if ready else None)
+
+    def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> tuple:
+        """The lazy outputs (tokens and next state) of the next step, without taking it: its
+        graph as the compiled function replays it, or as Python builds it without `mx.compile`
+        (to inspect, e.g. with `mx.export_to_dot`)."""
+        return self._outputs(user_codes, self._compiled_step if compiled else self._step)
+
+    def _outputs(self, user_codes: np.ndarray | mx.array, step_fn) -> tuple:
+        codes = self._user_array(user_codes)
+        self._ring = self._ring.grown(self.step_index)
+        ring = self._ring
+        return step_fn(codes, self._tokens, self._key, ring.keys, ring.values, ring.position)
 
     def _step(
         self,
@@ -166,8 +170,9 @@ class LmGen:
 
         t = t + 1
         padded = mx.concatenate([generated, mx.zeros(self._num_user, mx.int32)])
-        tokens = _write_columns(tokens, mx.broadcast_to(t % width, rows.shape), padded,
-                                rows < first_user)  # fmt: skip
+        tokens = _write_columns(
+            tokens, mx.broadcast_to(t % width, rows.shape), padded, rows < first_user
+        )
         moshi_delays = delays[1:first_user]
         columns = (t - cfg.max_delay + moshi_delays + width) % width
         moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]

@@ -34,10 +34,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds, summarize
+from mlx.utils import tree_flatten
 
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -45,8 +47,12 @@ from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import LmGen
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
+from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.sampling import SamplingConfig, sample
 from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 SCRIPTS = Path(__file__).resolve().parent
 KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
@@ -98,21 +104,34 @@ def _user_codes(card: int, count: int, seed: int) -> np.ndarray:
 # LM ---------------------------------------------------------------------------------------
 def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
     """Per step, each part evaluated on its own (so the two add up to a step plus one host
-    sync): the temporal transformer with the text head, then `LmGen.sample_tokens` (text
-    sampling and the depformer's 8 slices with audio sampling, compiled as in a step)."""
+    sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
+    step), then `LmGen.sample_tokens` (text sampling and the depformer's 8 slices with audio
+    sampling, compiled as in a step)."""
     cfg = lm.cfg
     gen = LmGen(lm, sampling, seed=seed)
-    caches = lm.make_caches()
+
+    def temporal_step(tokens: mx.array, keys: list, values: list, position: mx.array):
+        ring = KVRing(keys, values, position, cfg.context)
+        out, text_logits = lm.step_text(tokens, ring)
+        ring = ring.advanced()
+        return out, text_logits, ring.keys, ring.values, ring.position
+
+    compiled_temporal = mx.compile(temporal_step)
+    ring = lm.make_ring()
     rng = np.random.default_rng(seed)
     key = mx.random.key(seed)
     temporal, depformer = [], []
-    for _ in range(total):
+    for index in range(total):
         tokens = np.concatenate([rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, 16)])
         tokens = mx.array(tokens.astype(np.int32))[None, :, None]
-        mx.eval(tokens)
+        ring = ring.grown(index)
+        mx.eval(tokens, ring.keys, ring.values)
         t0 = time.perf_counter()
-        out, text_logits = lm.forward_text(tokens, caches)
-        mx.eval(out, text_logits)
+        out, text_logits, keys, values, position = compiled_temporal(
+            tokens, ring.keys, ring.values, ring.position
+        )
+        ring = KVRing(keys, values, position, cfg.context)
+        mx.eval(out, text_logits, keys, values, position)
         t1 = time.perf_counter()
         generated, key = gen.sample_tokens(out, text_logits, key)
         mx.eval(generated, key)
@@ -138,6 +157,94 @@ def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list
         mx.eval(tokens)
         times.append(time.perf_counter() - t0)
     return times
+
+
+class SyncMeter:
+    """Counts host synchronisations, and the time the host waits in them, while active.
+
+    Wraps `mx.eval`, `mx.array.item`, `mx.array.tolist`, `np.array` and `np.asarray`. A call
+    counts as a sync when it touches an array that no earlier call of the same frame
+    evaluated or read (`new_frame()` forgets them): reading a token of an array the frame
+    already evaluated costs no wait. `mx.async_eval` does not make the host wait for the
+    result (no sync), but the time it takes to launch the work counts as evaluation time
+    (`wait_s`): on MLX's CPU backend it runs the graph's operations before it returns.
+    """
+
+    def __init__(self):
+        self.syncs = 0
+        self.wait_s = 0.0
+        self._seen: dict[int, mx.array] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def new_frame(self) -> None:
+        self._seen.clear()
+
+    def _wrap(self, fn, waits: bool):
+        def measured(*args, **kwargs):
+            arrays = [a for _, a in tree_flatten(list(args)) if isinstance(a, mx.array)]
+            fresh = [a for a in arrays if id(a) not in self._seen]
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if fresh:
+                    self.wait_s += time.perf_counter() - start
+                if fresh and waits:
+                    self.syncs += 1
+                    self._seen.update((id(a), a) for a in arrays)
+
+        return measured
+
+    def __enter__(self) -> Self:
+        wrapped = [(mx, "eval"), (mx, "async_eval"), (mx.array, "item"), (mx.array, "tolist")]
+        for owner, name in [*wrapped, (np, "array"), (np, "asarray")]:
+            original = getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._wrap(original, waits=name != "async_eval"))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def count_graph_ops(outputs) -> int:
+    """Operations (primitives) in the lazy graph that computes `outputs`, evaluated inputs
+    excluded, from MLX's own graph export (`mx.export_to_dot`)."""
+    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.dot"
+        mx.export_to_dot(str(path), *arrays)
+        return path.read_text().count("shape=rectangle")
+
+
+def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict:
+    """Where a step's time goes, per step as a caller runs it (`LmGen.step`, then its text
+    token and Moshi's codes read on the host): host time outside evaluation (Python and
+    graph building), time in evaluation (launching it and waiting for it), syncs; and the
+    operations in the step's graph before and after `mx.compile` (`LmGen.step_graph` at the
+    last step's state)."""
+    gen = LmGen(lm, sampling, seed=seed)
+    user = [mx.array(codes) for codes in _user_codes(lm.cfg.card, total, seed)]
+    mx.eval(user)
+    host, wait, syncs = [], [], []
+    with SyncMeter() as meter:
+        for codes in user:
+            meter.new_frame()
+            syncs_before, wait_before = meter.syncs, meter.wait_s
+            t0 = time.perf_counter()
+            result = gen.step(codes)
+            _ = result.text_token, result.moshi_codes
+            elapsed = time.perf_counter() - t0
+            wait.append(meter.wait_s - wait_before)
+            host.append(elapsed - wait[-1])
+            syncs.append(meter.syncs - syncs_before)
+    graph_ops = {
+        "eager": count_graph_ops(gen.step_graph(user[0], compiled=False)),
+        "compiled": count_graph_ops(gen.step_graph(user[0], compiled=True)),
+    }
+    return {"host": host, "eval": wait, "syncs": syncs, "graph_ops": graph_ops}
 
 
 def bench_lm(
@@ -168,26 +275,32 @@ def bench_lm(
     for index, codes in enumerate(_user_codes(config.card, total, seed)):
         t0 = time.perf_counter()
         result = gen.step(codes)
+        moshi_codes, _ = result.moshi_codes, result.text_token  # on the host, as a caller
         step_times.append(time.perf_counter() - t0)
-        if result.moshi_codes is not None and first_audio_step is None:
+        if moshi_codes is not None and first_audio_step is None:
             first_audio_step = index
     peak_gb = _peak_gb()
 
-    split = _split_times(lm, sampling, warmup + split_steps, seed)
-    sampling_times = _sampling_times(config, sampling, warmup + split_steps)
+    samples = {"step_ms": step_times[warmup:]}
+    anatomy = {}
+    if split_steps > 0:
+        split = _split_times(lm, sampling, warmup + split_steps, seed)
+        anatomy = _step_anatomy(lm, sampling, warmup + split_steps, seed)
+        samples.update(
+            temporal_ms=split["temporal"][warmup:],
+            depformer_ms=split["depformer"][warmup:],
+            sampling_ms=_sampling_times(config, sampling, warmup + split_steps)[warmup:],
+            host_ms=anatomy["host"][warmup:],
+            eval_ms=anatomy["eval"][warmup:],
+        )
     return {
         "impl": "ours",
         "dtype": _dtype_label(dtype, lm),
         "mlx": mx.__version__,
         "load_s": load_s,
-        **lm_result(
-            {
-                "step_ms": step_times[warmup:],
-                "temporal_ms": split["temporal"][warmup:],
-                "depformer_ms": split["depformer"][warmup:],
-                "sampling_ms": sampling_times[warmup:],
-            }
-        ),
+        **lm_result(samples),
+        "syncs_per_step": float(np.mean(anatomy["syncs"][warmup:])) if anatomy else None,
+        "graph_ops": anatomy.get("graph_ops"),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak_gb,
     }
@@ -497,7 +610,7 @@ def format_table(results: list[dict]) -> str:
     header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
     lines = [header, "-" * len(header)]
     metrics = {
-        "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms"),
+        "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms", "host_ms", "eval_ms"),
         "mimi": ("encode_ms", "decode_ms", "frame_ms", "batch_encode_ms", "batch_decode_ms"),
         "pipeline": ("frame_ms",),
         "echo": ("frame_ms",),
@@ -521,12 +634,18 @@ def format_table(results: list[dict]) -> str:
             peak = data.get("peak_memory_gb")
             for i, (name, p50, p95) in enumerate(_metric_rows(data, metrics[case["part"]])):
                 ratio = ""
-                if impl == "ours" and theirs is not None and name in theirs:
+                if impl == "ours" and theirs is not None and theirs.get(name) is not None:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
                 row = f"{case['part']:<9}{case.get('shape', '-'):<6}{case.get('quant', '-'):<6}"
                 row += f"{label:<15}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)
+            if data.get("syncs_per_step") is not None:
+                ops = data["graph_ops"]
+                lines.append(
+                    f"  syncs per step {data['syncs_per_step']:.2f}, graph ops per step "
+                    f"{ops['eager']} eager, {ops['compiled']} compiled"
+                )
             if "real_time_factor" in data:
                 extra = f"  real-time factor {data['real_time_factor']:.3f}"
                 if data.get("first_audio_ms") is not None:
@@ -543,7 +662,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b")
+    parser.add_argument(
+        "--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b,7b-structure"
+    )
     parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
     parser.add_argument(
         "--parts",

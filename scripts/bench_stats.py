@@ -53,6 +53,17 @@ LM_SHAPES: dict[str, dict] = {
     "1b": {**_COMMON, "dim": 2048, "num_heads": 16, "num_layers": 16},
     # The published Moshi 7B (v0.1) shape.
     "7b": {**_COMMON, "dim": 4096, "num_heads": 32, "num_layers": 32},
+    # 7B's structure (32 temporal layers and heads, 8 depformer slices of 6 layers, real
+    # vocabularies) at widths of 64: kernels cost next to nothing, so a step is the host's
+    # overhead (graph building, dispatch, syncs). bf16 files only (176-wide FFN hidden layers).
+    "7b-structure": {
+        **_COMMON,
+        "dim": 64,
+        "num_heads": 32,
+        "num_layers": 32,
+        "depformer_dim": 64,
+        "depformer_dim_feedforward": 264,
+    },
 }
 
 QUANT_BITS: dict[str, tuple[int | None, int | None]] = {
@@ -76,13 +87,15 @@ def summarize(seconds: list[float]) -> dict[str, float]:
     }
 
 
-LM_METRICS = ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms")
+LM_METRICS = ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms", "host_ms", "eval_ms")
 
 
 def lm_result(samples_s: dict[str, list[float]]) -> dict:
-    """Statistics of each LM metric, plus the samples in ms (for pooling rounds)."""
-    result = {metric: summarize(samples_s[metric]) for metric in LM_METRICS}
-    result["samples_ms"] = {m: [1000.0 * s for s in samples_s[m]] for m in LM_METRICS}
+    """Statistics of each LM metric (None for a metric not measured), plus the samples in ms
+    (for pooling rounds)."""
+    samples_ms = {m: [1000.0 * s for s in samples_s.get(m, [])] for m in LM_METRICS}
+    result = {m: summarize(samples_s[m]) if samples_ms[m] else None for m in LM_METRICS}
+    result["samples_ms"] = samples_ms
     return result
 
 
@@ -91,10 +104,11 @@ def pool_rounds(runs: list[dict]) -> dict:
     (rounds alternate between implementations, so slow spells of a shared machine hit both)."""
     pooled = dict(runs[-1])
     pooled["samples_ms"] = {
-        metric: [v for run in runs for v in run["samples_ms"][metric]] for metric in LM_METRICS
+        metric: [v for run in runs for v in run["samples_ms"].get(metric, [])]
+        for metric in LM_METRICS
     }
     for metric, values in pooled["samples_ms"].items():
-        pooled[metric] = summarize([v / 1000.0 for v in values])
+        pooled[metric] = summarize([v / 1000.0 for v in values]) if values else None
     pooled["round_step_p50_ms"] = [run["step_ms"]["p50"] for run in runs]
     pooled["peak_memory_gb"] = max(run["peak_memory_gb"] for run in runs)
     return pooled

@@ -113,7 +113,7 @@ class _EagerLmGen:
     def __init__(self, lm: Lm, sampling: SamplingConfig, seed: int):
         cfg = lm.cfg
         self.lm, self.cfg = lm, cfg
-        self.sampler = LmGen(lm, sampling, seed=seed)  # only its compiled sampling tail
+        self.sampling = sampling
         self.caches = lm.make_caches()
         self.key = mx.random.key(seed)
         self.delays = np.array(cfg.delays)
@@ -126,16 +126,29 @@ class _EagerLmGen:
         user_rows = np.arange(1 + cfg.dep_q, cfg.num_codebooks)
         self.tokens[user_rows, (t + self.delays[user_rows]) % width] = codes
         inputs = np.where(t <= self.delays, self.initial, self.tokens[:, t % width])
-        out, logits = self.lm.forward_text(mx.array(inputs.astype(np.int32))[None, :, None],
-                                           self.caches)  # fmt: skip
-        generated, self.key = self.sampler.sample_tokens(out, logits, self.key)
-        generated = np.array(generated, dtype=np.int64)
+        out, logits = self.lm.forward_text(
+            mx.array(inputs.astype(np.int32))[None, :, None], self.caches
+        )
+        generated = np.array(self._sample(out, logits[:, -1]), dtype=np.int64)
         self.t = t = t + 1
         self.tokens[: 1 + cfg.dep_q, t % width] = generated
         if t <= cfg.max_delay:
             return int(generated[0]), None
         rows = np.arange(1, 1 + cfg.dep_q)
         return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
+
+    def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
+        """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
+        s, depformer = self.sampling, self.lm.depformer
+        self.key, text_key, audio_key = mx.random.split(self.key, 3)
+        audio_keys = mx.random.split(audio_key, self.cfg.dep_q)
+        prev = sample(text_logits, s.text_temp, s.text_top_k, text_key)
+        tokens, caches = [prev], depformer.make_caches()
+        for k, depformer_slice in enumerate(depformer.slices):
+            logits = depformer_slice(temporal_out, prev, caches)
+            prev = sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k])
+            tokens.append(prev)
+        return mx.concatenate(tokens)
 
 
 class _CountingLmGen(LmGen):

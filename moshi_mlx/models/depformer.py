@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import KVCache
+from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -52,6 +52,12 @@ class DepformerSlice(nn.Module):
         x = self.transformer(x, caches)
         return self.linear_out(x[:, 0])
 
+    def step(self, temporal_out: mx.array, prev_token: mx.array, ring: KVRing) -> mx.array:
+        """`__call__` in `mx.compile`-able form: temporal_out (B, lm_dim), prev_token (B,)
+        -> logits (B, card), through the step's `KVRing`."""
+        x = self.linear_in(temporal_out) + embed(self.emb, prev_token)
+        return self.linear_out(self.transformer.step(x, ring))
+
 
 class Depformer(nn.Module):
     def __init__(self, cfg: LmConfig):
@@ -66,24 +72,19 @@ class Depformer(nn.Module):
         """One KV cache per layer, shared by all slices of a step."""
         return self.slices[0].transformer.make_caches()
 
-    def sample(
-        self,
-        temporal_out: mx.array,
-        text_token: mx.array,
-        caches: list[KVCache],
-        sample_fn: SampleFn,
-    ) -> mx.array:
-        """Sample one step's codebooks: temporal_out (B, 1, lm_dim), text_token (B,) -> (B, dep_q).
+    def sample(self, temporal_out: mx.array, text_token: mx.array, sample_fn: SampleFn) -> mx.array:
+        """Sample one step's codebooks: temporal_out (B, lm_dim), text_token (B,) -> (B, dep_q).
 
-        Everything stays lazy: each sampled token feeds the next slice inside one graph.
+        Everything stays lazy: each sampled token feeds the next slice inside one graph, and
+        the slices share a `KVRing` made for the step (slice k at position k).
         """
-        for cache in caches:
-            cache.reset()
+        ring = self.slices[0].transformer.make_ring(temporal_out.shape[0], temporal_out.dtype)
         prev = text_token
         tokens = []
         for k, depformer_slice in enumerate(self.slices):
-            prev = sample_fn(depformer_slice(temporal_out, prev, caches), k)
+            prev = sample_fn(depformer_slice.step(temporal_out, prev, ring), k)
             tokens.append(prev)
+            ring = ring.advanced()
         return mx.stack(tokens, axis=1)
 
     def logits(

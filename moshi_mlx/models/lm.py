@@ -244,11 +244,9 @@ class Lm(nn.Module):
 
     def make_ring(self, batch: int = 1) -> KVRing:
         """Fresh streaming state of the temporal transformer for `step_text`."""
-        cfg = self.cfg
         # The keys' dtype is what the first projection yields (built lazily, never evaluated).
         probe = self.transformer.layers[0].self_attn.in_proj(self.text_emb(mx.array([0])))
-        shape = (batch, cfg.num_heads, cfg.dim // cfg.num_heads)
-        return KVRing.empty(cfg.num_layers, shape, probe.dtype, cfg.context)
+        return self.transformer.make_ring(batch, probe.dtype)
 
     def embed(self, tokens: mx.array) -> mx.array:
         """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim).
@@ -271,7 +269,9 @@ class Lm(nn.Module):
         return x, self.text_linear(x)
 
     def step_text(self, tokens: mx.array, ring: KVRing) -> tuple[mx.array, mx.array]:
-        """`forward_text` of one position, tokens (B, n_q + 1, 1), through a `KVRing`: the same
-        numbers, built from array state only, so `mx.compile` traces it once per capacity."""
-        x = self.out_norm(self.transformer.step(self.embed(tokens), ring))
+        """`forward_text` of one position through a `KVRing`, in `mx.compile`-able form:
+        tokens (B, n_q + 1, 1) -> the normed output (B, dim) and the text logits (B, text_card).
+        """
+        x = self.embed(tokens)
+        x = self.out_norm(self.transformer.step(x.reshape(x.shape[0], -1), ring))
         return x, self.text_linear(x)

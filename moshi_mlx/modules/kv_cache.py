@@ -125,16 +125,18 @@ class KVRing:
     context the memory is the same flat ring as `KVCache`'s.
     """
 
-    def __init__(self, keys: list[mx.array], values: list[mx.array], position: mx.array,
-                 context: int):  # fmt: skip
+    def __init__(
+        self, keys: list[mx.array], values: list[mx.array], position: mx.array, context: int
+    ):
         self.keys = list(keys)
         self.values = list(values)
         self.position = position
         self.context = context
 
     @classmethod
-    def empty(cls, layers: int, shape: tuple[int, int, int], dtype: mx.Dtype,
-              context: int) -> KVRing:  # fmt: skip
+    def empty(
+        cls, layers: int, shape: tuple[int, int, int], dtype: mx.Dtype, context: int
+    ) -> KVRing:
         """A ring at position 0; `shape` is (B, H, head_dim) of one position's keys."""
         batch, heads, head_dim = shape
         size = (batch, heads, ring_capacity(1, context), head_dim)

@@ -7,6 +7,7 @@ with interleaved ("traditional") RoPE as in Kyutai's reference, or no positional
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,11 +97,51 @@ class Attention(nn.Module):
         keys, values, mask = cache.update_and_fetch(keys, values)
         return self._attend(queries, keys, values, mask)
 
-    def step(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
-        """One position x (B, 1, D) through a `KVRing`, traceable by `mx.compile`."""
-        queries, keys, values = self._project(x, ring.position)
+    def step(
+        self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
+    ) -> mx.array:
+        """One position x (B, D) through layer `layer` of a `KVRing`, RoPE'd with the step's
+        `rope_tables` (None without positional embedding); traceable by `mx.compile`.
+
+        The same numbers as `__call__` with a `KVCache`, in fewer operations: no transposes
+        of a single position, and RoPE from tables shared by every layer of the step.
+        """
+        batch = x.shape[0]
+        qkv = self.in_proj(x).reshape(batch, 3, self.num_heads, self.head_dim // 2, 2)
+        if rope is not None:
+            cos, sin = rope  # interleaved pairs: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
+            qkv = qkv * cos + qkv[..., ::-1] * sin
+        qkv = qkv.reshape(batch, 3 * self.num_heads, 1, self.head_dim)
+        queries, keys, values = mx.split(qkv, 3, axis=1)  # (B, H, 1, head_dim) each
         keys, values = ring.update(layer, keys, values)
-        return self._attend(queries, keys, values, ring.visible)
+        out = mx.fast.scaled_dot_product_attention(
+            queries, keys, values, scale=self.scale, mask=ring.visible
+        )
+        return self.out_proj(out.reshape(batch, -1))
+
+
+def rope_tables(
+    position: mx.array, head_dim: int, base: float, dtype: mx.Dtype
+) -> tuple[mx.array, mx.array]:
+    """Interleaved RoPE at `position` as (3, 1, head_dim / 2, 2) cos and sin tables over a
+    fused q/k/v projection viewed as (B, 3, H, head_dim / 2, 2): the q and k thirds rotate,
+    v is multiplied by 1 and 0. The angles are computed as `mx.fast.rope` computes them, so
+    the rotated values are the same."""
+    half = head_dim // 2
+    log_step = mx.array(math.log(base) / half, mx.float32)
+    inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * log_step)
+    theta = position.astype(mx.float32) * inv_freqs
+    cos, sin = mx.cos(theta).astype(dtype), mx.sin(theta).astype(dtype)
+    pair_cos = mx.broadcast_to(cos[:, None], (half, 2))
+    pair_sin = mx.stack([-sin, sin], axis=-1)
+    q_and_k = (2, 1, half, 2)
+    cos_table = mx.concatenate(
+        [mx.broadcast_to(pair_cos, q_and_k), mx.ones((1, 1, half, 2), dtype)]
+    )
+    sin_table = mx.concatenate(
+        [mx.broadcast_to(pair_sin, q_and_k), mx.zeros((1, 1, half, 2), dtype)]
+    )
+    return cos_table, sin_table
 
 
 class GatedFeedForward(nn.Module):
@@ -145,9 +186,11 @@ class TransformerLayer(nn.Module):
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         return self._residuals(x, self.self_attn(self.norm1(x), cache))
 
-    def step(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
-        """One position x (B, 1, D) through layer `layer` of a `KVRing` (compilable)."""
-        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer))
+    def step(
+        self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
+    ) -> mx.array:
+        """One position x (B, D) through layer `layer` of a `KVRing` (see `Attention.step`)."""
+        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer, rope))
 
     def _residuals(self, x: mx.array, attn: mx.array) -> mx.array:
         if self.has_layer_scale:
@@ -176,8 +219,20 @@ class Transformer(nn.Module):
             x = layer(x, cache)
         return x
 
+    def make_ring(self, batch: int, dtype: mx.Dtype) -> KVRing:
+        """Fresh streaming state for `step`; `dtype` is the activations' (and keys') dtype."""
+        cfg = self.cfg
+        return KVRing.empty(
+            cfg.num_layers, (batch, cfg.num_heads, cfg.head_dim), dtype, cfg.context
+        )
+
     def step(self, x: mx.array, ring: KVRing) -> mx.array:
-        """One position x (B, 1, D) through all layers, reading and updating `ring`."""
+        """One position x (B, D) through all layers, reading and updating `ring`: the same
+        numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
+        cfg = self.cfg
+        rope = None
+        if cfg.positional_embedding == "rope":
+            rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.keys[0].dtype)
         for index, layer in enumerate(self.layers):
-            x = layer.step(x, ring, index)
+            x = layer.step(x, ring, index, rope)
         return x

@@ -222,15 +222,15 @@ class Conversation:
                     f"user's audio; got an array of shape {far.shape}"
                 )
             pcm = heard = self.echo_canceller.process(pcm, far)
-        user_codes = self._codec.encode_step(pcm)
-        out = self._generator.step(user_codes)
+        # Encode, LM step and decode are one lazy graph, evaluated once with the codec state.
+        out = self._generator.step(self._codec.encode_step(pcm))
+        reply = None
+        if out.moshi_codes_array is not None:
+            reply = self._codec.decode_step(out.moshi_codes_array)
+        mx.eval(out.text_token_array, out.moshi_codes_array, reply, self._codec.state)
         text = self._text.decode(out.text_token)
-        if out.moshi_codes is None:
-            mx.eval(self._codec.state)
-            return StepResult(self._silence.copy(), text, heard)
-        reply = self._codec.decode_step(out.moshi_codes)
-        mx.eval(reply, self._codec.state)
-        return StepResult(np.array(reply), text, heard)
+        pcm_out = self._silence.copy() if reply is None else np.array(reply)
+        return StepResult(pcm_out, text, heard)
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""

@@ -162,7 +162,7 @@ def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list
 class SyncMeter:
     """Counts host synchronisations, and the time the host waits in them, while active.
 
-    Wraps `mx.eval`, `mx.array.item`, `mx.array.tolist`, `np.array` and `np.asarray`. A call
+    Wraps `mx.eval`, `mx.array.item`, `mx.array.tolist` and numpy's array conversions. A call
     counts as a sync when it touches an array that no earlier call of the same frame
     evaluated or read (`new_frame()` forgets them): reading a token of an array the frame
     already evaluated costs no wait. `mx.async_eval` does not make the host wait for the
@@ -197,7 +197,7 @@ class SyncMeter:
 
     def __enter__(self) -> Self:
         wrapped = [(mx, "eval"), (mx, "async_eval"), (mx.array, "item"), (mx.array, "tolist")]
-        for owner, name in [*wrapped, (np, "array"), (np, "asarray")]:
+        for owner, name in [*wrapped, (np, "array"), (np, "asarray"), (np, "ascontiguousarray")]:
             original = getattr(owner, name)
             self._saved.append((owner, name, original))
             setattr(owner, name, self._wrap(original, waits=name != "async_eval"))
@@ -388,37 +388,54 @@ def bench_pipeline(
     seed: int,
     dtype: mx.Dtype | None = None,
 ) -> dict:
-    """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame."""
+    """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame, as
+    `Conversation.step` runs it (one evaluation per frame); host time outside evaluation,
+    time in evaluation and syncs per frame (`SyncMeter`)."""
     _fresh_memory()
     lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]), dtype=dtype)
     codec = load_codec(mimi_file, backend=backend)
     gen = LmGen(lm, SamplingConfig(), seed=seed)
 
-    def run(pcm_frames: np.ndarray) -> tuple[list[float], float | None]:
+    def frame_step(pcm: np.ndarray) -> bool:
+        step = gen.step(codec.encode_step(pcm))
+        reply = None
+        if step.moshi_codes_array is not None:
+            reply = codec.decode_step(step.moshi_codes_array)
+        mx.eval(step.text_token_array, step.moshi_codes_array, reply, codec.state)
+        _ = step.text_token, None if reply is None else np.array(reply)
+        return reply is not None
+
+    def run(pcm_frames: np.ndarray, meter: SyncMeter) -> dict:
         gen.reset()
         codec.reset()
-        times, first_audio_s = [], None
+        times, host, syncs, first_audio_s = [], [], [], None
         start = time.perf_counter()
         for pcm in pcm_frames:
+            meter.new_frame()
+            syncs_before, wait_before = meter.syncs, meter.wait_s
             t0 = time.perf_counter()
-            step = gen.step(codec.encode_step(pcm))
-            if step.moshi_codes is not None:
-                mx.eval(codec.decode_step(step.moshi_codes), codec.state)
-                if first_audio_s is None:
-                    first_audio_s = time.perf_counter() - start
+            audio = frame_step(pcm)
             times.append(time.perf_counter() - t0)
-        return times, first_audio_s
+            host.append(times[-1] - (meter.wait_s - wait_before))
+            syncs.append(meter.syncs - syncs_before)
+            if audio and first_audio_s is None:
+                first_audio_s = time.perf_counter() - start
+        return {"times": times, "host": host, "syncs": syncs, "first_audio_s": first_audio_s}
 
     pcm_frames = _frames(warmup + frames, seed)
-    run(pcm_frames[:warmup])  # compile/allocate, then start a fresh conversation
-    mx.reset_peak_memory()
-    times, first_audio_s = run(pcm_frames)
-    frame = summarize(times[warmup:])
+    with SyncMeter() as meter:
+        run(pcm_frames[:warmup], meter)  # compile/allocate, then start a fresh conversation
+        mx.reset_peak_memory()
+        measured = run(pcm_frames, meter)
+    frame = summarize(measured["times"][warmup:])
+    first_audio_s = measured["first_audio_s"]
     return {
         "impl": "ours",
         "backend": backend,
         "dtype": _dtype_label(dtype, lm),
         "frame_ms": frame,
+        "host_ms": summarize(measured["host"][warmup:]),
+        "syncs_per_frame": float(np.mean(measured["syncs"][warmup:])),
         "real_time_factor": FRAME_MS / frame["p50"],
         "first_audio_ms": None if first_audio_s is None else 1000 * first_audio_s,
         "peak_memory_gb": _peak_gb(),
@@ -606,13 +623,13 @@ def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, f
 
 def format_table(results: list[dict]) -> str:
     """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
-    header = f"{'part':<9}{'shape':<6}{'quant':<6}{'impl':<15}{'metric':<14}"
+    header = f"{'part':<9}{'shape':<13}{'quant':<6}{'impl':<15}{'metric':<14}"
     header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
     lines = [header, "-" * len(header)]
     metrics = {
         "lm": ("step_ms", "temporal_ms", "depformer_ms", "sampling_ms", "host_ms", "eval_ms"),
         "mimi": ("encode_ms", "decode_ms", "frame_ms", "batch_encode_ms", "batch_decode_ms"),
-        "pipeline": ("frame_ms",),
+        "pipeline": ("frame_ms", "host_ms"),
         "echo": ("frame_ms",),
         "web": ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"),
     }
@@ -636,7 +653,7 @@ def format_table(results: list[dict]) -> str:
                 ratio = ""
                 if impl == "ours" and theirs is not None and theirs.get(name) is not None:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
-                row = f"{case['part']:<9}{case.get('shape', '-'):<6}{case.get('quant', '-'):<6}"
+                row = f"{case['part']:<9}{case.get('shape', '-'):<13}{case.get('quant', '-'):<6}"
                 row += f"{label:<15}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)
@@ -650,6 +667,8 @@ def format_table(results: list[dict]) -> str:
                 extra = f"  real-time factor {data['real_time_factor']:.3f}"
                 if data.get("first_audio_ms") is not None:
                     extra += f", first audio frame after {data['first_audio_ms']:.0f} ms"
+                if data.get("syncs_per_frame") is not None:
+                    extra += f", syncs per frame {data['syncs_per_frame']:.2f}"
                 lines.append(extra)
     return "\n".join(lines)
 

@@ -51,6 +51,10 @@ def test_lm_cases(report):
             _check_timing(ours[part], 3)
         # Moshi's delays (acoustic codebooks one step late): audio from the second step on.
         assert ours["first_audio_step"] == 1
+        assert ours["syncs_per_step"] == 1.0
+        assert 0 < ours["graph_ops"]["compiled"] < ours["graph_ops"]["eager"]
+        _check_timing(ours["host_ms"], 3)
+        assert ours["eval_ms"]["n"] == 3
         assert 0 < ours["peak_memory_gb"] < 2
         assert case["kyutai"] is None
 
@@ -76,6 +80,12 @@ def test_pipeline_cases(report):
         # The first audio frame needs two frames: one step fills the acoustic delay.
         assert ours["first_audio_ms"] >= ours["frame_ms"]["p50"] * 0.5
         assert ours["real_time_factor"] == pytest.approx(80.0 / ours["frame_ms"]["p50"])
+        # One host synchronisation per frame with MLX Mimi (encode, LM step, decode evaluated
+        # together); rustymimi moves the mic frame and Moshi's codes through the host.
+        if ours["backend"] == "mlx":
+            assert ours["syncs_per_frame"] == 1.0
+        else:
+            assert ours["syncs_per_frame"] > 1.0
 
 
 def test_echo_case(report):
@@ -118,3 +128,15 @@ def test_web_server_overhead(tmp_path):
         _check_timing(ours[part], 10)
     assert ours["overhead_ms"]["p50"] >= ours["encode_ms"]["p50"]
     assert 50 < ours["client_bytes_per_frame"] < 2000  # Ogg Opus pages of 80 ms
+
+
+def test_lm_without_split_steps(tmp_path):
+    """`--split-steps 0` measures whole steps only (the parts and the anatomy are skipped)."""
+    out = tmp_path / "bench.json"
+    flags = "--shapes tiny --quant bf16 --parts lm --steps 2 --split-steps 0 --warmup 0"
+    command = [sys.executable, str(SCRIPTS / "bench.py"), *flags.split(), "--json", str(out)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours = json.loads(out.read_text())["results"][0]["ours"]
+    _check_timing(ours["step_ms"], 2)
+    assert ours["temporal_ms"] is None and ours["syncs_per_step"] is None

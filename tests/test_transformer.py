@@ -1,6 +1,7 @@
 import mlx.core as mx
 import pytest
 
+from moshi_mlx.modules.kv_cache import KVRing, ring_capacity
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 CONFIGS = [
@@ -57,3 +58,37 @@ def test_streaming_matches_windowed_full_sequence(cfg):
     for got in (full, one_by_one, chunks):
         assert mx.allclose(got, expected, atol=1e-5).item()
     assert caches[0].offset == 23 and caches[0].length == cfg.context
+
+
+def test_ring_capacity_buckets():
+    buckets = sorted({ring_capacity(p, 3000) for p in range(1, 4000)})
+    assert buckets == [64, 128, 256, 512, 1024, 1536, 2048, 2560, 3000]
+    assert all(p <= ring_capacity(p, 3000) < max(2 * p, p + 512) for p in range(64, 3001))
+    assert ring_capacity(1, 16) == 16
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_compiled_ring_steps_equal_cache_steps(dtype):
+    """One compiled function steps a `KVRing` across its buckets (64, 70) and past the wrap;
+    every output equals the eager `KVCache` step's, bit for bit."""
+    cfg = TransformerConfig(64, 4, 2, 96, context=70)
+    mx.random.seed(1)
+    t = Transformer(cfg)
+    t.set_dtype(dtype)
+    x = mx.random.normal((1, 150, cfg.d_model)).astype(dtype)
+
+    def step(x, keys, values, position):
+        ring = KVRing(keys, values, position, cfg.context)
+        out = t.step(x, ring)
+        ring = ring.advanced()
+        return out, ring.keys, ring.values, ring.position
+
+    compiled = mx.compile(step)
+    caches, ring = t.make_caches(), t.make_ring(1, dtype)
+    for i in range(x.shape[1]):
+        ring = ring.grown(i)
+        expected = t(x[:, i : i + 1], caches)[:, 0]
+        out, keys, values, position = compiled(x[:, i], ring.keys, ring.values, ring.position)
+        ring = KVRing(keys, values, position, cfg.context)
+        assert mx.array_equal(out, expected).item(), i
+    assert ring.capacity == cfg.context and ring.position.item() == x.shape[1]

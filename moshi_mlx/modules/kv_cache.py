@@ -99,15 +99,23 @@ class KVCache:
         return all_keys, all_values, mask
 
 
-FIRST_BUCKET = 64  # slots of a fresh `KVRing`; the capacity doubles from here up to the context
+FIRST_BUCKET = 64  # slots of a fresh `KVRing`
+LARGE_BUCKET = 512  # past this many slots, capacities grow by this step instead of doubling
 
 
 def ring_capacity(positions: int, context: int) -> int:
-    """Slots a `KVRing` needs for `positions` cached positions: the smallest power-of-two
-    bucket from `FIRST_BUCKET` that holds them, at most `context` (then the ring wraps)."""
+    """Slots a `KVRing` needs for `positions` cached positions: a bucket that doubles from
+    `FIRST_BUCKET` to `LARGE_BUCKET`, then grows by `LARGE_BUCKET`s, at most `context`.
+
+    For Moshi's 3000 positions: 64, 128, 256, 512, 1024, ..., 2560, 3000 (9 buckets, so the
+    step is compiled 9 times per conversation), and a step never attends over more than 511
+    empty slots (at most twice the written ones).
+    """
     capacity = FIRST_BUCKET
-    while capacity < positions:
+    while capacity < min(positions, LARGE_BUCKET):
         capacity *= 2
+    if positions > capacity:
+        capacity = -(-positions // LARGE_BUCKET) * LARGE_BUCKET
     return min(capacity, context)
 
 
@@ -120,9 +128,9 @@ class KVRing:
     layer. A query attends to the `min(position + 1, capacity)` written slots (a boolean mask),
     which is the window of `context` positions once the ring wraps, as in `KVCache`.
 
-    The capacity starts at `FIRST_BUCKET` slots and is doubled (`grown`, outside compiled code)
-    up to `context`, so early steps do not attend over thousands of empty slots; at full
-    context the memory is the same flat ring as `KVCache`'s.
+    The capacity starts at `FIRST_BUCKET` slots and grows in the buckets of `ring_capacity`
+    (`grown`, outside compiled code) up to `context`, so early steps do not attend over
+    thousands of empty slots; at full context the memory is the same flat ring as `KVCache`'s.
     """
 
     def __init__(

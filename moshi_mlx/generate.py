@@ -110,7 +110,7 @@ class LmGen:
         key, text_key, audio_key = mx.random.split(key, 3)
         audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
         text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
-        audio = self.lm.depformer.sample(
+        audio = self.lm.depformer.sample_step(
             temporal_out,
             text,
             lambda logits, k: sample(

@@ -138,17 +138,18 @@ class _EagerLmGen:
         return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
 
     def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
-        """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
+        """Text, then the depformer's slices over `KVCache`s (`Depformer.sample`), eagerly."""
         s, depformer = self.sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
         audio_keys = mx.random.split(audio_key, self.cfg.dep_q)
-        prev = sample(text_logits, s.text_temp, s.text_top_k, text_key)
-        tokens, caches = [prev], depformer.make_caches()
-        for k, depformer_slice in enumerate(depformer.slices):
-            logits = depformer_slice(temporal_out, prev, caches)
-            prev = sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k])
-            tokens.append(prev)
-        return mx.concatenate(tokens)
+        text = sample(text_logits, s.text_temp, s.text_top_k, text_key)
+        audio = depformer.sample(
+            temporal_out,
+            text,
+            depformer.make_caches(),
+            lambda logits, k: sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k]),
+        )
+        return mx.concatenate([text, audio[0]])
 
 
 class _CountingLmGen(LmGen):

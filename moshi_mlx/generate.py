@@ -9,7 +9,8 @@ filled, each step returns Moshi's codes of one frame, realigned across codebooks
 A step is one `mx.compile`d function of arrays: the token ring with its delays, the
 temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
 slices. The step's position is an array, so the function is traced once per KV capacity
-bucket (a handful per conversation), not per step. Nothing in a step waits for the device:
+bucket (9 for a 3000-step context), not per step, and the traces are shared by all the
+generators of one model and sampling. Nothing in a step waits for the device:
 `LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and the
 caller reads them with one evaluation per frame, with whatever it computes from them.
 """
@@ -59,6 +60,88 @@ class LmGenStep:
         return np.array(self.moshi_codes_array, dtype=np.int32)
 
 
+class StepFunctions:
+    """The step's functions for one model and sampling, compiled once and shared by every
+    `LmGen` over them (`step_functions`), so a warm-up's traces serve later conversations."""
+
+    def __init__(self, lm: Lm, sampling: SamplingConfig):
+        self.lm = lm
+        self.sampling = sampling
+        cfg = lm.cfg
+        self._delays = mx.array(cfg.delays, mx.int32)
+        self._initial = mx.array([cfg.text_card] + [cfg.card] * cfg.n_q, mx.int32)
+        self._num_user = cfg.n_q - cfg.dep_q
+        self.width = cfg.max_delay + 2  # columns of the token ring
+        self.compiled_step = mx.compile(self.step)
+        self.compiled_sample_tokens = mx.compile(self.sample_tokens)
+
+    def sample_tokens(
+        self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """Sample the text token, then Moshi's codebooks through the depformer.
+
+        temporal_out (1, dim), text_logits (1, text_card) -> the (1 + dep_q,) tokens and the
+        next random key, lazily.
+        """
+        sampling = self.sampling
+        key, text_key, audio_key = mx.random.split(key, 3)
+        audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
+        text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
+        audio = self.lm.depformer.sample_step(
+            temporal_out,
+            text,
+            lambda logits, k: sample(
+                logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
+            ),
+        )
+        return mx.concatenate([text, audio[0]]), key
+
+    def step(
+        self,
+        user_codes: mx.array,
+        tokens: mx.array,
+        key: mx.array,
+        keys: list[mx.array],
+        values: list[mx.array],
+        position: mx.array,
+    ) -> tuple:
+        """One step, arrays in, arrays out: the user's codes, the token ring, the random key
+        and the temporal `KVRing` -> the text token, Moshi's codes (valid once the delays are
+        filled), the next token ring, key and ring."""
+        cfg = self.lm.cfg
+        t, delays, width = position, self._delays, self.width
+        first_user = 1 + cfg.dep_q
+        rows = mx.arange(cfg.num_codebooks)
+        user = mx.concatenate([mx.zeros(first_user, mx.int32), user_codes])
+        tokens = _write_columns(tokens, (t + delays) % width, user, rows >= first_user)
+        current = mx.take(tokens, t % width, axis=1)
+        inputs = mx.where(t <= delays, self._initial, current)
+
+        ring = KVRing(keys, values, position, cfg.context)
+        temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
+        generated, key = self.sample_tokens(temporal_out, text_logits, key)
+
+        t = t + 1
+        padded = mx.concatenate([generated, mx.zeros(self._num_user, mx.int32)])
+        tokens = _write_columns(
+            tokens, mx.broadcast_to(t % width, rows.shape), padded, rows < first_user
+        )
+        moshi_delays = delays[1:first_user]
+        columns = (t - cfg.max_delay + moshi_delays + width) % width
+        moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
+        ring = ring.advanced()
+        return generated[0], moshi_codes, tokens, key, ring.keys, ring.values, ring.position
+
+
+def step_functions(lm: Lm, sampling: SamplingConfig) -> StepFunctions:
+    """The `StepFunctions` of `lm` and `sampling`, made once per model (kept on the model
+    object as a plain attribute, outside its parameters, and freed with it)."""
+    shared = vars(lm).setdefault("_step_functions", {})
+    if sampling not in shared:
+        shared[sampling] = StepFunctions(lm, sampling)
+    return shared[sampling]
+
+
 class LmGen:
     """Stateful generator over an `Lm`; `reset()` starts a new conversation."""
 
@@ -66,13 +149,8 @@ class LmGen:
         self.lm = lm
         self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-        cfg = lm.cfg
-        self._delays = mx.array(cfg.delays, mx.int32)
-        self._initial = mx.array([cfg.text_card] + [cfg.card] * cfg.n_q, mx.int32)
-        self._num_user = cfg.n_q - cfg.dep_q
-        self._width = cfg.max_delay + 2  # columns of the token ring
-        self._compiled_sample = mx.compile(self._sample_tokens)
-        self._compiled_step = mx.compile(self._step)
+        self._num_user = lm.cfg.n_q - lm.cfg.dep_q
+        self._functions = step_functions(lm, self.sampling)
         self.reset()
 
     def reset(self) -> None:
@@ -80,7 +158,8 @@ class LmGen:
         self._ring = self.lm.make_ring()
         self._key = mx.random.key(self.seed)
         # Ring of token slots: row k holds stream k, column (t % width) step t's input.
-        self._tokens = mx.full((self.lm.cfg.num_codebooks, self._width), UNGENERATED, mx.int32)
+        width = self._functions.width
+        self._tokens = mx.full((self.lm.cfg.num_codebooks, width), UNGENERATED, mx.int32)
         self.step_index = 0
 
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
@@ -96,28 +175,8 @@ class LmGen:
     def sample_tokens(
         self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
     ) -> tuple[mx.array, mx.array]:
-        """Sample the text token, then Moshi's codebooks through the depformer (compiled).
-
-        temporal_out (1, dim), text_logits (1, text_card) -> the (1 + dep_q,) tokens and the
-        next random key, lazily.
-        """
-        return self._compiled_sample(temporal_out, text_logits, key)
-
-    def _sample_tokens(
-        self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
-    ) -> tuple[mx.array, mx.array]:
-        sampling = self.sampling
-        key, text_key, audio_key = mx.random.split(key, 3)
-        audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
-        text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
-        audio = self.lm.depformer.sample_step(
-            temporal_out,
-            text,
-            lambda logits, k: sample(
-                logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
-            ),
-        )
-        return mx.concatenate([text, audio[0]]), key
+        """The step's sampling part alone, compiled (`StepFunctions.sample_tokens`)."""
+        return self._functions.compiled_sample_tokens(temporal_out, text_logits, key)
 
     def step(self, user_codes: np.ndarray | mx.array) -> LmGenStep:
         """Advance one frame with the user's codes (n_q - dep_q,) (token -1: no input).
@@ -125,7 +184,7 @@ class LmGen:
         Returns at once: the step computes on the device while the caller goes on building
         (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
         """
-        outputs = self._outputs(user_codes, self._compiled_step)
+        outputs = self._outputs(user_codes, self._functions.compiled_step)
         text, moshi_codes, self._tokens, self._key, keys, values, position = outputs
         self._ring = KVRing(keys, values, position, self._ring.context)
         mx.async_eval(outputs)
@@ -137,47 +196,14 @@ class LmGen:
         """The lazy outputs (tokens and next state) of the next step, without taking it: its
         graph as the compiled function replays it, or as Python builds it without `mx.compile`
         (to inspect, e.g. with `mx.export_to_dot`)."""
-        return self._outputs(user_codes, self._compiled_step if compiled else self._step)
+        functions = self._functions
+        return self._outputs(user_codes, functions.compiled_step if compiled else functions.step)
 
     def _outputs(self, user_codes: np.ndarray | mx.array, step_fn) -> tuple:
         codes = self._user_array(user_codes)
         self._ring = self._ring.grown(self.step_index)
         ring = self._ring
         return step_fn(codes, self._tokens, self._key, ring.keys, ring.values, ring.position)
-
-    def _step(
-        self,
-        user_codes: mx.array,
-        tokens: mx.array,
-        key: mx.array,
-        keys: list[mx.array],
-        values: list[mx.array],
-        position: mx.array,
-    ) -> tuple:
-        """The compiled step: arrays in, arrays out (see `step` for what they are)."""
-        cfg = self.lm.cfg
-        t, delays, width = position, self._delays, self._width
-        first_user = 1 + cfg.dep_q
-        rows = mx.arange(cfg.num_codebooks)
-        user = mx.concatenate([mx.zeros(first_user, mx.int32), user_codes])
-        tokens = _write_columns(tokens, (t + delays) % width, user, rows >= first_user)
-        current = mx.take(tokens, t % width, axis=1)
-        inputs = mx.where(t <= delays, self._initial, current)
-
-        ring = KVRing(keys, values, position, cfg.context)
-        temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
-        generated, key = self._sample_tokens(temporal_out, text_logits, key)
-
-        t = t + 1
-        padded = mx.concatenate([generated, mx.zeros(self._num_user, mx.int32)])
-        tokens = _write_columns(
-            tokens, mx.broadcast_to(t % width, rows.shape), padded, rows < first_user
-        )
-        moshi_delays = delays[1:first_user]
-        columns = (t - cfg.max_delay + moshi_delays + width) % width
-        moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
-        ring = ring.advanced()
-        return generated[0], moshi_codes, tokens, key, ring.keys, ring.values, ring.position
 
 
 def _write_columns(

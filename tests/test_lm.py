@@ -1,6 +1,5 @@
 """LmConfig, the 7B parameter layout against the published manifests, and the model's math."""
 
-
 import mlx.core as mx
 import numpy as np
 import pytest

@@ -3,8 +3,10 @@
 Step semantics follow Kyutai's PyTorch `LMGen`. Each stream k is fed with a delay of
 `delays[k]` steps: while step t <= delays[k] the stream gets its start token (text_card for
 text, card — audio padding — for audio). The user's codes given at step t are fed at step
-t + delay; Moshi's tokens sampled at step t are fed at step t + 1 + delay. Once the delays are
-filled, each step returns Moshi's codes of one frame, realigned across codebooks.
+t + delay. Moshi's streams are sampled already delayed: the tokens sampled at step t are fed
+at step t + 1, and codebook k's token of step t belongs to the audio frame t - delays[k].
+Once the delays are filled, each step returns Moshi's codes of one frame, realigned across
+codebooks. (`LmGenStep.input_tokens` shows what each step fed the model.)
 
 A step is one `mx.compile`d function of arrays: the token ring with its delays, the
 temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
@@ -36,11 +38,22 @@ class LmGenStep:
     text_token_array: () int32, the text token sampled at this step (ids 0 and 3: padding).
     moshi_codes_array: (dep_q,) int32 codes of Moshi's audio frame, or None until the delays
     are filled. `text_token` and `moshi_codes` read them on the host.
+    input_tokens: (K,) int32, what the step fed the temporal transformer (delays applied).
+    sampled_tokens: (1 + dep_q,) int32, the text token and Moshi's codebooks sampled at this
+    step, before the delays realign them.
     """
 
-    def __init__(self, text_token_array: mx.array, moshi_codes_array: mx.array | None):
+    def __init__(
+        self,
+        text_token_array: mx.array,
+        moshi_codes_array: mx.array | None,
+        input_tokens: mx.array,
+        sampled_tokens: mx.array,
+    ):
         self.text_token_array = text_token_array
         self.moshi_codes_array = moshi_codes_array
+        self.input_tokens = input_tokens
+        self.sampled_tokens = sampled_tokens
 
     def _arrays(self) -> list[mx.array]:
         return [a for a in (self.text_token_array, self.moshi_codes_array) if a is not None]
@@ -107,7 +120,7 @@ class StepFunctions:
     ) -> tuple:
         """One step, arrays in, arrays out: the user's codes, the token ring, the random key
         and the temporal `KVRing` -> the text token, Moshi's codes (valid once the delays are
-        filled), the next token ring, key and ring."""
+        filled), the next token ring, key and ring, and the step's inputs and sampled tokens."""
         cfg = self.lm.cfg
         t, delays, width = position, self._delays, self.width
         first_user = 1 + cfg.dep_q
@@ -130,7 +143,8 @@ class StepFunctions:
         columns = (t - cfg.max_delay + moshi_delays + width) % width
         moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
         ring = ring.advanced()
-        return generated[0], moshi_codes, tokens, key, ring.keys, ring.values, ring.position
+        state = (tokens, key, ring.keys, ring.values, ring.position)
+        return generated[0], moshi_codes, *state, inputs, generated
 
 
 def step_functions(lm: Lm, sampling: SamplingConfig) -> StepFunctions:
@@ -185,12 +199,12 @@ class LmGen:
         (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
         """
         outputs = self._outputs(user_codes, self._functions.compiled_step)
-        text, moshi_codes, self._tokens, self._key, keys, values, position = outputs
+        text, moshi_codes, self._tokens, self._key, keys, values, position, *tokens = outputs
         self._ring = KVRing(keys, values, position, self._ring.context)
         mx.async_eval(outputs)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
-        return LmGenStep(text, moshi_codes if ready else None)
+        return LmGenStep(text, moshi_codes if ready else None, *tokens)
 
     def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> tuple:
         """The lazy outputs (tokens and next state) of the next step, without taking it: its
@@ -213,3 +227,27 @@ def _write_columns(
     current = mx.take_along_axis(tokens, columns[:, None], axis=1)[:, 0]
     written = mx.where(rows, values, current)
     return mx.put_along_axis(tokens, columns[:, None], written[:, None], axis=1)
+
+
+def teacher_forced_logits(
+    lm: Lm, input_tokens: mx.array, previous_tokens: mx.array
+) -> tuple[mx.array, mx.array]:
+    """Logits of `lm` on given inputs, step by step through the temporal transformer's
+    `KVRing` as `LmGen` runs it: input_tokens (T, K) of each step (`LmGenStep.input_tokens`),
+    previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
+    0..dep_q-2: `LmGenStep.sampled_tokens[:dep_q]`) -> text logits (T, text_card) and audio
+    logits (T, dep_q, card), float32. To compare two models on exactly the same inputs."""
+    ring = lm.make_ring()
+    depformer_caches = lm.depformer.make_caches()
+    text_logits, audio_logits = [], []
+    for t in range(input_tokens.shape[0]):
+        ring = ring.grown(t)
+        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring)
+        ring = ring.advanced()
+        audio = lm.depformer.logits(
+            temporal_out[:, None], previous_tokens[t][None], depformer_caches
+        )
+        text_logits.append(text[0].astype(mx.float32))
+        audio_logits.append(audio[0].astype(mx.float32))
+        mx.eval(text_logits[-1], audio_logits[-1], ring.keys, ring.values, ring.position)
+    return mx.stack(text_logits), mx.stack(audio_logits)

@@ -1,7 +1,8 @@
 """`python -m moshi_mlx.quantize --check`: how closely a converted LM follows its source.
 
-The source model generates greedily from random user codes; the converted model is then run
-teacher-forced on exactly the inputs the source saw, and their tokens and logits compared.
+The source model generates greedily from random user codes through `LmGen`, which records
+what each step fed the model and sampled; both models are then run teacher-forced on exactly
+those inputs (`teacher_forced_logits`), and their tokens and logits compared.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import numpy as np
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
 from moshi_mlx.checkpoints.io import load_strict, read_safetensors
 from moshi_mlx.checkpoints.lm import compute_dtype, load_lm, parameter_count
+from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.sampling import SamplingConfig
 
 
 @dataclass
@@ -41,59 +44,20 @@ class CheckResult:
         )
 
 
-def _step_inputs(config: LmConfig, history: np.ndarray, t: int) -> mx.array:
-    """Input tokens (1, K, 1) of step t, delayed per stream as in `LmGen`.
-
-    history (K, steps): rows 0..dep_q hold the tokens generated at each step (text, Moshi's
-    codebooks), the other rows the user's codes given at each step.
-    """
-    delays = np.array(config.delays)
-    start = np.array([config.text_card] + [config.card] * config.n_q)
-    generated = (np.arange(config.num_codebooks) <= config.dep_q).astype(np.int64)
-    column = t - delays - generated  # generated tokens are fed one step later than user codes
-    fed = history[np.arange(config.num_codebooks), np.maximum(column, 0)]
-    tokens = np.where(t <= delays, start, fed)
-    return mx.array(tokens.astype(np.int32))[None, :, None]
+def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
+    """What `LmGen` fed `lm` and what it sampled, greedily, on the user's codes
+    (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + dep_q)."""
+    generator = LmGen(lm, SamplingConfig.greedy(), seed=0)
+    steps = [generator.step(mx.array(codes, mx.int32)) for codes in user_codes.T]
+    inputs = mx.stack([step.input_tokens for step in steps])
+    sampled = mx.stack([step.sampled_tokens for step in steps])
+    mx.eval(inputs, sampled)
+    return inputs, sampled
 
 
-def _run_greedy(lm: Lm, user_codes: np.ndarray, reference: dict | None) -> dict:
-    """Run `lm` step by step; without `reference`, feed back its own greedy tokens, else the
-    reference's (teacher forcing), so both models see exactly the same inputs."""
-    cfg = lm.cfg
-    steps = user_codes.shape[1]
-    history = np.zeros((cfg.num_codebooks, steps), np.int64)
-    history[1 + cfg.dep_q :] = user_codes
-    caches, depformer_caches = lm.make_caches(), lm.depformer.make_caches()
-    text_logits, audio_logits = [], []
-    for t in range(steps):
-        temporal_out, text = lm.forward_text(_step_inputs(cfg, history, t), caches)
-        text = text[:, -1].astype(mx.float32)  # (1, text_card)
-        if reference is None:
-            recorded: list[mx.array] = []
-
-            def greedy(logits: mx.array, _: int, recorded=recorded) -> mx.array:
-                recorded.append(logits.astype(mx.float32))
-                return mx.argmax(logits, axis=-1).astype(mx.int32)
-
-            first = mx.argmax(text, axis=-1).astype(mx.int32)
-            lm.depformer.sample(temporal_out, first, depformer_caches, greedy)
-            audio = mx.stack(recorded, axis=1)  # (1, dep_q, card)
-            mx.eval(text, audio)
-            history[0, t] = mx.argmax(text, axis=-1).item()
-            history[1 : 1 + cfg.dep_q, t] = np.array(mx.argmax(audio, axis=-1)[0])
-        else:
-            history[: 1 + cfg.dep_q, t] = reference["tokens"][:, t]
-            prev = mx.array(history[: cfg.dep_q, t].astype(np.int32))[None]
-            audio = lm.depformer.logits(temporal_out, prev, depformer_caches)
-            audio = audio.astype(mx.float32)
-            mx.eval(text, audio)
-        text_logits.append(np.array(text[0]))
-        audio_logits.append(np.array(audio[0]))
-    return {
-        "tokens": history[: 1 + cfg.dep_q].copy(),
-        "text_logits": np.stack(text_logits),  # (steps, text_card)
-        "audio_logits": np.stack(audio_logits),  # (steps, dep_q, card)
-    }
+def _logits(lm: Lm, inputs: mx.array, sampled: mx.array) -> dict[str, np.ndarray]:
+    text, audio = teacher_forced_logits(lm, inputs, sampled[:, : lm.cfg.dep_q])
+    return {"text_logits": np.array(text), "audio_logits": np.array(audio)}
 
 
 def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
@@ -125,19 +89,21 @@ def compare_generation(
     """
     rng = np.random.default_rng(seed)
     user_codes = rng.integers(0, config.card, (config.n_q - config.dep_q, steps))
-    source = _run_greedy(load_source_lm(source_path, config), user_codes, None)
+    source_lm = load_source_lm(source_path, config)
+    inputs, sampled = _greedy_stream(source_lm, user_codes)
+    source = _logits(source_lm, inputs, sampled)
+    del source_lm
     mx.clear_cache()
-    converted = _run_greedy(load_lm(converted_path, config), user_codes, source)
+    converted = _logits(load_lm(converted_path, config), inputs, sampled)
+    tokens = np.array(sampled)  # (steps, 1 + dep_q)
     text_diff = converted["text_logits"] - source["text_logits"]
     audio_diff = converted["audio_logits"] - source["audio_logits"]
     diffs = np.concatenate([text_diff.ravel(), audio_diff.ravel()])
     logits = np.concatenate([source["text_logits"].ravel(), source["audio_logits"].ravel()])
     return CheckResult(
         steps=steps,
-        text_agreement=float(np.mean(converted["text_logits"].argmax(-1) == source["tokens"][0])),
-        audio_agreement=float(
-            np.mean(converted["audio_logits"].argmax(-1) == source["tokens"][1:].T)
-        ),
+        text_agreement=float(np.mean(converted["text_logits"].argmax(-1) == tokens[:, 0])),
+        audio_agreement=float(np.mean(converted["audio_logits"].argmax(-1) == tokens[:, 1:])),
         max_text_logit_diff=float(np.abs(text_diff).max()),
         max_audio_logit_diff=float(np.abs(audio_diff).max()),
         text_logit_rms=_rms(source["text_logits"]),

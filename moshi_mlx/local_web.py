@@ -55,13 +55,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-browser", action="store_true", help="do not open the page once the model is ready"
     )
     server.add_argument(
-        "--max-lag", type=float, default=0.24, metavar="SECONDS",
+        "--max-lag",
+        type=float,
+        default=0.24,
+        metavar="SECONDS",
         help="seconds of mic audio the model may fall behind before the oldest is dropped",
-    )  # fmt: skip
+    )
     server.add_argument(
-        "--max-conversations", type=int, default=1, metavar="N",
+        "--max-conversations",
+        type=int,
+        default=1,
+        metavar="N",
         help="conversations at once; more connections are told the server is busy",
-    )  # fmt: skip
+    )
     add_model_args(parser)
     return parser.parse_args(argv)
 
@@ -100,11 +106,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     if not (static_dir / "index.html").is_file():
         raise ConfigError(f"--static {static_dir}: no index.html in that folder")
     return ServerConfig(
-        sampling=sampling_from_args(args), seed=args.seed,
+        sampling=sampling_from_args(args),
+        seed=args.seed,
         max_lag_frames=max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE)),
-        max_conversations=args.max_conversations, static_dir=static_dir.resolve(),
+        max_conversations=args.max_conversations,
+        static_dir=static_dir.resolve(),
         loopback_only=is_loopback(args.host),
-    )  # fmt: skip
+    )
 
 
 def _say(message: str) -> None:

@@ -562,11 +562,22 @@ def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
 # Bandwidth floor --------------------------------------------------------------------------
 # Memory bandwidth specs of Apple chip classes, GB/s (the vendor's published figures).
 APPLE_BANDWIDTH_GBS = {
-    "M1": 68, "M1 Pro": 200, "M1 Max": 400, "M2": 100, "M2 Pro": 200, "M2 Max": 400,
-    "M3": 100, "M3 Pro": 150, "M3 Max (30-core GPU)": 300, "M3 Max (40-core GPU)": 400,
-    "M4": 120, "M4 Pro": 273, "M4 Max (32-core GPU)": 410, "M4 Max (40-core GPU)": 546,
+    "M1": 68,
+    "M1 Pro": 200,
+    "M1 Max": 400,
+    "M2": 100,
+    "M2 Pro": 200,
+    "M2 Max": 400,
+    "M3": 100,
+    "M3 Pro": 150,
+    "M3 Max (30-core GPU)": 300,
+    "M3 Max (40-core GPU)": 400,
+    "M4": 120,
+    "M4 Pro": 273,
+    "M4 Max (32-core GPU)": 410,
+    "M4 Max (40-core GPU)": 546,
     "M1/M2 Ultra": 800,
-}  # fmt: skip
+}
 _MANIFEST_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint32": 4}
 # Embedding tables are gathered: a step reads one row of each (text, 16 audio, 8 depformer).
 _TABLE_PREFIXES = ("text_emb.", "audio_embs.")
@@ -598,16 +609,26 @@ def format_floor(formats_dir: Path) -> str:
     """Markdown table: ms per step at each chip's bandwidth, for the published 7B files."""
     config = LmConfig.moshi_7b()
     kv_full = kv_cache_bytes(config, config.context)
-    variants = {q: weight_bytes_per_step(formats_dir / f"moshiko_mlx_{q}.tsv")
-                for q in ("bf16", "q8", "q4")}  # fmt: skip
+    variants = {
+        q: weight_bytes_per_step(formats_dir / f"moshiko_mlx_{q}.tsv") for q in ("bf16", "q8", "q4")
+    }
     lines = ["| | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
     lines.append("| file GB | " + " | ".join(f"{t / 1e9:.2f}" for t, _ in variants.values()) + " |")
-    lines.append("| weights read per step, GB | "
-                 + " | ".join(f"{r / 1e9:.2f}" for _, r in variants.values()) + " |")  # fmt: skip
-    lines.append(f"| + KV cache at {config.context} positions, GB | "
-                 + " | ".join(f"{(r + kv_full) / 1e9:.2f}" for _, r in variants.values()) + " |")  # fmt: skip
-    lines += ["", "| chip | GB/s | " + " | ".join(f"{q} ms (full context)" for q in variants)
-              + " |", "|---|---:|" + "---:|" * len(variants)]  # fmt: skip
+    lines.append(
+        "| weights read per step, GB | "
+        + " | ".join(f"{r / 1e9:.2f}" for _, r in variants.values())
+        + " |"
+    )
+    lines.append(
+        f"| + KV cache at {config.context} positions, GB | "
+        + " | ".join(f"{(r + kv_full) / 1e9:.2f}" for _, r in variants.values())
+        + " |"
+    )
+    lines += [
+        "",
+        "| chip | GB/s | " + " | ".join(f"{q} ms (full context)" for q in variants) + " |",
+        "|---|---:|" + "---:|" * len(variants),
+    ]
     for chip, gbs in APPLE_BANDWIDTH_GBS.items():
         cells = [
             f"{r / gbs / 1e6:.1f} ({(r + kv_full) / gbs / 1e6:.1f})" for _, r in variants.values()
@@ -720,9 +741,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="folder of the published checkpoints' .tsv manifests",
     )
     args = parser.parse_args(argv)
-    for name, allowed in (("shapes", LM_SHAPES), ("quant", QUANT_BITS),
-                          ("parts", ("lm", "mimi", "pipeline", "echo", "web")),
-                          ("codec", ("mlx", "rustymimi")), ("dtype", DTYPES)):  # fmt: skip
+    for name, allowed in (
+        ("shapes", LM_SHAPES),
+        ("quant", QUANT_BITS),
+        ("parts", ("lm", "mimi", "pipeline", "echo", "web")),
+        ("codec", ("mlx", "rustymimi")),
+        ("dtype", DTYPES),
+    ):
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
             parser.error(f"--{name}: unknown {', '.join(sorted(unknown))}")
@@ -743,10 +768,17 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                     if args.kyutai:
                         theirs_runs.append(run_kyutai(args.kyutai_python, "lm", weights, extra))
                     for dtype in args.dtype:
-                        ours_runs[dtype].append(bench_lm(
-                            weights, shape, args.steps, args.warmup, args.seed,
-                            args.split_steps, DTYPES[dtype],
-                        ))  # fmt: skip
+                        ours_runs[dtype].append(
+                            bench_lm(
+                                weights,
+                                shape,
+                                args.steps,
+                                args.warmup,
+                                args.seed,
+                                args.split_steps,
+                                DTYPES[dtype],
+                            )
+                        )
                 theirs = pool_rounds(theirs_runs) if theirs_runs else None
                 for dtype in args.dtype:
                     case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
@@ -777,9 +809,15 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                     for backend in args.codec:
                         case = {"part": "pipeline", "shape": shape, "quant": quant}
                         case["ours"] = bench_pipeline(
-                            lm_file, mimi_file, shape, backend, args.frames, args.warmup,
-                            args.seed, DTYPES[dtype],
-                        )  # fmt: skip
+                            lm_file,
+                            mimi_file,
+                            shape,
+                            backend,
+                            args.frames,
+                            args.warmup,
+                            args.seed,
+                            DTYPES[dtype],
+                        )
                         results.append(case)
                         print(format_table([case]).split("\n", 2)[2], flush=True)
     if "echo" in args.parts:
@@ -807,11 +845,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(format_table(results))
     if args.json is not None:
         report = {
-            "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                        "mlx": mx.__version__, "device": str(mx.default_device())},
+            "machine": {
+                "platform": platform.platform(),
+                "processor": platform.processor(),
+                "mlx": mx.__version__,
+                "device": str(mx.default_device()),
+            },
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "results": results,
-        }  # fmt: skip
+        }
         args.json.write_text(json.dumps(report, indent=2))
     return results
 

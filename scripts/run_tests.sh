@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need (Debian audio packages when run as root, a venv with the
-# package and its test extras) and runs the test suite. Extra arguments go to pytest.
+# package and its test extras), checks lint and formatting with ruff, and runs the test
+# suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,4 +22,7 @@ fi
 
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+# Lint first: the house style is checked like the tests (ruff's settings are in pyproject.toml).
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest "$@"

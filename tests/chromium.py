@@ -56,12 +56,21 @@ class Chromium:
         self.profile.mkdir(parents=True, exist_ok=True)
         (self.profile / "DevToolsActivePort").unlink(missing_ok=True)  # a stale one's port
         flags = [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
-            f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-            "--use-fake-device-for-media-stream", "--window-size=1000,900",
-        ]  # fmt: skip
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--autoplay-policy=no-user-gesture-required",
+            f"--user-data-dir={self.profile}",
+            "--remote-debugging-port=0",
+            "--use-fake-device-for-media-stream",
+            "--window-size=1000,900",
+        ]
         if not self.deny_mic:
             flags.append("--use-fake-ui-for-media-stream")
         if self.fake_mic_wav is not None:
@@ -136,9 +145,12 @@ class Page:
     async def evaluate(self, expression: str, user_gesture: bool = False):
         """The JSON value of `expression` in the page (awaiting it if it is a promise)."""
         result = await self.call(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True,
+            "Runtime.evaluate",
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
             userGesture=user_gesture,
-        )  # fmt: skip
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -26,11 +26,29 @@ def _check_timing(stats: dict, count: int) -> None:
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     command = [
-        sys.executable, str(SCRIPTS / "bench.py"), "--shapes", "tiny", "--quant", "bf16,q4",
-        "--parts", "lm,mimi,pipeline,echo", "--codec", "mlx,rustymimi", "--steps", str(STEPS),
-        "--split-steps", "3", "--frames", str(FRAMES), "--warmup", "1", "--batch-seconds", "1",
-        "--json", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        str(SCRIPTS / "bench.py"),
+        "--shapes",
+        "tiny",
+        "--quant",
+        "bf16,q4",
+        "--parts",
+        "lm,mimi,pipeline,echo",
+        "--codec",
+        "mlx,rustymimi",
+        "--steps",
+        str(STEPS),
+        "--split-steps",
+        "3",
+        "--frames",
+        str(FRAMES),
+        "--warmup",
+        "1",
+        "--batch-seconds",
+        "1",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "step_ms" in done.stdout and "real-time factor" in done.stdout  # the printed table
@@ -117,9 +135,17 @@ def test_web_server_overhead(tmp_path):
     """The web server's own work per 80 ms frame (Opus both ways, a websocket round trip)."""
     out = tmp_path / "web.json"
     command = [
-        sys.executable, str(SCRIPTS / "bench.py"), "--parts", "web", "--frames", "10",
-        "--warmup", "2", "--json", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        str(SCRIPTS / "bench.py"),
+        "--parts",
+        "web",
+        "--frames",
+        "10",
+        "--warmup",
+        "2",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     (case,) = json.loads(out.read_text())["results"]

@@ -87,8 +87,13 @@ def test_long_run_memory_is_flat():
     A slimmer config than `tiny()` (fewer layers and codebooks) keeps this test fast; the
     caches are the same objects whatever the sizes.
     """
-    slim = {"num_layers": 1, "depformer_num_layers": 1, "n_q": 4, "dep_q": 2,
-            "delays": [0, 0, 1, 0, 1]}  # fmt: skip
+    slim = {
+        "num_layers": 1,
+        "depformer_num_layers": 1,
+        "n_q": 4,
+        "dep_q": 2,
+        "delays": [0, 0, 1, 0, 1],
+    }
     lm = Lm(LmConfig.from_dict(LmConfig.tiny().to_dict() | slim))
     mx.eval(lm.parameters())
     gen = LmGen(lm, seed=0)

@@ -22,9 +22,12 @@ def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
 
 @pytest.mark.parametrize(
     "manifest, bits, group_size",
-    [("moshiko_mlx_bf16.tsv", None, None), ("moshiko_mlx_q8.tsv", 8, 64),
-     ("moshiko_mlx_q4.tsv", 4, 32)],
-)  # fmt: skip
+    [
+        ("moshiko_mlx_bf16.tsv", None, None),
+        ("moshiko_mlx_q8.tsv", 8, 64),
+        ("moshiko_mlx_q4.tsv", 4, 32),
+    ],
+)
 def test_7b_parameters_equal_published_manifest(manifest, bits, group_size):
     model = build_lm(LmConfig.moshi_7b(), bits=bits, group_size=group_size)  # lazy: no eval
     ours = {
@@ -63,18 +66,39 @@ def test_config_round_trip(preset):
 
 def test_from_dict_kyutai_keys_and_defaults():
     data = {
-        "dim": 4096, "text_card": 32000, "existing_text_padding_id": 3, "n_q": 16, "dep_q": 8,
-        "card": 2048, "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125, "causal": True,
-        "layer_scale": None, "context": 3000, "max_period": 10000, "gating": "silu",
-        "norm": "rms_norm_f32", "positional_embedding": "rope", "depformer_dim": 1024,
-        "depformer_dim_feedforward": 4224, "depformer_num_heads": 16,
-        "depformer_num_layers": 6, "depformer_layer_scale": None,
-        "depformer_multi_linear": True, "depformer_context": 8, "depformer_max_period": 10000,
-        "depformer_gating": "silu", "depformer_pos_emb": "none",
-        "depformer_weights_per_step": True, "delays": [0, 0] + [1] * 7 + [0] + [1] * 7,
-        "moshi_name": "model.q4.safetensors", "model_type": "moshi", "lm_gen_config": {},
+        "dim": 4096,
+        "text_card": 32000,
+        "existing_text_padding_id": 3,
+        "n_q": 16,
+        "dep_q": 8,
+        "card": 2048,
+        "num_heads": 32,
+        "num_layers": 32,
+        "hidden_scale": 4.125,
+        "causal": True,
+        "layer_scale": None,
+        "context": 3000,
+        "max_period": 10000,
+        "gating": "silu",
+        "norm": "rms_norm_f32",
+        "positional_embedding": "rope",
+        "depformer_dim": 1024,
+        "depformer_dim_feedforward": 4224,
+        "depformer_num_heads": 16,
+        "depformer_num_layers": 6,
+        "depformer_layer_scale": None,
+        "depformer_multi_linear": True,
+        "depformer_context": 8,
+        "depformer_max_period": 10000,
+        "depformer_gating": "silu",
+        "depformer_pos_emb": "none",
+        "depformer_weights_per_step": True,
+        "delays": [0, 0] + [1] * 7 + [0] + [1] * 7,
+        "moshi_name": "model.q4.safetensors",
+        "model_type": "moshi",
+        "lm_gen_config": {},
         "conditioners": {},
-    }  # fmt: skip
+    }
     cfg = LmConfig.from_dict(data)
     assert cfg.moshi_name == "model.q4.safetensors"
     assert cfg.to_dict() | {"moshi_name": "model.safetensors"} == LmConfig.moshi_7b().to_dict()

@@ -31,8 +31,9 @@ def test_teacher_forced_logits_step_by_step(golden_lm):
     for t in range(tokens.shape[1]):
         out, logits = lm.forward_text(mx.array(tokens[None, :, t : t + 1]), caches)
         text_logits.append(np.array(logits[0, 0]))
-        dep_logits.append(np.array(lm.depformer.logits(out, mx.array(dep_prev[None, :, t]),
-                                                       dep_caches)[0]))  # fmt: skip
+        dep_logits.append(
+            np.array(lm.depformer.logits(out, mx.array(dep_prev[None, :, t]), dep_caches)[0])
+        )
     assert _relative_error(np.stack(text_logits), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
     assert _relative_error(np.stack(dep_logits), golden["tf_dep_logits"]) < MAX_RELATIVE_ERROR
 

@@ -75,4 +75,3 @@ def test_never_overwrites_the_input_or_an_existing_file(tmp_path, capsys, speech
     assert main([str(recording), str(existing), "--seed", "1", "--force", *flags]) == 0
     assert sf.info(str(existing)).samplerate == 24000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "me.wav", "reply.wav"]
-

@@ -64,10 +64,20 @@ def local_web(tmp_path_factory, tmp_path):
     env = {**os.environ, "BROWSER": f'{sys.executable} -c "{record_url}" {opened} %s'}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
-             "--codec", fast_codec(), "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "moshi_mlx.local_web",
+                *weight_flags(files),
+                "--codec",
+                fast_codec(),
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     deadline = time.monotonic() + 120
     while "ready: open" not in log.read_text() or not opened.exists():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -91,10 +101,13 @@ async def _poll(page, done, timeout: float) -> dict:
 
 def _talking(stats: dict) -> bool:
     return (
-        stats["state"] == "live" and stats["sentSeconds"] > 1.0 and stats["micSoundSamples"] > 0
-        and stats["receivedAudioMessages"] >= 5 and stats["playedSoundSamples"] > 0
+        stats["state"] == "live"
+        and stats["sentSeconds"] > 1.0
+        and stats["micSoundSamples"] > 0
+        and stats["receivedAudioMessages"] >= 5
+        and stats["playedSoundSamples"] > 0
         and len(stats["text"].strip()) > 0
-    )  # fmt: skip
+    )
 
 
 def test_page_talks_with_moshi_in_chromium(local_web, tmp_path):

@@ -54,19 +54,38 @@ def test_kyutai_python_client_talks_with_our_server(tmp_path, tmp_path_factory):
     server_log, client_out, client_err = (tmp_path / n for n in ("server", "out", "err"))
     with PulseServer(tmp_path / "pulse") as pulse, open(server_log, "wb") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
-             "--codec", fast_codec(), "--port", str(port), "--no-browser"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "moshi_mlx.local_web",
+                *weight_flags(files),
+                "--codec",
+                fast_codec(),
+                "--port",
+                str(port),
+                "--no-browser",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             _wait_for(server_log, "ready: open", server, 120)
             pulse.start_recording(tmp_path / "speaker.raw")
             with open(client_out, "wb") as out, open(client_err, "wb") as err:
                 client = subprocess.Popen(
-                    [str(REF_PYTHON), "-m", "moshi.client", "--host", "127.0.0.1",
-                     "--port", str(port)],
-                    env=pulse.env(), stdout=out, stderr=err,
-                )  # fmt: skip
+                    [
+                        str(REF_PYTHON),
+                        "-m",
+                        "moshi.client",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                    ],
+                    env=pulse.env(),
+                    stdout=out,
+                    stderr=err,
+                )
                 try:
                     _wait_for(client_err, "connected!", client, 60)
                     pulse.feed_mic(read_audio(speech_file))

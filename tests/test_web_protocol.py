@@ -30,10 +30,13 @@ def test_messages_start_with_their_kind():
 
 @pytest.mark.parametrize(
     ("message", "reason"),
-    [(b"", "empty message"), (b"\x07", "unknown message kind 0x07"),
-     (b"\xff\x00", "unknown message kind 0xff"),
-     (b"\x01" + bytes(protocol.MAX_MESSAGE_BYTES), "over the limit")],
-)  # fmt: skip
+    [
+        (b"", "empty message"),
+        (b"\x07", "unknown message kind 0x07"),
+        (b"\xff\x00", "unknown message kind 0xff"),
+        (b"\x01" + bytes(protocol.MAX_MESSAGE_BYTES), "over the limit"),
+    ],
+)
 def test_invalid_messages(message, reason):
     with pytest.raises(ProtocolError, match=reason):
         protocol.parse(message)
@@ -45,10 +48,16 @@ def test_query_parameters_map_onto_sampling_and_one_seed():
     assert session_params({}, defaults, 5).seed == 5  # the server's --seed
     # What Kyutai's web client sends: all of them, with two random seeds.
     query = {
-        "text_temperature": "0.5", "text_topk": "10", "audio_temperature": "0.6",
-        "audio_topk": "100", "pad_mult": "0", "text_seed": "123", "audio_seed": "456",
-        "repetition_penalty_context": "64", "repetition_penalty": "1",
-    }  # fmt: skip
+        "text_temperature": "0.5",
+        "text_topk": "10",
+        "audio_temperature": "0.6",
+        "audio_topk": "100",
+        "pad_mult": "0",
+        "text_seed": "123",
+        "audio_seed": "456",
+        "repetition_penalty_context": "64",
+        "repetition_penalty": "1",
+    }
     params = session_params(query, defaults, 5)
     assert params.sampling == SamplingConfig(
         text_temp=0.5, text_top_k=10, audio_temp=0.6, audio_top_k=100
@@ -60,10 +69,16 @@ def test_query_parameters_map_onto_sampling_and_one_seed():
 
 @pytest.mark.parametrize(
     "query",
-    [{"text_temperature": "hot"}, {"audio_temperature": "-1"}, {"text_temperature": "nan"},
-     {"text_topk": "2.5"}, {"audio_topk": "-1"}, {"text_seed": "x"},
-     {"audio_seed": str(2**64)}],
-)  # fmt: skip
+    [
+        {"text_temperature": "hot"},
+        {"audio_temperature": "-1"},
+        {"text_temperature": "nan"},
+        {"text_topk": "2.5"},
+        {"audio_topk": "-1"},
+        {"text_seed": "x"},
+        {"audio_seed": str(2**64)},
+    ],
+)
 def test_bad_query_parameters(query):
     with pytest.raises(ProtocolError, match=f"query parameter {next(iter(query))}"):
         session_params(query, SamplingConfig(), None)
@@ -71,13 +86,18 @@ def test_bad_query_parameters(query):
 
 @pytest.mark.parametrize(
     ("origin", "host", "allowed"),
-    [(None, "localhost:8998", True), ("http://localhost:8998", "localhost:8998", True),
-     ("https://Mac.local", "mac.local:443", True), ("http://localhost", "localhost:80", True),
-     ("http://localhost:8998", "127.0.0.1:8998", False),
-     ("http://evil.example:8998", "localhost:8998", False),
-     ("http://localhost:9000", "localhost:8998", False), ("null", "localhost:8998", False),
-     ("file://", "localhost:8998", False)],
-)  # fmt: skip
+    [
+        (None, "localhost:8998", True),
+        ("http://localhost:8998", "localhost:8998", True),
+        ("https://Mac.local", "mac.local:443", True),
+        ("http://localhost", "localhost:80", True),
+        ("http://localhost:8998", "127.0.0.1:8998", False),
+        ("http://evil.example:8998", "localhost:8998", False),
+        ("http://localhost:9000", "localhost:8998", False),
+        ("null", "localhost:8998", False),
+        ("file://", "localhost:8998", False),
+    ],
+)
 def test_origin_must_match_host(origin, host, allowed):
     assert origin_allowed(origin, host) is allowed
 
@@ -92,8 +112,12 @@ def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "moshi_mlx.local_web", "--no-browser", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def _free_port() -> str:
@@ -104,11 +128,13 @@ def _free_port() -> str:
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--ssl", "{tmp}"], "cert.pem not found"),
-     (["--static", "{tmp}"], "no index.html in that folder"),
-     (["--max-lag", "0"], "--max-lag must be > 0"),
-     (["--max-conversations", "0"], "--max-conversations must be >= 1")],
-)  # fmt: skip
+    [
+        (["--ssl", "{tmp}"], "cert.pem not found"),
+        (["--static", "{tmp}"], "no index.html in that folder"),
+        (["--max-lag", "0"], "--max-lag must be > 0"),
+        (["--max-conversations", "0"], "--max-conversations must be >= 1"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(tmp_path, flags, message):
     done = _local_web(*(f.format(tmp=tmp_path) for f in flags))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
@@ -117,10 +143,15 @@ def test_bad_flags_are_one_line_errors(tmp_path, flags, message):
 
 def test_open_host_without_https_warns_then_missing_weights_stop_it(tmp_path):
     missing = [
-        "--moshi-weight", str(tmp_path / "m.safetensors"),
-        "--mimi-weight", str(tmp_path / "mimi.safetensors"),
-        "--tokenizer", str(tmp_path / "t.model"), "--lm-config", str(tmp_path / "c.json"),
-    ]  # fmt: skip
+        "--moshi-weight",
+        str(tmp_path / "m.safetensors"),
+        "--mimi-weight",
+        str(tmp_path / "mimi.safetensors"),
+        "--tokenizer",
+        str(tmp_path / "t.model"),
+        "--lm-config",
+        str(tmp_path / "c.json"),
+    ]
     done = _local_web("--host", "0.0.0.0", "--port", _free_port(), *missing)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "browsers on other machines will refuse the microphone" in done.stderr

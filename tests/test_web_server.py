@@ -40,9 +40,12 @@ def files(tmp_path_factory):
 
 def _load(files) -> MoshiModel:
     return MoshiModel.load(
-        moshi_weight=files["moshi"], mimi_weight=files["mimi"], tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"], codec_backend=fast_codec(),
-    )  # fmt: skip
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +170,12 @@ def test_bad_input_ends_that_connection_with_a_reason(url, name):
 
 @pytest.mark.parametrize(
     ("query", "reason"),
-    [("text_temperature=warm", "text_temperature must be a number"),
-     ("audio_topk=-3", "audio_topk must be a whole number"),
-     ("text_seed=1.5", "text_seed must be a whole number")],
-)  # fmt: skip
+    [
+        ("text_temperature=warm", "text_temperature must be a number"),
+        ("audio_topk=-3", "audio_topk must be a whole number"),
+        ("text_seed=1.5", "text_seed must be a whole number"),
+    ],
+)
 def test_bad_query_parameter_is_refused(url, query, reason):
     async def connect():
         async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}?{query}") as ws:
@@ -265,9 +270,14 @@ def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
 
 @pytest.mark.parametrize(
     ("origin", "allowed"),
-    [(None, True), ("http://127.0.0.1:{port}", True), ("http://evil.example", False),
-     ("http://127.0.0.1:1", False), ("null", False)],
-)  # fmt: skip
+    [
+        (None, True),
+        ("http://127.0.0.1:{port}", True),
+        ("http://evil.example", False),
+        ("http://127.0.0.1:1", False),
+        ("null", False),
+    ],
+)
 def test_browser_websockets_must_come_from_this_server(url, origin, allowed):
     port = url.split(":")[2].split("/")[0]
     headers = {} if origin is None else {"Origin": origin.format(port=port)}
@@ -307,8 +317,13 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
         assert get(ours, f"/{name}")[0] == 200
     assert get(theirs, "/") == (200, "<p>their client</p>")
     assert get(theirs, "/assets/app.js")[0] == 200
-    for path in ("/../secret.txt", "/%2e%2e/secret.txt", "/assets/../../secret.txt",
-                 "/..%2fsecret.txt", "/%2e%2e%2f%2e%2e%2fetc%2fpasswd"):  # fmt: skip
+    for path in (
+        "/../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/assets/../../secret.txt",
+        "/..%2fsecret.txt",
+        "/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    ):
         status, body = get(theirs, path)
         assert status in (403, 404) and "do not serve" not in body, path
 
@@ -316,10 +331,25 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-         "/CN=localhost", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            str(tmp_path / "key.pem"),
+            "-out",
+            str(tmp_path / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = server.serve(ServerConfig(sampling=SamplingConfig()), ssl_context(str(tmp_path)))
 
     async def connect():
@@ -340,10 +370,22 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         command = subprocess.Popen(
-            [sys.executable, "-m", "moshi_mlx.local_web", *weight_flags(files),
-             "--codec", fast_codec(), "--host", "127.0.0.1", "--port", str(port), "--no-browser"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "moshi_mlx.local_web",
+                *weight_flags(files),
+                "--codec",
+                fast_codec(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-browser",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
         while "ready: open" not in log.read_text():

@@ -48,9 +48,14 @@ _FIXED_KEYS: dict[str, Any] = {
     "depformer_gating": "silu",
 }
 # The fixed keys written out by `to_dict`, as the reference's defaults differ from Moshi's.
-_WRITTEN_FIXED_KEYS = ("causal", "layer_scale", "depformer_layer_scale",
-                       "depformer_multi_linear", "depformer_weights_per_step",
-                       "depformer_gating")  # fmt: skip
+_WRITTEN_FIXED_KEYS = (
+    "causal",
+    "layer_scale",
+    "depformer_layer_scale",
+    "depformer_multi_linear",
+    "depformer_weights_per_step",
+    "depformer_gating",
+)
 _REQUIRED_KEYS = ("dim", "num_heads", "num_layers", "card", "text_card", "n_q", "dep_q", "delays")
 
 
@@ -100,21 +105,41 @@ class LmConfig:
     def moshi_7b(cls) -> LmConfig:
         """Moshi 7B v0.1, as published in kyutai/moshiko-* and kyutai/moshika-*."""
         return cls(
-            dim=4096, num_heads=32, num_layers=32, hidden_scale=4.125, context=3000,
-            depformer_dim=1024, depformer_num_heads=16, depformer_num_layers=6,
-            depformer_dim_feedforward=int(4.125 * 1024), card=2048, text_card=32000,
-            n_q=16, dep_q=8, delays=MOSHI_DELAYS,
-        )  # fmt: skip
+            dim=4096,
+            num_heads=32,
+            num_layers=32,
+            hidden_scale=4.125,
+            context=3000,
+            depformer_dim=1024,
+            depformer_num_heads=16,
+            depformer_num_layers=6,
+            depformer_dim_feedforward=int(4.125 * 1024),
+            card=2048,
+            text_card=32000,
+            n_q=16,
+            dep_q=8,
+            delays=MOSHI_DELAYS,
+        )
 
     @classmethod
     def tiny(cls) -> LmConfig:
         """A few-hundred-thousand-parameter model with Moshi's streams, for tests."""
         return cls(
-            dim=64, num_heads=4, num_layers=2, hidden_scale=3.0, context=16,
-            depformer_dim=64, depformer_num_heads=4, depformer_num_layers=2,
-            depformer_dim_feedforward=96, card=64, text_card=100, n_q=16, dep_q=8,
+            dim=64,
+            num_heads=4,
+            num_layers=2,
+            hidden_scale=3.0,
+            context=16,
+            depformer_dim=64,
+            depformer_num_heads=4,
+            depformer_num_layers=2,
+            depformer_dim_feedforward=96,
+            card=64,
+            text_card=100,
+            n_q=16,
+            dep_q=8,
             delays=MOSHI_DELAYS,
-        )  # fmt: skip
+        )
 
     # Kyutai's config.json ---------------------------------------------------------------
     @classmethod
@@ -154,9 +179,20 @@ class LmConfig:
 
     def validate(self) -> None:
         """Raise `ConfigError` if the configuration is inconsistent or unsupported."""
-        ints = ("dim", "num_heads", "num_layers", "context", "depformer_dim",
-                "depformer_num_heads", "depformer_num_layers", "depformer_dim_feedforward",
-                "card", "text_card", "n_q", "dep_q")  # fmt: skip
+        ints = (
+            "dim",
+            "num_heads",
+            "num_layers",
+            "context",
+            "depformer_dim",
+            "depformer_num_heads",
+            "depformer_num_layers",
+            "depformer_dim_feedforward",
+            "card",
+            "text_card",
+            "n_q",
+            "dep_q",
+        )
         for name in ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -209,20 +245,29 @@ class LmConfig:
 
     def temporal_config(self) -> TransformerConfig:
         return TransformerConfig(
-            d_model=self.dim, num_heads=self.num_heads, num_layers=self.num_layers,
-            ffn_hidden=self.ffn_hidden, context=self.context, norm_eps=_NORM_EPS[self.norm],
-            positional_embedding=self.positional_embedding, max_period=self.max_period,
-        )  # fmt: skip
+            d_model=self.dim,
+            num_heads=self.num_heads,
+            num_layers=self.num_layers,
+            ffn_hidden=self.ffn_hidden,
+            context=self.context,
+            norm_eps=_NORM_EPS[self.norm],
+            positional_embedding=self.positional_embedding,
+            max_period=self.max_period,
+        )
 
     def depformer_config(self) -> TransformerConfig:
         # The reference sizes the depformer's cache by its dep_q steps, whatever
         # `depformer_context` says: every slice sees all earlier slices of the same step.
         return TransformerConfig(
-            d_model=self.depformer_dim, num_heads=self.depformer_num_heads,
-            num_layers=self.depformer_num_layers, ffn_hidden=self.depformer_ffn_hidden,
-            context=self.dep_q, norm_eps=_NORM_EPS[self.norm],
-            positional_embedding=self.depformer_pos_emb, max_period=self.depformer_max_period,
-        )  # fmt: skip
+            d_model=self.depformer_dim,
+            num_heads=self.depformer_num_heads,
+            num_layers=self.depformer_num_layers,
+            ffn_hidden=self.depformer_ffn_hidden,
+            context=self.dep_q,
+            norm_eps=_NORM_EPS[self.norm],
+            positional_embedding=self.depformer_pos_emb,
+            max_period=self.depformer_max_period,
+        )
 
 
 class Lm(nn.Module):

@@ -31,6 +31,7 @@ from moshi_mlx.generate import LmGen
 from moshi_mlx.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
+from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 
@@ -62,9 +63,13 @@ class MoshiModel:
         files: WeightFiles,
         codec_backend: str = "mlx",
         memory: MemoryPlan | None = None,
+        kv_quantization: KVQuantization | None = None,
     ):
         self.lm = lm
         self.memory = memory  # the plan it was loaded under
+        self.kv_quantization = kv_quantization  # how conversations store their KV cache
+        if kv_quantization is not None:
+            kv_quantization.check_head_dim(lm.cfg.dim // lm.cfg.num_heads)
         self.files = files
         self.codec_backend = codec_backend
         _check_codec_fits(lm.cfg)
@@ -83,6 +88,8 @@ class MoshiModel:
         codec_backend: str = "mlx",
         dtype: mx.Dtype | None = None,
         context: int | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int | None = None,
         check_memory: bool = True,
     ) -> MoshiModel:
         """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
@@ -90,14 +97,18 @@ class MoshiModel:
         `lm_config` is a Kyutai `config.json` path or an `LmConfig` (default: the repo's
         config, else Moshi 7B). `dtype` is the LM's compute dtype (default: bf16 on a GPU,
         float32 on the CPU; see `moshi_mlx.checkpoints.lm.compute_dtype`). `context` shortens
-        the attention window (at most the config's 3000 steps) to save memory. Unless
+        the attention window (at most the config's 3000 steps) and `kv_bits` (8 or 4, with
+        `kv_group_size`) quantizes the KV cache, both to save memory. Unless
         `check_memory` is False, a model that would not fit in the device's memory raises
         `ConfigError` with what would, before any weight is read (see `memory_plan`).
         """
         files, config = find_model(
             hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, lm_config, context
         )
-        plan = memory_plan(files, config, codec_backend, dtype)
+        kv_quantization = None if kv_bits is None else KVQuantization.of(kv_bits, kv_group_size)
+        if kv_quantization is not None:
+            kv_quantization.check_head_dim(config.dim // config.num_heads)
+        plan = memory_plan(files, config, codec_backend, dtype, kv_quantization)
         if check_memory:
             check_fits(plan, config)
         try:
@@ -108,7 +119,7 @@ class MoshiModel:
                 f"{exc}; these LM weights do not fit the LM config ({used}): "
                 "pass the config.json that belongs to them with --lm-config"
             ) from None
-        return cls(lm, files, codec_backend, plan)
+        return cls(lm, files, codec_backend, plan, kv_quantization)
 
     def conversation(
         self,
@@ -119,7 +130,7 @@ class MoshiModel:
         """Start a conversation; several may be open at once (each has its own streams over
         the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
         the far end too and removes its echo from the user's audio."""
-        generator = LmGen(self.lm, sampling, seed)
+        generator = LmGen(self.lm, sampling, seed, self.kv_quantization)
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
 
 
@@ -148,12 +159,17 @@ def find_model(
 
 
 def memory_plan(
-    files: WeightFiles, config: LmConfig, codec_backend: str = "mlx", dtype: mx.Dtype | None = None
+    files: WeightFiles,
+    config: LmConfig,
+    codec_backend: str = "mlx",
+    dtype: mx.Dtype | None = None,
+    kv_quantization: KVQuantization | None = None,
 ) -> MemoryPlan:
     """What the model of these files would take in memory, from their headers alone."""
     layout, _ = read_safetensors_header(files.moshi)
     codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
-    return plan_memory(config, layout, codec, dtype)
+    kv = kv_quantization
+    return plan_memory(config, layout, codec, dtype, kv and kv.bits, kv and kv.group_size)
 
 
 def _check_codec_fits(cfg: LmConfig) -> None:

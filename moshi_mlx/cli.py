@@ -10,6 +10,7 @@ from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
 from moshi_mlx.codec import BACKENDS
 from moshi_mlx.errors import MoshiError
+from moshi_mlx.modules.kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from moshi_mlx.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
@@ -56,6 +57,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="attention window in 80 ms steps, at most the model's 3000 (a shorter one saves "
         "KV-cache memory)",
+    )
+    memory.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        help="store the KV cache in 8 or 4 bits (about 1/2 or 1/3 of its bf16 size)",
+    )
+    memory.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=KV_GROUP_SIZES,
+        help="values per scale of the quantized KV cache (default 64 for 8 bits, 32 for 4)",
     )
     memory.add_argument(
         "--memory-plan",
@@ -116,7 +129,7 @@ def print_memory_plan(args: argparse.Namespace) -> int:
     from moshi_mlx.api import find_model, memory_plan
 
     files, config = find_model(**_model_choices(args))
-    plan = memory_plan(files, config, args.codec)
+    plan = memory_plan(files, config, args.codec, kv_quantization=_kv_quantization(args))
     print(plan.table())
     return 0
 
@@ -125,7 +138,18 @@ def load_model(args: argparse.Namespace):
     """Load the `MoshiModel` that the weight flags describe."""
     from moshi_mlx.api import MoshiModel
 
-    return MoshiModel.load(codec_backend=args.codec, **_model_choices(args))
+    return MoshiModel.load(
+        codec_backend=args.codec,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        **_model_choices(args),
+    )
+
+
+def _kv_quantization(args: argparse.Namespace) -> KVQuantization | None:
+    if args.kv_bits is None:
+        return None
+    return KVQuantization.of(args.kv_bits, args.kv_group_size)
 
 
 def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig, sample
 
 UNGENERATED = -2  # a token slot not written yet
@@ -77,9 +78,12 @@ class StepFunctions:
     """The step's functions for one model and sampling, compiled once and shared by every
     `LmGen` over them (`step_functions`), so a warm-up's traces serve later conversations."""
 
-    def __init__(self, lm: Lm, sampling: SamplingConfig):
+    def __init__(
+        self, lm: Lm, sampling: SamplingConfig, kv_quantization: KVQuantization | None = None
+    ):
         self.lm = lm
         self.sampling = sampling
+        self.kv_quantization = kv_quantization
         cfg = lm.cfg
         self._delays = mx.array(cfg.delays, mx.int32)
         self._initial = mx.array([cfg.text_card] + [cfg.card] * cfg.n_q, mx.int32)
@@ -130,7 +134,7 @@ class StepFunctions:
         current = mx.take(tokens, t % width, axis=1)
         inputs = mx.where(t <= delays, self._initial, current)
 
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, cfg.context, self.kv_quantization)
         temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
         generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
@@ -147,29 +151,40 @@ class StepFunctions:
         return generated[0], moshi_codes, *state, inputs, generated
 
 
-def step_functions(lm: Lm, sampling: SamplingConfig) -> StepFunctions:
-    """The `StepFunctions` of `lm` and `sampling`, made once per model (kept on the model
-    object as a plain attribute, outside its parameters, and freed with it)."""
+def step_functions(
+    lm: Lm, sampling: SamplingConfig, kv_quantization: KVQuantization | None = None
+) -> StepFunctions:
+    """The `StepFunctions` of `lm`, `sampling` and the KV cache's quantization, made once per
+    model (kept on the model object as a plain attribute, outside its parameters, and freed
+    with it)."""
     shared = vars(lm).setdefault("_step_functions", {})
-    if sampling not in shared:
-        shared[sampling] = StepFunctions(lm, sampling)
-    return shared[sampling]
+    choice = (sampling, kv_quantization)
+    if choice not in shared:
+        shared[choice] = StepFunctions(lm, sampling, kv_quantization)
+    return shared[choice]
 
 
 class LmGen:
     """Stateful generator over an `Lm`; `reset()` starts a new conversation."""
 
-    def __init__(self, lm: Lm, sampling: SamplingConfig | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        lm: Lm,
+        sampling: SamplingConfig | None = None,
+        seed: int | None = None,
+        kv_quantization: KVQuantization | None = None,
+    ):
         self.lm = lm
         self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
         self._num_user = lm.cfg.n_q - lm.cfg.dep_q
-        self._functions = step_functions(lm, self.sampling)
+        self._functions = step_functions(lm, self.sampling, kv_quantization)
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation; the random stream restarts from the generator's seed."""
-        self._ring = self.lm.make_ring()
+        self._ring = self.lm.make_ring(quantization=self.kv_quantization)
         self._key = mx.random.key(self.seed)
         # Ring of token slots: row k holds stream k, column (t % width) step t's input.
         width = self._functions.width
@@ -200,7 +215,7 @@ class LmGen:
         """
         outputs = self._outputs(user_codes, self._functions.compiled_step)
         text, moshi_codes, self._tokens, self._key, keys, values, position, *tokens = outputs
-        self._ring = KVRing(keys, values, position, self._ring.context)
+        self._ring = self._ring.replaced(keys, values, position)
         mx.async_eval(outputs)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
@@ -230,14 +245,18 @@ def _write_columns(
 
 
 def teacher_forced_logits(
-    lm: Lm, input_tokens: mx.array, previous_tokens: mx.array
+    lm: Lm,
+    input_tokens: mx.array,
+    previous_tokens: mx.array,
+    kv_quantization: KVQuantization | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Logits of `lm` on given inputs, step by step through the temporal transformer's
     `KVRing` as `LmGen` runs it: input_tokens (T, K) of each step (`LmGenStep.input_tokens`),
     previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
     0..dep_q-2: `LmGenStep.sampled_tokens[:dep_q]`) -> text logits (T, text_card) and audio
-    logits (T, dep_q, card), float32. To compare two models on exactly the same inputs."""
-    ring = lm.make_ring()
+    logits (T, dep_q, card), float32. To compare two models, or two KV caches, on exactly the
+    same inputs."""
+    ring = lm.make_ring(quantization=kv_quantization)
     depformer_caches = lm.depformer.make_caches()
     text_logits, audio_logits = [], []
     for t in range(input_tokens.shape[0]):

@@ -108,17 +108,14 @@ def kv_cache_bytes(
     kv_group_size: int | None = None,
     positions: int | None = None,
 ) -> int:
-    """Keys and values of the temporal transformer for `positions` (default: the context),
-    plus the depformer's one-step cache."""
+    """Keys and values of the temporal transformer's ring for `positions` (default: the
+    context), in the compute dtype or packed by the KV quantization."""
     positions = config.context if positions is None else positions
     values = 2 * config.num_layers * positions * config.dim  # keys and values
     if kv_bits is None:
-        temporal = values * dtype.size
-    else:
-        group_size = kv_group_size or DEFAULT_KV_GROUP_SIZE[kv_bits]
-        temporal = values * kv_bits // 8 + 2 * (values // group_size) * dtype.size
-    depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
-    return temporal + depformer * dtype.size
+        return values * dtype.size
+    group_size = kv_group_size or DEFAULT_KV_GROUP_SIZE[kv_bits]
+    return values * kv_bits // 8 + 2 * (values // group_size) * dtype.size
 
 
 def codec_bytes(
@@ -138,9 +135,11 @@ def codec_bytes(
 
 
 def activation_bytes(config: LmConfig) -> int:
-    """One step's transient arrays: the logits of every stream, and a fixed overhead."""
+    """One step's transient arrays: the logits of every stream, the depformer's one-step
+    cache, and a fixed overhead."""
     logits = config.text_card + config.dep_q * config.card
-    return 4 * logits * mx.float32.size + _STEP_OVERHEAD_BYTES
+    depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
+    return 4 * (logits + depformer) * mx.float32.size + _STEP_OVERHEAD_BYTES
 
 
 def device_capacity() -> tuple[int, str]:
@@ -186,8 +185,6 @@ def plan_memory(
     if dtype is None:
         parameters = sum(math.prod(shape) for shape, _ in lm_layout.values())
         dtype = compute_dtype(parameters, quantized=lm_bits is not None)
-    if kv_bits is not None and kv_bits not in KV_BITS:
-        raise ConfigError(f"--kv-bits must be one of {KV_BITS}, got {kv_bits}")
     size, device = capacity or device_capacity()
     return MemoryPlan(
         weights=lm_weight_bytes(lm_layout, dtype),

@@ -29,6 +29,7 @@ from moshi_mlx.memory_plan import (
     quantized_lm_weight_bytes,
 )
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.run_inference import main as run_inference
 
 GB = 1e9
@@ -73,7 +74,7 @@ def test_advice_names_what_fits():
     with pytest.raises(ConfigError) as error:
         check_fits(bf16, config)
     message = str(error.value)
-    assert "\n" not in message and "needs 17.38 GB" in message
+    assert "\n" not in message and "needs 17.39 GB" in message
     assert "it fits with -q 4 (6.81 GB)" in message
     q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
     with pytest.raises(ConfigError, match=r"fits with --kv-bits 4 --context \d+ \(5\.\d+ GB\)"):
@@ -178,3 +179,35 @@ def test_memory_plan_in_the_live_apps(app, tmp_path_factory):
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "LM weights" in done.stdout and done.stdout.rstrip().endswith("fits")
+
+
+@pytest.mark.parametrize("kv_bits", [None, 8, 4])
+def test_planned_kv_cache_is_what_mlx_allocates(kv_bits):
+    """The ring grown to its full context, unquantized or packed (head dimension 64)."""
+    config = replace(LmConfig.tiny(), dim=128, num_heads=2, context=300)
+    lm = Lm(config)
+    lm.set_dtype(mx.float32)
+    mx.eval(lm.parameters())
+    quantization = KVQuantization.of(kv_bits) if kv_bits else None
+
+    def full_ring():
+        ring = lm.make_ring(quantization=quantization).grown(config.context - 1)
+        mx.eval(ring.keys, ring.values)
+        return ring
+
+    allocated, ring = _allocated(full_ring)
+    assert ring.capacity == config.context
+    planned = kv_cache_bytes(config, mx.float32, kv_bits)
+    print(f"KV {kv_bits or 32}-bit: planned {planned} B, allocated {allocated} B")
+    assert abs(planned - allocated) <= 0.05 * allocated
+
+
+def test_kv_bits_flag(tmp_path, tmp_path_factory, capsys):
+    files = cached_tiny_moshi(tmp_path_factory)
+    argv = [str(_silence(tmp_path)), str(tmp_path / "out.wav"), *weight_flags(files)]
+    assert run_inference([*argv, "--memory-plan", "--kv-bits", "8"]) == 0
+    assert "KV cache (16 steps, 8-bit)" in capsys.readouterr().out
+    # The tiny LM's heads are 16 wide: no KV group fits them.
+    assert run_inference([*argv, "--kv-bits", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a head dimension that divides by it" in err

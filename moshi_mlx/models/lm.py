@@ -16,6 +16,7 @@ from mlx import nn
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfig
 
 MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
@@ -287,11 +288,14 @@ class Lm(nn.Module):
         """Fresh streaming state of the temporal transformer."""
         return self.transformer.make_caches()
 
-    def make_ring(self, batch: int = 1) -> KVRing:
-        """Fresh streaming state of the temporal transformer for `step_text`."""
+    def make_ring(self, batch: int = 1, quantization: KVQuantization | None = None) -> KVRing:
+        """Fresh streaming state of the temporal transformer for `step_text`, its keys and
+        values optionally quantized (the head dimension must divide by the group size)."""
         # The keys' dtype is what the first projection yields (built lazily, never evaluated).
         probe = self.transformer.layers[0].self_attn.in_proj(self.text_emb(mx.array([0])))
-        return self.transformer.make_ring(batch, probe.dtype)
+        if quantization is not None:
+            quantization.check_head_dim(self.cfg.dim // self.cfg.num_heads)
+        return self.transformer.make_ring(batch, probe.dtype, quantization)
 
     def embed(self, tokens: mx.array) -> mx.array:
         """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim).

@@ -6,6 +6,10 @@ from functools import cached_property
 
 import mlx.core as mx
 
+from moshi_mlx.modules.kv_quant import KVQuantization, Packed
+
+Buffer = mx.array | Packed  # one layer's keys (or values): plain, or packed by a quantization
+
 
 class KVCache:
     """Ring buffer holding the keys and values of the last `capacity` positions.
@@ -126,7 +130,8 @@ class KVRing:
     `position` (a () int32 array) is the absolute position of the next token, written at slot
     `position % context`; `keys` and `values` hold one (B, H, capacity, head_dim) buffer per
     layer. A query attends to the `min(position + 1, capacity)` written slots (a boolean mask),
-    which is the window of `context` positions once the ring wraps, as in `KVCache`.
+    which is the window of `context` positions once the ring wraps, as in `KVCache`. With a
+    `quantization`, each buffer is that layout's packed triple (see `modules.kv_quant`).
 
     The capacity starts at `FIRST_BUCKET` slots and grows in the buckets of `ring_capacity`
     (`grown`, outside compiled code) up to `context`, so early steps do not attend over
@@ -134,26 +139,52 @@ class KVRing:
     """
 
     def __init__(
-        self, keys: list[mx.array], values: list[mx.array], position: mx.array, context: int
+        self,
+        keys: list[Buffer],
+        values: list[Buffer],
+        position: mx.array,
+        context: int,
+        quantization: KVQuantization | None = None,
     ):
         self.keys = list(keys)
         self.values = list(values)
         self.position = position
         self.context = context
+        self.quantization = quantization
 
     @classmethod
     def empty(
-        cls, layers: int, shape: tuple[int, int, int], dtype: mx.Dtype, context: int
+        cls,
+        layers: int,
+        shape: tuple[int, int, int],
+        dtype: mx.Dtype,
+        context: int,
+        quantization: KVQuantization | None = None,
     ) -> KVRing:
         """A ring at position 0; `shape` is (B, H, head_dim) of one position's keys."""
         batch, heads, head_dim = shape
         size = (batch, heads, ring_capacity(1, context), head_dim)
-        buffers = [mx.zeros(size, dtype) for _ in range(2 * layers)]
-        return cls(buffers[:layers], buffers[layers:], mx.array(0, mx.int32), context)
+        if quantization is None:
+            buffers = [mx.zeros(size, dtype) for _ in range(2 * layers)]
+        else:
+            buffers = [quantization.empty(size, dtype) for _ in range(2 * layers)]
+        position = mx.array(0, mx.int32)
+        return cls(buffers[:layers], buffers[layers:], position, context, quantization)
+
+    def replaced(self, keys: list[Buffer], values: list[Buffer], position: mx.array) -> KVRing:
+        """A ring of the same context and quantization over other buffers and position."""
+        return KVRing(keys, values, position, self.context, self.quantization)
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[2]
+        first = self.keys[0]
+        return (first[0] if isinstance(first, tuple) else first).shape[2]
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """The dtype of the keys before any quantization (the activations')."""
+        first = self.keys[0]
+        return first[1].dtype if isinstance(first, tuple) else first.dtype
 
     @cached_property
     def visible(self) -> mx.array:
@@ -164,15 +195,24 @@ class KVRing:
     def _slot(self) -> mx.array:
         return (self.position % self.context).reshape(1)
 
-    def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def _write(self, buffer: Buffer, new: mx.array) -> Buffer:
+        if self.quantization is None:
+            return mx.slice_update(buffer, new, self._slot, axes=(2,))
+        packed = self.quantization.quantize(new)
+        return tuple(
+            mx.slice_update(part, value, self._slot, axes=(2,))
+            for part, value in zip(buffer, packed)
+        )
+
+    def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[Buffer, Buffer]:
         """Write one position's keys and values (B, H, 1, D) of `layer`; return its buffers."""
-        self.keys[layer] = mx.slice_update(self.keys[layer], keys, self._slot, axes=(2,))
-        self.values[layer] = mx.slice_update(self.values[layer], values, self._slot, axes=(2,))
+        self.keys[layer] = self._write(self.keys[layer], keys)
+        self.values[layer] = self._write(self.values[layer], values)
         return self.keys[layer], self.values[layer]
 
     def advanced(self) -> KVRing:
         """This ring after its step: the updated buffers, at the next position."""
-        return KVRing(self.keys, self.values, self.position + 1, self.context)
+        return self.replaced(self.keys, self.values, self.position + 1)
 
     def grown(self, position: int) -> KVRing:
         """This ring with room for `position` (the host's count of `position`): the next
@@ -182,6 +222,12 @@ class KVRing:
         if capacity <= self.capacity:
             return self
         pad = [(0, 0), (0, 0), (0, capacity - self.capacity), (0, 0)]
-        grow = [mx.pad(buffer, pad) for buffer in (*self.keys, *self.values)]
-        layers = len(self.keys)
-        return KVRing(grow[:layers], grow[layers:], self.position, self.context)
+
+        def grow(buffer: Buffer) -> Buffer:
+            if isinstance(buffer, tuple):
+                return tuple(mx.pad(part, pad) for part in buffer)
+            return mx.pad(buffer, pad)
+
+        return self.replaced(
+            [grow(b) for b in self.keys], [grow(b) for b in self.values], self.position
+        )

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from moshi_mlx.errors import ConfigError
+
 KV_BITS = (8, 4)
+KV_GROUP_SIZES = (32, 64, 128)
 DEFAULT_KV_GROUP_SIZE = {8: 64, 4: 32}
 
 Packed = tuple[mx.array, mx.array, mx.array]  # (uint32 data, scales, biases)
@@ -29,7 +32,22 @@ class KVQuantization:
 
     @classmethod
     def of(cls, bits: int, group_size: int | None = None) -> KVQuantization:
-        return cls(bits, group_size or DEFAULT_KV_GROUP_SIZE[bits])
+        """`bits` with its default group size unless one is given; `ConfigError` for a choice
+        MLX cannot quantize with."""
+        if bits not in KV_BITS:
+            raise ConfigError(f"--kv-bits must be one of {KV_BITS}, got {bits}")
+        group_size = group_size or DEFAULT_KV_GROUP_SIZE[bits]
+        if group_size not in KV_GROUP_SIZES:
+            raise ConfigError(f"--kv-group-size must be one of {KV_GROUP_SIZES}, got {group_size}")
+        return cls(bits, group_size)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """`ConfigError` unless the groups tile a head's keys exactly."""
+        if head_dim % self.group_size:
+            raise ConfigError(
+                f"a {self.bits}-bit KV cache with group size {self.group_size} needs a head "
+                f"dimension that divides by it; this LM's is {head_dim}"
+            )
 
     def quantize(self, x: mx.array) -> Packed:
         """x (..., head_dim) -> its packed form."""

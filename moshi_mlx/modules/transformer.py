@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.kv_quant import KVQuantization
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,12 @@ class Attention(nn.Module):
         qkv = qkv.reshape(batch, 3 * self.num_heads, 1, self.head_dim)
         queries, keys, values = mx.split(qkv, 3, axis=1)  # (B, H, 1, head_dim) each
         keys, values = ring.update(layer, keys, values)
-        out = mx.fast.scaled_dot_product_attention(
-            queries, keys, values, scale=self.scale, mask=ring.visible
-        )
+        if ring.quantization is None:
+            out = mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=self.scale, mask=ring.visible
+            )
+        else:
+            out = ring.quantization.attention(queries, keys, values, self.scale, ring.visible)
         return self.out_proj(out.reshape(batch, -1))
 
 
@@ -219,12 +223,13 @@ class Transformer(nn.Module):
             x = layer(x, cache)
         return x
 
-    def make_ring(self, batch: int, dtype: mx.Dtype) -> KVRing:
+    def make_ring(
+        self, batch: int, dtype: mx.Dtype, quantization: KVQuantization | None = None
+    ) -> KVRing:
         """Fresh streaming state for `step`; `dtype` is the activations' (and keys') dtype."""
         cfg = self.cfg
-        return KVRing.empty(
-            cfg.num_layers, (batch, cfg.num_heads, cfg.head_dim), dtype, cfg.context
-        )
+        shape = (batch, cfg.num_heads, cfg.head_dim)
+        return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
 
     def step(self, x: mx.array, ring: KVRing) -> mx.array:
         """One position x (B, D) through all layers, reading and updating `ring`: the same
@@ -232,7 +237,7 @@ class Transformer(nn.Module):
         cfg = self.cfg
         rope = None
         if cfg.positional_embedding == "rope":
-            rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.keys[0].dtype)
+            rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.dtype)
         for index, layer in enumerate(self.layers):
             x = layer.step(x, ring, index, rope)
         return x

@@ -191,6 +191,12 @@ class LmGen:
         self._tokens = mx.full((self.lm.cfg.num_codebooks, width), UNGENERATED, mx.int32)
         self.step_index = 0
 
+    def reserve_full_context(self) -> None:
+        """Allocate the KV ring at its full context now, as it is after `context` steps (it
+        otherwise grows in buckets): memory stays flat from the first step, and each step
+        attends over the whole ring's slots as late in a conversation."""
+        self._ring = self._ring.grown(self.lm.cfg.context - 1)
+
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
         if not isinstance(user_codes, mx.array):
             user_codes = mx.array(np.asarray(user_codes).astype(np.int32))

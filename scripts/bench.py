@@ -45,9 +45,11 @@ from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import LmGen
+from moshi_mlx.memory_plan import kv_cache_bytes
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig, sample
 from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
 
@@ -307,6 +309,38 @@ def bench_lm(
 
 
 # Mimi -------------------------------------------------------------------------------------
+def bench_kv_cache(
+    weights: Path, shape: str, kv_bits: int | None, steps: int, seed: int, dtype: mx.Dtype | None
+) -> dict:
+    """One conversation with its KV ring allocated at the full context (as after `context`
+    steps) and the cache unquantized or in `kv_bits`: peak MLX memory, planned memory, and
+    the step time when every slot of the ring is attended over."""
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    _fresh_memory()
+    lm = load_lm(weights, config, dtype=dtype)
+    weights_gb = mx.get_active_memory() / 1e9
+    quantization = KVQuantization.of(kv_bits) if kv_bits else None
+    gen = LmGen(lm, SamplingConfig(), seed=seed, kv_quantization=quantization)
+    gen.reserve_full_context()
+    user = _user_codes(config.card, steps + 1, seed)
+    mx.eval(gen.step(user[0]).text_token_array)  # compile and allocate
+    times = []
+    for codes in user[1:]:
+        start = time.perf_counter()
+        mx.eval(gen.step(codes).text_token_array)
+        times.append(time.perf_counter() - start)
+    cache_gb = kv_cache_bytes(config, lm.out_norm.weight.dtype, kv_bits) / 1e9
+    return {
+        "impl": "ours",
+        "kv": f"{kv_bits}-bit" if kv_bits else "unquantized",
+        "dtype": _dtype_label(dtype, lm),
+        "step_ms": summarize(times),
+        "weights_gb": weights_gb,
+        "planned_kv_gb": cache_gb,
+        "peak_memory_gb": _peak_gb(),
+    }
+
+
 def _frames(count: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return (0.1 * rng.standard_normal((count, 1920))).astype(np.float32)
@@ -600,15 +634,10 @@ def weight_bytes_per_step(manifest: Path) -> tuple[int, int]:
     return total, read
 
 
-def kv_cache_bytes(config: LmConfig, positions: int, itemsize: int = 2) -> int:
-    """Keys and values the temporal transformer reads per step with `positions` cached."""
-    return 2 * config.num_layers * positions * config.dim * itemsize
-
-
 def format_floor(formats_dir: Path) -> str:
     """Markdown table: ms per step at each chip's bandwidth, for the published 7B files."""
     config = LmConfig.moshi_7b()
-    kv_full = kv_cache_bytes(config, config.context)
+    kv_full = kv_cache_bytes(config, mx.bfloat16)
     variants = {
         q: weight_bytes_per_step(formats_dir / f"moshiko_mlx_{q}.tsv") for q in ("bf16", "q8", "q4")
     }
@@ -653,6 +682,7 @@ def format_table(results: list[dict]) -> str:
         "pipeline": ("frame_ms", "host_ms"),
         "echo": ("frame_ms",),
         "web": ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"),
+        "kv": ("step_ms",),
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
@@ -665,6 +695,8 @@ def format_table(results: list[dict]) -> str:
                 label = "kyutai"
             elif case["part"] == "lm":
                 label = f"ours-{data['dtype']}"
+            elif case["part"] == "kv":
+                label = f"{data['kv']}-{data['dtype']}"
             elif case["part"] in ("pipeline", "web"):
                 label = f"{data['backend']}-{data.get('dtype', '')}".rstrip("-")
             else:
@@ -710,7 +742,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web",
+        help="lm,mimi,pipeline,echo,web,kv",
+    )
+    parser.add_argument(
+        "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
     )
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
@@ -744,7 +779,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, allowed in (
         ("shapes", LM_SHAPES),
         ("quant", QUANT_BITS),
-        ("parts", ("lm", "mimi", "pipeline", "echo", "web")),
+        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv")),
+        ("kv_bits", ("none", "8", "4")),
         ("codec", ("mlx", "rustymimi")),
         ("dtype", DTYPES),
     ):
@@ -824,6 +860,19 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         case = {"part": "echo", "ours": bench_echo(max(args.frames, 100), args.warmup, args.seed)}
         results.append(case)
         print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "kv" in args.parts:
+        for shape in args.shapes:
+            for quant in args.quant:
+                weights = lm_weights(folder, shape, quant)
+                for dtype in args.dtype:
+                    for kv in args.kv_bits:
+                        kv_bits = None if kv == "none" else int(kv)
+                        case = {"part": "kv", "shape": shape, "quant": quant}
+                        case["ours"] = bench_kv_cache(
+                            weights, shape, kv_bits, args.steps, args.seed, DTYPES[dtype]
+                        )
+                        results.append(case)
+                        print(format_table([case]).split("\n", 2)[2], flush=True)
     if "web" in args.parts:
         frames = max(args.frames, 10)
         case = {"part": "web", "ours": bench_web(frames, args.warmup, args.seed)}

@@ -33,7 +33,9 @@ def report(tmp_path_factory) -> dict:
         "--quant",
         "bf16,q4",
         "--parts",
-        "lm,mimi,pipeline,echo",
+        "lm,mimi,pipeline,echo,kv",
+        "--kv-bits",
+        "none",
         "--codec",
         "mlx,rustymimi",
         "--steps",
@@ -166,3 +168,14 @@ def test_lm_without_split_steps(tmp_path):
     ours = json.loads(out.read_text())["results"][0]["ours"]
     _check_timing(ours["step_ms"], 2)
     assert ours["temporal_ms"] is None and ours["syncs_per_step"] is None
+
+
+def test_kv_case(report):
+    """The KV part: the tiny LM's ring reserved at its full context, unquantized (its heads
+    are too narrow for a quantized cache)."""
+    (q4,) = [case for case in _cases(report, "kv") if case["quant"] == "q4"]
+    data = q4["ours"]
+    assert data["kv"] == "unquantized"
+    _check_timing(data["step_ms"], STEPS)
+    assert 0 < data["planned_kv_gb"] < data["peak_memory_gb"]
+

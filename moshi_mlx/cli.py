@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
-from moshi_mlx.codec import BACKENDS
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.errors import ConfigError, MoshiError
 from moshi_mlx.modules.kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from moshi_mlx.sampling import SamplingConfig
 
@@ -99,6 +99,25 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.text_top_k,
         help="text top-k (default %(default)s)",
     )
+
+
+def add_max_lag_arg(group: argparse._ArgumentGroup) -> None:
+    """`--max-lag`: how far a live conversation may fall behind the user's audio."""
+    group.add_argument(
+        "--max-lag",
+        type=float,
+        default=0.24,
+        metavar="SECONDS",
+        help="seconds of mic audio the model may fall behind before the oldest is dropped "
+        "(default %(default)s)",
+    )
+
+
+def max_lag_frames(args: argparse.Namespace) -> int:
+    """`--max-lag` in 80 ms frames (at least one); `ConfigError` unless it is positive."""
+    if args.max_lag <= 0:
+        raise ConfigError(f"--max-lag must be > 0 seconds, got {args.max_lag}")
+    return max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE))
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:

@@ -25,8 +25,10 @@ from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
 from moshi_mlx.cli import (
     INTERRUPTED_EXIT,
+    add_max_lag_arg,
     add_model_args,
     load_model,
+    max_lag_frames,
     print_memory_plan,
     run_cli,
     sampling_from_args,
@@ -61,13 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     audio.add_argument(
         "--denoise", action="store_true", help="suppress steady background noise in the mic"
     )
-    audio.add_argument(
-        "--max-lag",
-        type=float,
-        default=0.24,
-        metavar="SECONDS",
-        help="seconds of mic audio the model may fall behind before the oldest is dropped",
-    )
+    add_max_lag_arg(audio)
     audio.add_argument(
         "--record",
         metavar="FILE.wav",
@@ -242,7 +238,7 @@ class LiveSession:
             self._step,
             frame_size=FRAME_SIZE,
             sample_rate=SAMPLE_RATE,
-            max_lag_frames=max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE)),
+            max_lag_frames=max_lag_frames(args),
             on_text=self._text,
             on_frames=self._frames,
             on_status=_status,

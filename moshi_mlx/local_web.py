@@ -24,14 +24,16 @@ from pathlib import Path
 from aiohttp import web
 
 from moshi_mlx.cli import (
+    add_max_lag_arg,
     add_model_args,
     load_model,
+    max_lag_frames,
     print_memory_plan,
     run_cli,
     sampling_from_args,
 )
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.web.server import FRAME_SIZE, PAGE_DIR, SAMPLE_RATE, ServerConfig, create_app
+from moshi_mlx.web.server import PAGE_DIR, ServerConfig, create_app
 from moshi_mlx.web.worker import ModelWorker
 
 
@@ -54,13 +56,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     server.add_argument(
         "--no-browser", action="store_true", help="do not open the page once the model is ready"
     )
-    server.add_argument(
-        "--max-lag",
-        type=float,
-        default=0.24,
-        metavar="SECONDS",
-        help="seconds of mic audio the model may fall behind before the oldest is dropped",
-    )
+    add_max_lag_arg(server)
     server.add_argument(
         "--max-conversations",
         type=int,
@@ -98,8 +94,6 @@ def is_loopback(host: str) -> bool:
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Per-connection settings from the flags (checked before the model loads)."""
-    if args.max_lag <= 0:
-        raise ConfigError(f"--max-lag must be > 0 seconds, got {args.max_lag}")
     if args.max_conversations < 1:
         raise ConfigError(f"--max-conversations must be >= 1, got {args.max_conversations}")
     static_dir = Path(args.static) if args.static else PAGE_DIR
@@ -108,7 +102,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         sampling=sampling_from_args(args),
         seed=args.seed,
-        max_lag_frames=max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE)),
+        max_lag_frames=max_lag_frames(args),
         max_conversations=args.max_conversations,
         static_dir=static_dir.resolve(),
         loopback_only=is_loopback(args.host),

@@ -88,9 +88,12 @@ def lm_weight_bytes(layout: Layout, dtype: mx.Dtype) -> int:
     return total
 
 
-def quantized_lm_weight_bytes(config: LmConfig, bits: int, dtype: mx.Dtype) -> int:
-    """Bytes of the LM's weights quantized as Kyutai's files are, with no file at hand."""
-    group_size = DEFAULT_GROUP_SIZE[bits]
+def quantized_lm_weight_bytes(
+    config: LmConfig, bits: int, dtype: mx.Dtype, group_size: int | None = None
+) -> int:
+    """Bytes of the LM's weights quantized as Kyutai's files are (by default with their group
+    size), with no file at hand."""
+    group_size = group_size or DEFAULT_GROUP_SIZE[bits]
     total = 0
     for _, param in tree_flatten(Lm(config).parameters()):  # lazy: nothing is allocated
         if is_quantized(param.shape, group_size):
@@ -224,6 +227,12 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
         candidates.append(("-q 4", replace(plan, weights=q4)))
         candidates += [(f"-q 4 --kv-bits {b}", replace(with_kv(b), weights=q4)) for b in smaller_kv]
     candidates += [(f"--kv-bits {bits}", with_kv(bits)) for bits in smaller_kv]
+    q4g64 = quantized_lm_weight_bytes(config, 4, dtype, group_size=64)
+    if q4g64 < plan.weights:
+        requantize = "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64)"
+        for bits in (plan.kv_bits, *smaller_kv):
+            flags = requantize + ("" if bits == plan.kv_bits else f" and --kv-bits {bits}")
+            candidates.append((flags, replace(with_kv(bits), weights=q4g64)))
     for bits in (plan.kv_bits, *smaller_kv[-1:]):
         context = longest_context(with_kv(bits))
         if context >= _MIN_USEFUL_CONTEXT and not with_kv(bits).fits:

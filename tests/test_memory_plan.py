@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -77,8 +78,15 @@ def test_advice_names_what_fits():
     assert "\n" not in message and "needs 17.39 GB" in message
     assert "it fits with -q 4 (6.81 GB)" in message
     q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
-    with pytest.raises(ConfigError, match=r"fits with --kv-bits 4 --context \d+ \(5\.\d+ GB\)"):
+    with pytest.raises(ConfigError) as error:
         check_fits(q4, config)
+    message = str(error.value)
+    assert (
+        "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64) and " in message
+    )
+    assert re.search(
+        r"--kv-bits 4 \(5\.2\d GB\) or --kv-bits 4 --context \d+ \(5\.3\d GB\)", message
+    )
     check_fits(replace(q4, capacity=7 * 10**9), config)  # fits: no error
 
 

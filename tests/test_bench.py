@@ -178,4 +178,3 @@ def test_kv_case(report):
     assert data["kv"] == "unquantized"
     _check_timing(data["step_ms"], STEPS)
     assert 0 < data["planned_kv_gb"] < data["peak_memory_gb"]
-

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
@@ -169,6 +171,14 @@ def _kv_quantization(args: argparse.Namespace) -> KVQuantization | None:
     if args.kv_bits is None:
         return None
     return KVQuantization.of(args.kv_bits, args.kv_group_size)
+
+
+def exit_at_once(code: int) -> NoReturn:
+    """End the process now with `code`, after flushing stdout and stderr: for apps whose MLX
+    thread may still be inside a step, which tearing MLX down under would abort."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -27,6 +26,7 @@ from moshi_mlx.cli import (
     INTERRUPTED_EXIT,
     add_max_lag_arg,
     add_model_args,
+    exit_at_once,
     load_model,
     max_lag_frames,
     print_memory_plan,
@@ -324,12 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     session = LiveSession(parse_args(argv))
     code = run_cli(lambda _: session.run(), None)
     if session.worker is not None:
-        # Streams are shut and files closed. Leave at once: a model step (or the model's
-        # loading) may still be running, up to seconds on a slow CPU, and PortAudio/MLX teardown
-        # takes a good part of a second, while Ctrl-C must end the app promptly.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        # Streams are shut and files closed. A model step (or the model's loading) may still be
+        # running, and PortAudio/MLX teardown takes a good part of a second, while Ctrl-C must
+        # end the app promptly.
+        exit_at_once(code)
     return code
 
 

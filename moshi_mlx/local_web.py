@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import os
 import ssl
 import sys
 import threading
@@ -26,6 +25,7 @@ from aiohttp import web
 from moshi_mlx.cli import (
     add_max_lag_arg,
     add_model_args,
+    exit_at_once,
     load_model,
     max_lag_frames,
     print_memory_plan,
@@ -163,11 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = threading.Event()
     code = run_cli(lambda args: _run(args, started), argv)
     if started.is_set():
-        # Connections are closed. The model thread may be inside a step (up to seconds on a
-        # slow CPU), and tearing MLX down under it aborts the process: leave at once.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        # Connections are closed; the model thread may be inside a step (seconds on a slow CPU).
+        exit_at_once(code)
     return code
 
 

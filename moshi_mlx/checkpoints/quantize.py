@@ -100,7 +100,7 @@ class QuantizeResult:
     num_tensors: int
     output_bytes: int
     seconds: float
-    peak_mlx_bytes: int
+    peak_mlx_bytes: int  # MLX memory the conversion itself held at its peak
     peak_rss_bytes: int
     relative_errors: dict[str, float] = field(default_factory=dict)  # layer -> relative RMS
 
@@ -219,6 +219,7 @@ def quantize_checkpoint(
 
     start = time.monotonic()
     mx.reset_peak_memory()
+    held_before = mx.get_active_memory()  # the caller's arrays: not the conversion's
     tensors, _ = read_safetensors(input_path)
     source_format, recipes = plan_conversion(
         {name: a.shape for name, a in tensors.items()}, str(input_path)
@@ -275,7 +276,7 @@ def quantize_checkpoint(
         num_tensors=len(layout),
         output_bytes=writer.total_bytes,
         seconds=time.monotonic() - start,
-        peak_mlx_bytes=mx.get_peak_memory(),
+        peak_mlx_bytes=mx.get_peak_memory() - held_before,
         peak_rss_bytes=_peak_rss_bytes(),
         relative_errors=errors,
     )

@@ -68,8 +68,6 @@ class MoshiModel:
         self.lm = lm
         self.memory = memory  # the plan it was loaded under
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
-        if kv_quantization is not None:
-            kv_quantization.check_head_dim(lm.cfg.dim // lm.cfg.num_heads)
         self.files = files
         self.codec_backend = codec_backend
         _check_codec_fits(lm.cfg)

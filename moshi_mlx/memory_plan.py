@@ -26,7 +26,7 @@ from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import Mimi, MimiConfig
-from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS
+from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, recent_slots
 
 # One step's transient arrays beyond the logits (attention scores, feed-forward hidden
 # states, sampling) and MLX's compiled-graph buffers: measured well under this at 7B shape.
@@ -112,13 +112,16 @@ def kv_cache_bytes(
     positions: int | None = None,
 ) -> int:
     """Keys and values of the temporal transformer's ring for `positions` (default: the
-    context), in the compute dtype or packed by the KV quantization."""
+    context), in the compute dtype or packed by the KV quantization (plus its unquantized
+    ring of the newest positions)."""
     positions = config.context if positions is None else positions
-    values = 2 * config.num_layers * positions * config.dim  # keys and values
+    per_position = 2 * config.num_layers * config.dim  # keys and values
+    values = per_position * positions
     if kv_bits is None:
         return values * dtype.size
     group_size = kv_group_size or DEFAULT_KV_GROUP_SIZE[kv_bits]
-    return values * kv_bits // 8 + 2 * (values // group_size) * dtype.size
+    recent = per_position * recent_slots(config.context) * dtype.size
+    return values * kv_bits // 8 + 2 * (values // group_size) * dtype.size + recent
 
 
 def codec_bytes(

@@ -44,12 +44,12 @@ from mlx.utils import tree_flatten
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import load_codec
-from moshi_mlx.generate import LmGen
+from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.memory_plan import kv_cache_bytes
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_cache import KVRing
-from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
 from moshi_mlx.sampling import SamplingConfig, sample
 from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
 
@@ -309,35 +309,106 @@ def bench_lm(
 
 
 # Mimi -------------------------------------------------------------------------------------
-def bench_kv_cache(
-    weights: Path, shape: str, kv_bits: int | None, steps: int, seed: int, dtype: mx.Dtype | None
-) -> dict:
-    """One conversation with its KV ring allocated at the full context (as after `context`
-    steps) and the cache unquantized or in `kv_bits`: peak MLX memory, planned memory, and
-    the step time when every slot of the ring is attended over."""
+def bench_kv_caches(
+    weights: Path,
+    shape: str,
+    kv_bits: list[int | None],
+    steps: int,
+    seed: int,
+    dtype: mx.Dtype | None,
+) -> list[dict]:
+    """Conversations with the KV ring allocated at the full context (as after `context`
+    steps), the cache unquantized or in each of `kv_bits`, over one load of the weights.
+
+    Per cache: the peak MLX memory of the load plus a compiled step and one more (each cache
+    alone, the others freed), the planned cache, and the step time when every slot of the
+    ring is attended over, with the caches stepped in turn (one step each, `steps` times) so
+    that the machine's load hits them alike; `ratio` is the median of each turn's step time
+    over the first cache's."""
     config = LmConfig.from_dict(LM_SHAPES[shape])
     _fresh_memory()
     lm = load_lm(weights, config, dtype=dtype)
+    mx.eval(lm.parameters())
     weights_gb = mx.get_active_memory() / 1e9
-    quantization = KVQuantization.of(kv_bits) if kv_bits else None
-    gen = LmGen(lm, SamplingConfig(), seed=seed, kv_quantization=quantization)
-    gen.reserve_full_context()
-    user = _user_codes(config.card, steps + 1, seed)
-    mx.eval(gen.step(user[0]).text_token_array)  # compile and allocate
-    times = []
-    for codes in user[1:]:
+    load_peak = mx.get_peak_memory()
+    user = _user_codes(config.card, steps + 2, seed)
+
+    def generator(bits: int | None) -> LmGen:
+        quantization = KVQuantization.of(bits) if bits else None
+        gen = LmGen(lm, SamplingConfig(), seed=seed, kv_quantization=quantization)
+        gen.reserve_full_context()
+        return gen
+
+    def timed_step(gen: LmGen, codes: np.ndarray) -> float:
         start = time.perf_counter()
         mx.eval(gen.step(codes).text_token_array)
-        times.append(time.perf_counter() - start)
-    cache_gb = kv_cache_bytes(config, lm.out_norm.weight.dtype, kv_bits) / 1e9
+        return time.perf_counter() - start
+
+    peaks = []
+    for bits in kv_bits:
+        gc.collect()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        gen = generator(bits)
+        for codes in user[:2]:  # compile and allocate, then a step
+            timed_step(gen, codes)
+        peaks.append(max(load_peak, mx.get_peak_memory()) / 1e9)
+        del gen
+    gens = [generator(bits) for bits in kv_bits]
+    for gen in gens:
+        timed_step(gen, user[0])
+    times = [[timed_step(gen, codes) for gen in gens] for codes in user[2:]]
+    dtype_used = lm.out_norm.weight.dtype
+    return [
+        {
+            "impl": "ours",
+            "kv": f"{bits}-bit" if bits else "unquantized",
+            "dtype": _dtype_label(dtype, lm),
+            "step_ms": summarize([turn[i] for turn in times]),
+            "ratio": float(np.median([turn[i] / turn[0] for turn in times])),
+            "weights_gb": weights_gb,
+            "planned_kv_gb": kv_cache_bytes(config, dtype_used, bits) / 1e9,
+            "peak_memory_gb": peak,
+        }
+        for i, (bits, peak) in enumerate(zip(kv_bits, peaks))
+    ]
+
+
+def bench_kv_fidelity(
+    weights: Path, shape: str, kv_bits: int, steps: int, seed: int, dtype: mx.Dtype | None
+) -> dict:
+    """The quantized cache against the unquantized one on the first `steps` steps of a
+    conversation, teacher-forced on random tokens (`teacher_forced_logits`): relative error
+    of the text and depformer logits and greedy agreement, over all steps and over the steps
+    past the unquantized ring of the newest positions (whose attention reads packed slots)."""
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    _fresh_memory()
+    lm = load_lm(weights, config, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    start = np.array([config.text_card] + [config.card] * config.n_q)
+    inputs = mx.array(rng.integers(0, start, (steps, config.num_codebooks)), mx.int32)
+    previous = mx.array(rng.integers(0, start[: config.dep_q], (steps, config.dep_q)), mx.int32)
+    reference = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous)]
+    quantization = KVQuantization.of(kv_bits)
+    ours = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous, quantization)]
+
+    def figures(first: int) -> dict[str, float] | None:
+        if first >= steps:
+            return None
+        pairs = [(q[first:], r[first:]) for q, r in zip(ours, reference)]
+        errors = [float(np.linalg.norm(q - r) / np.linalg.norm(r)) for q, r in pairs]
+        agree = [float(np.mean(q.argmax(-1) == r.argmax(-1))) for q, r in pairs]
+        return {"text_error": errors[0], "audio_error": errors[1], "agreement": agree}
+
+    recent = recent_slots(config.context)
     return {
         "impl": "ours",
-        "kv": f"{kv_bits}-bit" if kv_bits else "unquantized",
+        "kv": f"{kv_bits}-bit",
         "dtype": _dtype_label(dtype, lm),
-        "step_ms": summarize(times),
-        "weights_gb": weights_gb,
-        "planned_kv_gb": cache_gb,
-        "peak_memory_gb": _peak_gb(),
+        "steps": steps,
+        "all_steps": figures(0),
+        "recent_slots": recent,
+        "past_recent": figures(recent),
     }
 
 
@@ -683,6 +754,7 @@ def format_table(results: list[dict]) -> str:
         "echo": ("frame_ms",),
         "web": ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"),
         "kv": ("step_ms",),
+        "kv-fidelity": (),
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
@@ -695,7 +767,7 @@ def format_table(results: list[dict]) -> str:
                 label = "kyutai"
             elif case["part"] == "lm":
                 label = f"ours-{data['dtype']}"
-            elif case["part"] == "kv":
+            elif case["part"] in ("kv", "kv-fidelity"):
                 label = f"{data['kv']}-{data['dtype']}"
             elif case["part"] in ("pipeline", "web"):
                 label = f"{data['backend']}-{data.get('dtype', '')}".rstrip("-")
@@ -706,6 +778,8 @@ def format_table(results: list[dict]) -> str:
                 ratio = ""
                 if impl == "ours" and theirs is not None and theirs.get(name) is not None:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
+                elif case["part"] == "kv":  # against the unquantized cache, stepped in turn
+                    ratio = f"{data['ratio']:.2f}"
                 row = f"{case['part']:<9}{case.get('shape', '-'):<13}{case.get('quant', '-'):<6}"
                 row += f"{label:<15}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
@@ -716,6 +790,15 @@ def format_table(results: list[dict]) -> str:
                     f"  syncs per step {data['syncs_per_step']:.2f}, graph ops per step "
                     f"{ops['eager']} eager, {ops['compiled']} compiled"
                 )
+            for span in ("all_steps", "past_recent"):
+                if data.get(span) is not None:
+                    fig = data[span]
+                    text, audio = fig["agreement"]
+                    lines.append(
+                        f"  {label} {span} of {data['steps']}: relative logit error text "
+                        f"{fig['text_error']:.2e}, depformer {fig['audio_error']:.2e}; greedy "
+                        f"agreement {text:.1%} / {audio:.1%}"
+                    )
             if "real_time_factor" in data:
                 extra = f"  real-time factor {data['real_time_factor']:.3f}"
                 if data.get("first_audio_ms") is not None:
@@ -742,7 +825,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv",
+        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity",
     )
     parser.add_argument(
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
@@ -779,7 +862,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, allowed in (
         ("shapes", LM_SHAPES),
         ("quant", QUANT_BITS),
-        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv")),
+        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity")),
         ("kv_bits", ("none", "8", "4")),
         ("codec", ("mlx", "rustymimi")),
         ("dtype", DTYPES),
@@ -861,16 +944,29 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         results.append(case)
         print(format_table([case]).split("\n", 2)[2], flush=True)
     if "kv" in args.parts:
+        kv_bits = [None if kv == "none" else int(kv) for kv in args.kv_bits]
         for shape in args.shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
-                    for kv in args.kv_bits:
-                        kv_bits = None if kv == "none" else int(kv)
-                        case = {"part": "kv", "shape": shape, "quant": quant}
-                        case["ours"] = bench_kv_cache(
-                            weights, shape, kv_bits, args.steps, args.seed, DTYPES[dtype]
+                    caches = bench_kv_caches(
+                        weights, shape, kv_bits, args.steps, args.seed, DTYPES[dtype]
+                    )
+                    for ours in caches:
+                        case = {"part": "kv", "shape": shape, "quant": quant, "ours": ours}
+                        results.append(case)
+                        print(format_table([case]).split("\n", 2)[2], flush=True)
+    if "kv-fidelity" in args.parts:
+        for shape in args.shapes:
+            for quant in args.quant:
+                weights = lm_weights(folder, shape, quant)
+                for dtype in args.dtype:
+                    for bits in [int(kv) for kv in args.kv_bits if kv != "none"]:
+                        ours = bench_kv_fidelity(
+                            weights, shape, bits, args.steps, args.seed, DTYPES[dtype]
                         )
+                        case = {"part": "kv-fidelity", "shape": shape, "quant": quant}
+                        case["ours"] = ours
                         results.append(case)
                         print(format_table([case]).split("\n", 2)[2], flush=True)
     if "web" in args.parts:

@@ -175,6 +175,6 @@ def test_kv_case(report):
     are too narrow for a quantized cache)."""
     (q4,) = [case for case in _cases(report, "kv") if case["quant"] == "q4"]
     data = q4["ours"]
-    assert data["kv"] == "unquantized"
+    assert data["kv"] == "unquantized" and data["ratio"] == 1.0
     _check_timing(data["step_ms"], STEPS)
     assert 0 < data["planned_kv_gb"] < data["peak_memory_gb"]

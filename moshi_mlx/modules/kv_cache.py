@@ -6,9 +6,9 @@ from functools import cached_property
 
 import mlx.core as mx
 
-from moshi_mlx.modules.kv_quant import KVQuantization, Packed
+from moshi_mlx.modules.kv_quant import KVQuantization, Quantized, recent_slots
 
-Buffer = mx.array | Packed  # one layer's keys (or values): plain, or packed by a quantization
+Buffer = mx.array | Quantized  # one layer's keys (or values): plain, or quantized
 
 
 class KVCache:
@@ -131,7 +131,9 @@ class KVRing:
     `position % context`; `keys` and `values` hold one (B, H, capacity, head_dim) buffer per
     layer. A query attends to the `min(position + 1, capacity)` written slots (a boolean mask),
     which is the window of `context` positions once the ring wraps, as in `KVCache`. With a
-    `quantization`, each buffer is that layout's packed triple (see `modules.kv_quant`).
+    `quantization`, each buffer is that layout's packed slots plus its small unquantized ring
+    of the newest positions (slot `position % recent_slots`; see `modules.kv_quant`), and the
+    mask covers both, each position visible in exactly one of them.
 
     The capacity starts at `FIRST_BUCKET` slots and grows in the buckets of `ring_capacity`
     (`grown`, outside compiled code) up to `context`, so early steps do not attend over
@@ -167,7 +169,8 @@ class KVRing:
         if quantization is None:
             buffers = [mx.zeros(size, dtype) for _ in range(2 * layers)]
         else:
-            buffers = [quantization.empty(size, dtype) for _ in range(2 * layers)]
+            recent = recent_slots(context)
+            buffers = [quantization.empty(size, dtype, recent) for _ in range(2 * layers)]
         position = mx.array(0, mx.int32)
         return cls(buffers[:layers], buffers[layers:], position, context, quantization)
 
@@ -188,8 +191,17 @@ class KVRing:
 
     @cached_property
     def visible(self) -> mx.array:
-        """(capacity,) bool: the slots a query at `position` attends to, itself included."""
-        return mx.arange(self.capacity) < mx.minimum(self.position + 1, self.capacity)
+        """(slots,) bool: the slots a query at `position` attends to, itself included; for a
+        quantized ring the packed slots of positions older than the recent ring's, then the
+        recent ring's written slots."""
+        slots = mx.arange(self.capacity)
+        written = slots < mx.minimum(self.position + 1, self.capacity)
+        if self.quantization is None:
+            return written
+        recent = recent_slots(self.context)
+        older = (self.position - slots) % self.context >= recent
+        recent_written = (self.position - mx.arange(recent)) % recent <= self.position
+        return mx.concatenate([written & older, recent_written])
 
     @cached_property
     def _slot(self) -> mx.array:
@@ -198,11 +210,8 @@ class KVRing:
     def _write(self, buffer: Buffer, new: mx.array) -> Buffer:
         if self.quantization is None:
             return mx.slice_update(buffer, new, self._slot, axes=(2,))
-        packed = self.quantization.quantize(new)
-        return tuple(
-            mx.slice_update(part, value, self._slot, axes=(2,))
-            for part, value in zip(buffer, packed)
-        )
+        recent_slot = (self.position % recent_slots(self.context)).reshape(1)
+        return self.quantization.write(buffer, new, self._slot, recent_slot)
 
     def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[Buffer, Buffer]:
         """Write one position's keys and values (B, H, 1, D) of `layer`; return its buffers."""
@@ -224,8 +233,8 @@ class KVRing:
         pad = [(0, 0), (0, 0), (0, capacity - self.capacity), (0, 0)]
 
         def grow(buffer: Buffer) -> Buffer:
-            if isinstance(buffer, tuple):
-                return tuple(mx.pad(part, pad) for part in buffer)
+            if isinstance(buffer, tuple):  # the packed slots grow, the recent ring stays
+                return (*(mx.pad(part, pad) for part in buffer[:3]), buffer[3])
             return mx.pad(buffer, pad)
 
         return self.replaced(

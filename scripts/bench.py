@@ -375,9 +375,9 @@ def bench_kv_caches(
 
 
 def bench_kv_fidelity(
-    weights: Path, shape: str, kv_bits: int, steps: int, seed: int, dtype: mx.Dtype | None
-) -> dict:
-    """The quantized cache against the unquantized one on the first `steps` steps of a
+    weights: Path, shape: str, kv_bits: list[int], steps: int, seed: int, dtype: mx.Dtype | None
+) -> list[dict]:
+    """Each quantized cache against the unquantized one on the first `steps` steps of a
     conversation, teacher-forced on random tokens (`teacher_forced_logits`): relative error
     of the text and depformer logits and greedy agreement, over all steps and over the steps
     past the unquantized ring of the newest positions (whose attention reads packed slots)."""
@@ -389,10 +389,8 @@ def bench_kv_fidelity(
     inputs = mx.array(rng.integers(0, start, (steps, config.num_codebooks)), mx.int32)
     previous = mx.array(rng.integers(0, start[: config.dep_q], (steps, config.dep_q)), mx.int32)
     reference = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous)]
-    quantization = KVQuantization.of(kv_bits)
-    ours = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous, quantization)]
 
-    def figures(first: int) -> dict[str, float] | None:
+    def figures(ours: list[np.ndarray], first: int) -> dict[str, float] | None:
         if first >= steps:
             return None
         pairs = [(q[first:], r[first:]) for q, r in zip(ours, reference)]
@@ -401,15 +399,22 @@ def bench_kv_fidelity(
         return {"text_error": errors[0], "audio_error": errors[1], "agreement": agree}
 
     recent = recent_slots(config.context)
-    return {
-        "impl": "ours",
-        "kv": f"{kv_bits}-bit",
-        "dtype": _dtype_label(dtype, lm),
-        "steps": steps,
-        "all_steps": figures(0),
-        "recent_slots": recent,
-        "past_recent": figures(recent),
-    }
+    results = []
+    for bits in kv_bits:
+        quantization = KVQuantization.of(bits)
+        ours = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous, quantization)]
+        results.append(
+            {
+                "impl": "ours",
+                "kv": f"{bits}-bit",
+                "dtype": _dtype_label(dtype, lm),
+                "steps": steps,
+                "all_steps": figures(ours, 0),
+                "recent_slots": recent,
+                "past_recent": figures(ours, recent),
+            }
+        )
+    return results
 
 
 def _frames(count: int, seed: int) -> np.ndarray:
@@ -961,10 +966,11 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
-                    for bits in [int(kv) for kv in args.kv_bits if kv != "none"]:
-                        ours = bench_kv_fidelity(
-                            weights, shape, bits, args.steps, args.seed, DTYPES[dtype]
-                        )
+                    bits = [int(kv) for kv in args.kv_bits if kv != "none"]
+                    fidelity = bench_kv_fidelity(
+                        weights, shape, bits, args.steps, args.seed, DTYPES[dtype]
+                    )
+                    for ours in fidelity:
                         case = {"part": "kv-fidelity", "shape": shape, "quant": quant}
                         case["ours"] = ours
                         results.append(case)

@@ -108,9 +108,10 @@ class Attention(nn.Module):
         of a single position, and RoPE from tables shared by every layer of the step.
         """
         batch = x.shape[0]
-        qkv = self.in_proj(x).reshape(batch, 3, self.num_heads, self.head_dim // 2, 2)
+        qkv = self.in_proj(x)
         if rope is not None:
             cos, sin = rope  # interleaved pairs: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
+            qkv = qkv.reshape(batch, 3, self.num_heads, self.head_dim // 2, 2)
             qkv = qkv * cos + qkv[..., ::-1] * sin
         qkv = qkv.reshape(batch, 3 * self.num_heads, 1, self.head_dim)
         queries, keys, values = mx.split(qkv, 3, axis=1)  # (B, H, 1, head_dim) each

@@ -948,31 +948,19 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         case = {"part": "echo", "ours": bench_echo(max(args.frames, 100), args.warmup, args.seed)}
         results.append(case)
         print(format_table([case]).split("\n", 2)[2], flush=True)
-    if "kv" in args.parts:
+    kv_benches = {"kv": bench_kv_caches, "kv-fidelity": bench_kv_fidelity}
+    for part in [part for part in kv_benches if part in args.parts]:
         kv_bits = [None if kv == "none" else int(kv) for kv in args.kv_bits]
+        if part == "kv-fidelity":  # each quantized cache against the unquantized one
+            kv_bits = [bits for bits in kv_bits if bits is not None]
         for shape in args.shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
-                    caches = bench_kv_caches(
+                    for ours in kv_benches[part](
                         weights, shape, kv_bits, args.steps, args.seed, DTYPES[dtype]
-                    )
-                    for ours in caches:
-                        case = {"part": "kv", "shape": shape, "quant": quant, "ours": ours}
-                        results.append(case)
-                        print(format_table([case]).split("\n", 2)[2], flush=True)
-    if "kv-fidelity" in args.parts:
-        for shape in args.shapes:
-            for quant in args.quant:
-                weights = lm_weights(folder, shape, quant)
-                for dtype in args.dtype:
-                    bits = [int(kv) for kv in args.kv_bits if kv != "none"]
-                    fidelity = bench_kv_fidelity(
-                        weights, shape, bits, args.steps, args.seed, DTYPES[dtype]
-                    )
-                    for ours in fidelity:
-                        case = {"part": "kv-fidelity", "shape": shape, "quant": quant}
-                        case["ours"] = ours
+                    ):
+                        case = {"part": part, "shape": shape, "quant": quant, "ours": ours}
                         results.append(case)
                         print(format_table([case]).split("\n", 2)[2], flush=True)
     if "web" in args.parts:

@@ -749,7 +749,7 @@ def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, f
 
 def format_table(results: list[dict]) -> str:
     """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
-    header = f"{'part':<9}{'shape':<13}{'quant':<6}{'impl':<15}{'metric':<14}"
+    header = f"{'part':<9}{'shape':<13}{'quant':<6}{'impl':<18}{'metric':<14}"
     header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
     lines = [header, "-" * len(header)]
     metrics = {
@@ -786,7 +786,7 @@ def format_table(results: list[dict]) -> str:
                 elif case["part"] == "kv":  # against the unquantized cache, stepped in turn
                     ratio = f"{data['ratio']:.2f}"
                 row = f"{case['part']:<9}{case.get('shape', '-'):<13}{case.get('quant', '-'):<6}"
-                row += f"{label:<15}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
+                row += f"{label:<18}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)
             if data.get("syncs_per_step") is not None:

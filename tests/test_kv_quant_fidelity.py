@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.generate import teacher_forced_logits
+from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.testing import write_random_lm_checkpoint
 
 STEPS = 200
@@ -33,14 +34,14 @@ def run(tmp_path_factory):
     def logits(quantization):
         return [np.array(a) for a in teacher_forced_logits(lm, inputs, previous, quantization)]
 
-    return logits(None), logits
+    return logits(None), logits, lm
 
 
 # Issue #12's targets: relative logit error <= 2e-2 (8 bits) and <= 1e-1 (4 bits), greedy
 # tokens agreeing on >= 95% and >= 85% of the steps.
 @pytest.mark.parametrize("bits, max_error, min_agreement", [(8, 2e-2, 0.95), (4, 1e-1, 0.85)])
 def test_quantized_cache_tracks_the_unquantized_one(run, bits, max_error, min_agreement):
-    (text, audio), logits = run
+    (text, audio), logits, _ = run
     q_text, q_audio = logits(KVQuantization.of(bits))
 
     def relative(ours, reference):
@@ -58,3 +59,20 @@ def test_quantized_cache_tracks_the_unquantized_one(run, bits, max_error, min_ag
     )
     assert max(errors) <= max_error
     assert min(agreement) >= min_agreement
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_compiled_steps_read_the_quantized_cache_as_teacher_forcing_does(run, bits):
+    """`LmGen`'s compiled step over a quantized ring (packed slots and the recent ring, past
+    the wrap) samples greedily what the uncompiled path's logits say on the same inputs."""
+    *_, lm = run
+    quantization = KVQuantization.of(bits)
+    gen = LmGen(lm, SamplingConfig.greedy(), seed=0, kv_quantization=quantization)
+    user = np.random.default_rng(1).integers(0, CONFIG.card, (STEPS, 8))
+    steps = [gen.step(codes) for codes in user]
+    inputs = mx.stack([step.input_tokens for step in steps])
+    sampled = np.array(mx.stack([step.sampled_tokens for step in steps]))
+    previous = mx.array(sampled[:, : CONFIG.dep_q])
+    text, audio = teacher_forced_logits(lm, inputs, previous, quantization)
+    assert np.array_equal(np.array(text).argmax(-1), sampled[:, 0])
+    assert np.array_equal(np.array(audio).argmax(-1), sampled[:, 1:])

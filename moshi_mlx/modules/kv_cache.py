@@ -207,11 +207,14 @@ class KVRing:
     def _slot(self) -> mx.array:
         return (self.position % self.context).reshape(1)
 
+    @cached_property
+    def _recent_slot(self) -> mx.array:
+        return (self.position % recent_slots(self.context)).reshape(1)
+
     def _write(self, buffer: Buffer, new: mx.array) -> Buffer:
         if self.quantization is None:
             return mx.slice_update(buffer, new, self._slot, axes=(2,))
-        recent_slot = (self.position % recent_slots(self.context)).reshape(1)
-        return self.quantization.write(buffer, new, self._slot, recent_slot)
+        return self.quantization.write(buffer, new, self._slot, self._recent_slot)
 
     def update(self, layer: int, keys: mx.array, values: mx.array) -> tuple[Buffer, Buffer]:
         """Write one position's keys and values (B, H, 1, D) of `layer`; return its buffers."""

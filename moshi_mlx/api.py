@@ -166,8 +166,7 @@ def memory_plan(
     """What the model of these files would take in memory, from their headers alone."""
     layout, _ = read_safetensors_header(files.moshi)
     codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
-    kv = kv_quantization
-    return plan_memory(config, layout, codec, dtype, kv and kv.bits, kv and kv.group_size)
+    return plan_memory(config, layout, codec, dtype, kv_quantization)
 
 
 def _check_codec_fits(cfg: LmConfig) -> None:

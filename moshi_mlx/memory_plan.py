@@ -26,7 +26,7 @@ from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import Mimi, MimiConfig
-from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, recent_slots
+from moshi_mlx.modules.kv_quant import KV_BITS, KVQuantization, recent_slots
 
 # One step's transient arrays beyond the logits (attention scores, feed-forward hidden
 # states, sampling) and MLX's compiled-graph buffers: measured well under this at 7B shape.
@@ -45,7 +45,7 @@ class MemoryPlan:
     capacity: int
     device: str  # what `capacity` is, in words
     context: int
-    kv_bits: int | None
+    kv: KVQuantization | None  # the KV cache's quantization (None: the compute dtype)
     dtype: mx.Dtype  # the LM's compute dtype
     lm_bits: int | None  # the LM file's quantization (None: unquantized)
 
@@ -59,7 +59,7 @@ class MemoryPlan:
 
     def table(self) -> str:
         """The plan as a small text table, in GB."""
-        cache = f"KV cache ({self.context} steps, {_kv_name(self.kv_bits)})"
+        cache = f"KV cache ({self.context} steps, {_kv_name(self.kv)})"
         rows = [
             ("LM weights", self.weights),
             (cache, self.kv_cache),
@@ -74,8 +74,8 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _kv_name(kv_bits: int | None) -> str:
-    return "unquantized" if kv_bits is None else f"{kv_bits}-bit"
+def _kv_name(kv: KVQuantization | None) -> str:
+    return "unquantized" if kv is None else f"{kv.bits}-bit"
 
 
 def lm_weight_bytes(layout: Layout, dtype: mx.Dtype) -> int:
@@ -107,8 +107,7 @@ def quantized_lm_weight_bytes(
 def kv_cache_bytes(
     config: LmConfig,
     dtype: mx.Dtype,
-    kv_bits: int | None = None,
-    kv_group_size: int | None = None,
+    kv: KVQuantization | None = None,
     positions: int | None = None,
 ) -> int:
     """Keys and values of the temporal transformer's ring for `positions` (default: the
@@ -117,11 +116,10 @@ def kv_cache_bytes(
     positions = config.context if positions is None else positions
     per_position = 2 * config.num_layers * config.dim  # keys and values
     values = per_position * positions
-    if kv_bits is None:
+    if kv is None:
         return values * dtype.size
-    group_size = kv_group_size or DEFAULT_KV_GROUP_SIZE[kv_bits]
     recent = per_position * recent_slots(config.context) * dtype.size
-    return values * kv_bits // 8 + 2 * (values // group_size) * dtype.size + recent
+    return values * kv.bits // 8 + 2 * (values // kv.group_size) * dtype.size + recent
 
 
 def codec_bytes(
@@ -181,8 +179,7 @@ def plan_memory(
     lm_layout: Layout,
     codec: int,
     dtype: mx.Dtype | None = None,
-    kv_bits: int | None = None,
-    kv_group_size: int | None = None,
+    kv: KVQuantization | None = None,
     capacity: tuple[int, str] | None = None,
 ) -> MemoryPlan:
     """The memory plan of a model about to be loaded (see the module docstring); `dtype`
@@ -194,13 +191,13 @@ def plan_memory(
     size, device = capacity or device_capacity()
     return MemoryPlan(
         weights=lm_weight_bytes(lm_layout, dtype),
-        kv_cache=kv_cache_bytes(config, dtype, kv_bits, kv_group_size),
+        kv_cache=kv_cache_bytes(config, dtype, kv),
         codec=codec,
         activations=activation_bytes(config),
         capacity=size,
         device=device,
         context=config.context,
-        kv_bits=kv_bits,
+        kv=kv,
         dtype=dtype,
         lm_bits=lm_bits,
     )
@@ -211,37 +208,41 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
     what they come to (empty when none does)."""
     dtype = plan.dtype
 
-    def with_kv(bits: int | None, context: int | None = None) -> MemoryPlan:
+    def with_kv(kv: KVQuantization | None, context: int | None = None) -> MemoryPlan:
         cfg = config if context is None else replace(config, context=context)
-        return replace(
-            plan, kv_cache=kv_cache_bytes(cfg, dtype, bits), kv_bits=bits, context=cfg.context
-        )
+        return replace(plan, kv_cache=kv_cache_bytes(cfg, dtype, kv), kv=kv, context=cfg.context)
 
     def longest_context(candidate: MemoryPlan) -> int:
-        empty = kv_cache_bytes(config, dtype, candidate.kv_bits, positions=0)
-        per_step = kv_cache_bytes(config, dtype, candidate.kv_bits, positions=1) - empty
+        empty = kv_cache_bytes(config, dtype, candidate.kv, positions=0)
+        per_step = kv_cache_bytes(config, dtype, candidate.kv, positions=1) - empty
         room = candidate.capacity - (candidate.total - candidate.kv_cache + empty)
         return int(min(max(room, 0) // per_step, config.context - 1))
 
-    smaller_kv = [bits for bits in sorted(KV_BITS, reverse=True) if bits < (plan.kv_bits or 16)]
+    current = plan.kv.bits if plan.kv else 16
+    smaller_kv = [
+        KVQuantization.of(bits) for bits in sorted(KV_BITS, reverse=True) if bits < current
+    ]
     candidates: list[tuple[str, MemoryPlan]] = []
     if plan.lm_bits != 4:
         q4 = quantized_lm_weight_bytes(config, 4, dtype)
         candidates.append(("-q 4", replace(plan, weights=q4)))
-        candidates += [(f"-q 4 --kv-bits {b}", replace(with_kv(b), weights=q4)) for b in smaller_kv]
-    candidates += [(f"--kv-bits {bits}", with_kv(bits)) for bits in smaller_kv]
+        candidates += [
+            (f"-q 4 --kv-bits {kv.bits}", replace(with_kv(kv), weights=q4)) for kv in smaller_kv
+        ]
+    candidates += [(f"--kv-bits {kv.bits}", with_kv(kv)) for kv in smaller_kv]
     q4g64 = quantized_lm_weight_bytes(config, 4, dtype, group_size=64)
     if q4g64 < plan.weights:
         requantize = "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64)"
-        for bits in (plan.kv_bits, *smaller_kv):
-            flags = requantize + ("" if bits == plan.kv_bits else f" and --kv-bits {bits}")
-            candidates.append((flags, replace(with_kv(bits), weights=q4g64)))
-    for bits in (plan.kv_bits, *smaller_kv[-1:]):
-        context = longest_context(with_kv(bits))
-        if context >= _MIN_USEFUL_CONTEXT and not with_kv(bits).fits:
-            flags = f"--context {context}" if bits == plan.kv_bits else f"--kv-bits {bits} "
-            flags += "" if bits == plan.kv_bits else f"--context {context}"
-            candidates.append((flags, with_kv(bits, context)))
+        for kv in (plan.kv, *smaller_kv):
+            flags = requantize + ("" if kv == plan.kv else f" and --kv-bits {kv.bits}")
+            candidates.append((flags, replace(with_kv(kv), weights=q4g64)))
+    for kv in (plan.kv, *smaller_kv[-1:]):
+        context = longest_context(with_kv(kv))
+        if context >= _MIN_USEFUL_CONTEXT and not with_kv(kv).fits:
+            flags = f"--context {context}"
+            if kv != plan.kv:
+                flags = f"--kv-bits {kv.bits} {flags}"
+            candidates.append((flags, with_kv(kv, context)))
     fitting = [(flags, option) for flags, option in candidates if option.fits]
     return [f"{flags} ({option.total / 1e9:.2f} GB)" for flags, option in fitting[:3]]
 

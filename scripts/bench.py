@@ -367,10 +367,10 @@ def bench_kv_caches(
             "step_ms": summarize([turn[i] for turn in times]),
             "ratio": float(np.median([turn[i] / turn[0] for turn in times])),
             "weights_gb": weights_gb,
-            "planned_kv_gb": kv_cache_bytes(config, dtype_used, bits) / 1e9,
+            "planned_kv_gb": kv_cache_bytes(config, dtype_used, gen.kv_quantization) / 1e9,
             "peak_memory_gb": peak,
         }
-        for i, (bits, peak) in enumerate(zip(kv_bits, peaks))
+        for i, (bits, gen, peak) in enumerate(zip(kv_bits, gens, peaks))
     ]
 
 

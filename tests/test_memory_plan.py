@@ -59,7 +59,9 @@ def test_published_7b_figures():
             config, _manifest_layout("q8"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC
         ).weights
     )
-    kv8, kv4 = (kv_cache_bytes(config, mx.bfloat16, bits) / GB for bits in (8, 4))
+    kv8, kv4 = (
+        kv_cache_bytes(config, mx.bfloat16, KVQuantization.of(bits)) / GB for bits in (8, 4)
+    )
     assert round(kv8, 2) == 0.85 and round(kv4, 2) == 0.51  # each with 17 MB unquantized
     bf16 = plan_memory(config, _manifest_layout("bf16"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
     assert bf16.lm_bits is None and round(bf16.weights / GB, 2) == 15.38
@@ -205,7 +207,7 @@ def test_planned_kv_cache_is_what_mlx_allocates(kv_bits):
 
     allocated, ring = _allocated(full_ring)
     assert ring.capacity == config.context
-    planned = kv_cache_bytes(config, mx.float32, kv_bits)
+    planned = kv_cache_bytes(config, mx.float32, quantization)
     print(f"KV {kv_bits or 32}-bit: planned {planned} B, allocated {allocated} B")
     assert abs(planned - allocated) <= 0.05 * allocated
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from tiny_moshi import cached_tiny_moshi, fast_codec, tiny_config
+from tiny_moshi import cached_tiny_moshi, fast_codec, load_tiny_model, tiny_config
 
 from moshi_mlx.api import MoshiModel, StepResult
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
@@ -23,13 +23,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(files):
-    return MoshiModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
+    return load_tiny_model(files)
 
 
 def _user_audio(n_frames: int) -> np.ndarray:

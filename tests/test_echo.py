@@ -124,18 +124,10 @@ def test_live_loop_cancels_the_echo_of_what_it_played(voices):
 def test_a_conversation_takes_the_far_end(tmp_path_factory, voices):
     """An app that plays Moshi itself: `step(mic, far)` hears the mic without the far end's
     echo (`heard`), and the same audio without a canceller reaches the model unchanged."""
-    from tiny_moshi import cached_tiny_moshi, fast_codec
-
-    from moshi_mlx.api import MoshiModel
+    from tiny_moshi import cached_tiny_moshi, load_tiny_model
 
     files = cached_tiny_moshi(tmp_path_factory)
-    model = MoshiModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
+    model = load_tiny_model(files)
     far = voices[0][: 40 * 1920]
     echo = echo_path.play_through_room(far, echo_path.room_impulse_response(0.3, 0.05, -3.0))
     heard = []

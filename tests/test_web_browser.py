@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 import soundfile as sf
 from chromium import Chromium, chromium_binary
 from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
-from web_harness import ServerThread
+from web_harness import ServerThread, free_port
 
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web.server import ServerConfig
@@ -32,12 +31,6 @@ pytestmark = pytest.mark.skipif(
 )
 STATS = "window.moshiStats ? JSON.stringify(window.moshiStats) : null"
 CLICK_START = "document.getElementById('start').click()"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _mic_wav(tmp_path):
@@ -58,7 +51,7 @@ def local_web(tmp_path_factory, tmp_path):
     Its "open the page" goes to a $BROWSER command that writes the URL to a file.
     """
     files = cached_tiny_moshi(tmp_path_factory)
-    port = _free_port()
+    port = free_port()
     log, opened = tmp_path / "server.log", tmp_path / "opened.txt"
     record_url = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
     env = {**os.environ, "BROWSER": f'{sys.executable} -c "{record_url}" {opened} %s'}

@@ -5,7 +5,6 @@ espeak-ng speech into the virtual microphone, Moshi's reply recorded from the sp
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from pulse import PulseServer, pulseaudio_missing_reason
 from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from web_harness import free_port
 
 from moshi_mlx.audio.wav import read_audio
 
@@ -32,12 +32,6 @@ pytestmark = [
 TALK_SECONDS = 6.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _wait_for(path: Path, text: str, process: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while text not in path.read_text(errors="replace"):
@@ -50,7 +44,7 @@ def test_kyutai_python_client_talks_with_our_server(tmp_path, tmp_path_factory):
     speech_file = espeak_speech(tmp_path / "user.wav", "Hello Moshi, can you hear me?")
     if speech_file is None:
         pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
-    port = _free_port()
+    port = free_port()
     server_log, client_out, client_err = (tmp_path / n for n in ("server", "out", "err"))
     with PulseServer(tmp_path / "pulse") as pulse, open(server_log, "wb") as log:
         server = subprocess.Popen(

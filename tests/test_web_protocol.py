@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from web_harness import free_port
 
 from moshi_mlx.local_web import is_loopback
 from moshi_mlx.sampling import SamplingConfig
@@ -120,12 +121,6 @@ def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-def _free_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -152,7 +147,7 @@ def test_open_host_without_https_warns_then_missing_weights_stop_it(tmp_path):
         "--lm-config",
         str(tmp_path / "c.json"),
     ]
-    done = _local_web("--host", "0.0.0.0", "--port", _free_port(), *missing)
+    done = _local_web("--host", "0.0.0.0", "--port", str(free_port()), *missing)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "browsers on other machines will refuse the microphone" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: ")

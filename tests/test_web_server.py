@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,10 +15,24 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
-from web_harness import FRAME, Reply, ServerThread, decode_ogg, has_handshake, ogg_pages, read_until
+from tiny_moshi import (
+    cached_tiny_moshi,
+    espeak_speech,
+    fast_codec,
+    load_tiny_model,
+    weight_flags,
+)
+from web_harness import (
+    FRAME,
+    Reply,
+    ServerThread,
+    decode_ogg,
+    free_port,
+    has_handshake,
+    ogg_pages,
+    read_until,
+)
 
-from moshi_mlx.api import MoshiModel
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.errors import WeightsError
 from moshi_mlx.generate import LmGen
@@ -38,19 +51,9 @@ def files(tmp_path_factory):
     return cached_tiny_moshi(tmp_path_factory)
 
 
-def _load(files) -> MoshiModel:
-    return MoshiModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
-
-
 @pytest.fixture(scope="module")
 def server(files):
-    worker = ModelWorker(lambda: _load(files))
+    worker = ModelWorker(lambda: load_tiny_model(files))
     worker.start()
     assert worker.ready.wait(120) and worker.error is None, worker.error
     running = ServerThread(worker)
@@ -113,7 +116,7 @@ def test_seeded_conversation_equals_the_offline_api(files, url, tmp_path, monkey
 
     # Offline: the same bytes decoded by the same library, stepped by the embedding API.
     user = decode_ogg(pages)
-    offline_model = _load(files)
+    offline_model = load_tiny_model(files)
     sampling = SamplingConfig(text_temp=0.9, audio_top_k=100)
     with offline_model.conversation(sampling=sampling, seed=7) as conversation:
         steps = [
@@ -364,9 +367,7 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
 
 
 def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         command = subprocess.Popen(

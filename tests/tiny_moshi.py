@@ -83,11 +83,6 @@ def weight_flags(files: dict[str, Path]) -> list[str]:
     ]
 
 
-if __name__ == "__main__":
-    for name, path in write_tiny_moshi(Path(sys.argv[1])).items():
-        print(name, path)
-
-
 def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
     """`write_tiny_moshi` once per pytest session (shared by the test files that need it)."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE
@@ -115,3 +110,21 @@ def espeak_speech(path: Path, text: str, rate: int = 24_000, channels: int = 1) 
     subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True)
     return path
+
+
+def load_tiny_model(files: dict[str, Path]):
+    """`MoshiModel.load` over `files` (`cached_tiny_moshi`), with `fast_codec`."""
+    from moshi_mlx.api import MoshiModel
+
+    return MoshiModel.load(
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
+
+
+if __name__ == "__main__":
+    for name, path in write_tiny_moshi(Path(sys.argv[1])).items():
+        print(name, path)

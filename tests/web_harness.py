@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 import aiohttp
@@ -15,6 +16,13 @@ from moshi_mlx.web.server import ServerConfig, create_app
 from moshi_mlx.web.worker import ModelWorker
 
 FRAME = 1920
+
+
+def free_port() -> int:
+    """A localhost TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 class ServerThread:

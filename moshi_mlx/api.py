@@ -105,7 +105,7 @@ class MoshiModel:
         )
         kv_quantization = None if kv_bits is None else KVQuantization.of(kv_bits, kv_group_size)
         if kv_quantization is not None:
-            kv_quantization.check_head_dim(config.dim // config.num_heads)
+            kv_quantization.check_head_dim(config.temporal_config().head_dim)
         plan = memory_plan(files, config, codec_backend, dtype, kv_quantization)
         if check_memory:
             check_fits(plan, config)

@@ -294,7 +294,7 @@ class Lm(nn.Module):
         # The keys' dtype is what the first projection yields (built lazily, never evaluated).
         probe = self.transformer.layers[0].self_attn.in_proj(self.text_emb(mx.array([0])))
         if quantization is not None:
-            quantization.check_head_dim(self.cfg.dim // self.cfg.num_heads)
+            quantization.check_head_dim(self.transformer.cfg.head_dim)
         return self.transformer.make_ring(batch, probe.dtype, quantization)
 
     def embed(self, tokens: mx.array) -> mx.array:

@@ -143,18 +143,16 @@ class _EagerLmGen:
         return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
 
     def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
-        """Text, then the depformer's slices over `KVCache`s (`Depformer.sample`), eagerly."""
+        """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
         s, depformer = self.sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
         audio_keys = mx.random.split(audio_key, self.cfg.dep_q)
         text = sample(text_logits, s.text_temp, s.text_top_k, text_key)
-        audio = depformer.sample(
-            temporal_out,
-            text,
-            depformer.make_caches(),
-            lambda logits, k: sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k]),
-        )
-        return mx.concatenate([text, audio[0]])
+        caches, tokens = depformer.make_caches(), [text]
+        for k, depformer_slice in enumerate(depformer.slices):
+            logits = depformer_slice(temporal_out, tokens[-1], caches)
+            tokens.append(sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k]))
+        return mx.concatenate(tokens)
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig.greedy()])

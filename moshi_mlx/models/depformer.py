@@ -72,32 +72,12 @@ class Depformer(nn.Module):
         """One KV cache per layer, shared by all slices of a step."""
         return self.slices[0].transformer.make_caches()
 
-    def sample(
-        self,
-        temporal_out: mx.array,
-        text_token: mx.array,
-        caches: list[KVCache],
-        sample_fn: SampleFn,
-    ) -> mx.array:
-        """Sample one step's codebooks: temporal_out (B, 1, lm_dim), text_token (B,) -> (B, dep_q).
-
-        Everything stays lazy: each sampled token feeds the next slice inside one graph.
-        """
-        for cache in caches:
-            cache.reset()
-        prev = text_token
-        tokens = []
-        for k, depformer_slice in enumerate(self.slices):
-            prev = sample_fn(depformer_slice(temporal_out, prev, caches), k)
-            tokens.append(prev)
-        return mx.stack(tokens, axis=1)
-
     def sample_step(
         self, temporal_out: mx.array, text_token: mx.array, sample_fn: SampleFn
     ) -> mx.array:
-        """`sample` in `mx.compile`-able form, the same numbers: temporal_out (B, lm_dim),
-        text_token (B,) -> (B, dep_q), the slices sharing a `KVRing` made for the step (slice
-        k at position k)."""
+        """Sample one step's codebooks, in `mx.compile`-able form: temporal_out (B, lm_dim),
+        text_token (B,) -> (B, dep_q). Each sampled token feeds the next slice inside one lazy
+        graph; the slices share a `KVRing` made for the step (slice k at position k)."""
         ring = self.slices[0].transformer.make_ring(temporal_out.shape[0], temporal_out.dtype)
         prev = text_token
         tokens = []

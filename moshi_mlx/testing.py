@@ -1,4 +1,5 @@
-"""Random checkpoints in the published formats, for tests and the bench.
+"""Random checkpoints in the published formats, for tests and the bench, and what compares
+two LMs on them.
 
 Real weights cannot be part of a test; these writers produce files with Kyutai's exact names,
 shapes and dtypes (LM: MLX bf16/q8/q4; Mimi: the PyTorch layout), filled with random values
@@ -130,3 +131,22 @@ def write_random_mimi_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
     return path
+
+
+def random_teacher_tokens(config: LmConfig, steps: int, seed: int) -> tuple[mx.array, mx.array]:
+    """Random inputs of `generate.teacher_forced_logits`: each step's tokens (steps, K), start
+    tokens included, and the depformer's previous tokens (steps, dep_q)."""
+    rng = np.random.default_rng(seed)
+    start = np.array([config.text_card] + [config.card] * config.n_q)
+    inputs = rng.integers(0, start, (steps, config.num_codebooks))
+    previous = rng.integers(0, start[: config.dep_q], (steps, config.dep_q))
+    return mx.array(inputs, mx.int32), mx.array(previous, mx.int32)
+
+
+def logit_fidelity(ours: list[np.ndarray], reference: list[np.ndarray]) -> dict:
+    """How closely text and audio logits (`teacher_forced_logits`' pair, on the host) track a
+    reference: the relative error of each, and the share of greedy tokens they agree on."""
+    pairs = list(zip(ours, reference))
+    errors = [float(np.linalg.norm(q - r) / np.linalg.norm(r)) for q, r in pairs]
+    agree = [float(np.mean(q.argmax(-1) == r.argmax(-1))) for q, r in pairs]
+    return {"text_error": errors[0], "audio_error": errors[1], "agreement": agree}

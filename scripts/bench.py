@@ -51,7 +51,12 @@ from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
 from moshi_mlx.sampling import SamplingConfig, sample
-from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
+from moshi_mlx.testing import (
+    logit_fidelity,
+    random_teacher_tokens,
+    write_random_lm_checkpoint,
+    write_random_mimi_checkpoint,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -384,19 +389,13 @@ def bench_kv_fidelity(
     config = LmConfig.from_dict(LM_SHAPES[shape])
     _fresh_memory()
     lm = load_lm(weights, config, dtype=dtype)
-    rng = np.random.default_rng(seed)
-    start = np.array([config.text_card] + [config.card] * config.n_q)
-    inputs = mx.array(rng.integers(0, start, (steps, config.num_codebooks)), mx.int32)
-    previous = mx.array(rng.integers(0, start[: config.dep_q], (steps, config.dep_q)), mx.int32)
+    inputs, previous = random_teacher_tokens(config, steps, seed)
     reference = [np.array(a) for a in teacher_forced_logits(lm, inputs, previous)]
 
-    def figures(ours: list[np.ndarray], first: int) -> dict[str, float] | None:
+    def figures(ours: list[np.ndarray], first: int) -> dict | None:
         if first >= steps:
             return None
-        pairs = [(q[first:], r[first:]) for q, r in zip(ours, reference)]
-        errors = [float(np.linalg.norm(q - r) / np.linalg.norm(r)) for q, r in pairs]
-        agree = [float(np.mean(q.argmax(-1) == r.argmax(-1))) for q, r in pairs]
-        return {"text_error": errors[0], "audio_error": errors[1], "agreement": agree}
+        return logit_fidelity([q[first:] for q in ours], [r[first:] for r in reference])
 
     recent = recent_slots(config.context)
     results = []

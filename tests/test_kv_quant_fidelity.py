@@ -13,7 +13,7 @@ from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.testing import write_random_lm_checkpoint
+from moshi_mlx.testing import logit_fidelity, random_teacher_tokens, write_random_lm_checkpoint
 
 STEPS = 200
 # The tiny LM with a head dimension of 64 (the KV groups quantize along it) and a context
@@ -25,11 +25,7 @@ CONFIG = replace(LmConfig.tiny(), dim=128, num_heads=2, context=120)
 def run(tmp_path_factory):
     path = write_random_lm_checkpoint(tmp_path_factory.mktemp("kvq"), CONFIG, seed=11)
     lm = load_lm(path, CONFIG, dtype=mx.float32)
-    rng = np.random.default_rng(0)
-    start = np.array([CONFIG.text_card] + [CONFIG.card] * CONFIG.n_q)
-    inputs = rng.integers(0, start, (STEPS, CONFIG.num_codebooks))
-    previous = rng.integers(0, start[: CONFIG.dep_q], (STEPS, CONFIG.dep_q))
-    inputs, previous = mx.array(inputs, mx.int32), mx.array(previous, mx.int32)
+    inputs, previous = random_teacher_tokens(CONFIG, STEPS, seed=0)
 
     def logits(quantization):
         return [np.array(a) for a in teacher_forced_logits(lm, inputs, previous, quantization)]
@@ -41,17 +37,9 @@ def run(tmp_path_factory):
 # tokens agreeing on >= 95% and >= 85% of the steps.
 @pytest.mark.parametrize("bits, max_error, min_agreement", [(8, 2e-2, 0.95), (4, 1e-1, 0.85)])
 def test_quantized_cache_tracks_the_unquantized_one(run, bits, max_error, min_agreement):
-    (text, audio), logits, _ = run
-    q_text, q_audio = logits(KVQuantization.of(bits))
-
-    def relative(ours, reference):
-        return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
-
-    errors = relative(q_text, text), relative(q_audio, audio)
-    agreement = (
-        float(np.mean(q_text.argmax(-1) == text.argmax(-1))),
-        float(np.mean(q_audio.argmax(-1) == audio.argmax(-1))),
-    )
+    reference, logits, _ = run
+    fidelity = logit_fidelity(logits(KVQuantization.of(bits)), reference)
+    errors, agreement = (fidelity["text_error"], fidelity["audio_error"]), fidelity["agreement"]
     print(
         f"{bits}-bit KV over {STEPS} steps (context {CONFIG.context}): relative logit error "
         f"text {errors[0]:.2e}, depformer {errors[1]:.2e}; greedy agreement "

@@ -116,7 +116,7 @@ def _say(message: str) -> None:
 async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
     config = server_config(args)
     context = ssl_context(args.ssl) if args.ssl else None
-    worker = ModelWorker(lambda: load_model(args))
+    worker = ModelWorker(lambda: load_model(args), config.sampling)
     runner = web.AppRunner(create_app(worker, config), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     try:

@@ -62,6 +62,19 @@ def server(files):
     worker.stop(10)
 
 
+def test_the_warm_up_compiles_the_servers_sampling(files):
+    """The step the server's sessions use by default is compiled before `ready`."""
+    sampling = SamplingConfig(text_temp=0.5, audio_top_k=10)
+    worker = ModelWorker(lambda: load_tiny_model(files), sampling)
+    worker.start()
+    try:
+        assert worker.ready.wait(120) and worker.error is None, worker.error
+        compiled = vars(worker.model.lm)["_step_functions"]
+        assert list(compiled) == [(sampling, None)]
+    finally:
+        worker.stop(10)
+
+
 @pytest.fixture(scope="module")
 def url(server):
     port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG))

@@ -136,12 +136,15 @@ class Session:
 class ModelWorker:
     """Loads the model on its own thread, warms it up, then runs the sessions' steps.
 
-    `load` is called on the worker thread and returns a `moshi_mlx.api.MoshiModel`.
-    `ready` is set once the model can take sessions (or `error` says why it cannot).
+    `load` is called on the worker thread and returns a `moshi_mlx.api.MoshiModel`; the
+    warm-up compiles the step of `sampling` (the server's default: a session with other
+    sampling compiles its own step when it starts). `ready` is set once the model can take
+    sessions (or `error` says why it cannot).
     """
 
-    def __init__(self, load: Callable[[], MoshiModel]):
+    def __init__(self, load: Callable[[], MoshiModel], sampling: SamplingConfig | None = None):
         self._load = load
+        self._warmup_sampling = sampling
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -211,7 +214,7 @@ class ModelWorker:
 
     def _warm_up(self) -> None:
         silence = np.zeros(self.model.frame_size, dtype=np.float32)
-        with self.model.conversation(seed=0) as conversation:
+        with self.model.conversation(self._warmup_sampling, seed=0) as conversation:
             for _ in range(WARMUP_STEPS):
                 conversation.step(silence)
 

@@ -31,6 +31,9 @@ from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig, sample
 
 UNGENERATED = -2  # a token slot not written yet
+# Compiled steps a model keeps, one per sampling and KV layout, the least recently used
+# dropped first: a server's clients each choose their sampling.
+MAX_STEP_FUNCTIONS = 4
 
 
 class LmGenStep:
@@ -155,13 +158,15 @@ def step_functions(
     lm: Lm, sampling: SamplingConfig, kv_quantization: KVQuantization | None = None
 ) -> StepFunctions:
     """The `StepFunctions` of `lm`, `sampling` and the KV cache's quantization, made once per
-    model (kept on the model object as a plain attribute, outside its parameters, and freed
-    with it)."""
-    shared = vars(lm).setdefault("_step_functions", {})
+    model and kept on the model object (a plain attribute, outside its parameters, freed with
+    it) for the `MAX_STEP_FUNCTIONS` most recently used choices; a generator keeps its own."""
+    shared = vars(lm).setdefault("_step_functions", {})  # least recently used first
     choice = (sampling, kv_quantization)
-    if choice not in shared:
-        shared[choice] = StepFunctions(lm, sampling, kv_quantization)
-    return shared[choice]
+    functions = shared.pop(choice, None) or StepFunctions(lm, sampling, kv_quantization)
+    shared[choice] = functions
+    while len(shared) > MAX_STEP_FUNCTIONS:
+        del shared[next(iter(shared))]
+    return functions
 
 
 class LmGen:

@@ -8,7 +8,7 @@ import pytest
 
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.generate import LmGen
+from moshi_mlx.generate import MAX_STEP_FUNCTIONS, LmGen, step_functions
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.sampling import SamplingConfig, sample
 
@@ -79,6 +79,19 @@ def test_step_outputs_and_delays(tiny_lm):
     gen.step(mx.array([-1] * 8))  # "no input" codes and mx arrays are accepted
     with pytest.raises(MoshiError, match="8 user codes"):
         gen.step(np.zeros(7, np.int64))
+
+
+def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
+    """Each sampling gets its compiled step once; a model keeps only the most recently used
+    ones, so clients choosing ever new temperatures do not grow it without bound."""
+    samplings = [SamplingConfig(text_temp=0.5 + k / 100) for k in range(MAX_STEP_FUNCTIONS + 2)]
+    first = step_functions(tiny_lm, samplings[0])
+    assert step_functions(tiny_lm, samplings[0]) is first
+    generators = [LmGen(tiny_lm, sampling, seed=0) for sampling in samplings]
+    kept = vars(tiny_lm)["_step_functions"]
+    assert list(kept) == [(s, None) for s in samplings[-MAX_STEP_FUNCTIONS:]]
+    step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
+    assert 0 <= step.text_token < tiny_lm.cfg.text_card
 
 
 def test_long_run_memory_is_flat():

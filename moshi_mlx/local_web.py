@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import ssl
 import sys
@@ -33,7 +32,7 @@ from moshi_mlx.cli import (
     sampling_from_args,
 )
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.web.server import PAGE_DIR, ServerConfig, create_app
+from moshi_mlx.web.server import PAGE_DIR, ServerConfig, create_app, is_loopback
 from moshi_mlx.web.worker import ModelWorker
 
 
@@ -80,16 +79,6 @@ def ssl_context(folder: str) -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"--ssl {folder}: cannot use cert.pem/key.pem: {exc}") from None
     return context
-
-
-def is_loopback(host: str) -> bool:
-    """True for `localhost` and loopback addresses (the only hosts that need no https)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -51,7 +52,14 @@ class ServerConfig:
     loopback_only: bool = False
 
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (the only hosts that need no https)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(worker: ModelWorker, config: ServerConfig) -> web.Application:
@@ -75,7 +83,7 @@ def create_app(worker: ModelWorker, config: ServerConfig) -> web.Application:
 @web.middleware
 async def _loopback_guard(request: web.Request, handler) -> web.StreamResponse:
     name = _host_port(request.host or "", 80)[0]
-    if name not in LOOPBACK_NAMES:
+    if not is_loopback(name):
         log.warning("refused a request for host %s", request.host)
         raise web.HTTPForbidden(text=f"this server answers only for localhost, not {name}")
     return await handler(request)

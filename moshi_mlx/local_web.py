@@ -81,6 +81,12 @@ def ssl_context(folder: str) -> ssl.SSLContext:
     return context
 
 
+def server_url(host: str, port: int, secure: bool) -> str:
+    """The address a browser opens for `--host` and `--port` (an IPv6 host in brackets)."""
+    name = f"[{host}]" if ":" in host else host
+    return f"{'https' if secure else 'http'}://{name}:{port}"
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Per-connection settings from the flags (checked before the model loads)."""
     if args.max_conversations < 1:
@@ -115,7 +121,7 @@ async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
     worker.start()  # pages and websockets are served (with pings) while the model loads
     started.set()
-    url = f"{'https' if context else 'http'}://{args.host}:{args.port}"
+    url = server_url(args.host, args.port, secure=context is not None)
     if not is_loopback(args.host) and context is None:
         _say(
             f"warning: serving plain http on {args.host}: browsers on other machines will refuse "

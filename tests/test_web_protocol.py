@@ -11,6 +11,7 @@ import sys
 import pytest
 from web_harness import free_port
 
+from moshi_mlx.local_web import server_url
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
 from moshi_mlx.web.protocol import Kind, ProtocolError, session_params
@@ -106,6 +107,12 @@ def test_loopback_hosts():
     assert is_loopback("localhost") and is_loopback("127.0.0.1") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.20")
     assert not is_loopback("mac.local")
+
+
+def test_server_urls_bracket_ipv6_hosts():
+    assert server_url("localhost", 8998, secure=False) == "http://localhost:8998"
+    assert server_url("::1", 8998, secure=False) == "http://[::1]:8998"
+    assert server_url("192.168.1.20", 443, secure=True) == "https://192.168.1.20:443"
 
 
 def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

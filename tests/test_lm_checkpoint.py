@@ -31,6 +31,16 @@ def _forward(lm, steps: int = 6) -> np.ndarray:
     return np.array(logits.astype(mx.float32))
 
 
+def test_a_folder_with_several_lm_files_loads_the_most_precise(tiny_lm_checkpoints, tmp_path):
+    """As after `python -m moshi_mlx.quantize` wrote a q4 file beside the bf16 one."""
+    for variant in ("q4", "bf16"):
+        source = tiny_lm_checkpoints[variant]
+        (tmp_path / source.name).symlink_to(source)
+    (tmp_path / "config.json").symlink_to(tiny_lm_checkpoints["bf16"].parent / "config.json")
+    lm = load_lm(tmp_path)
+    assert lm.text_linear.weight.dtype != mx.uint32  # the bf16 file's, not q4's packed one
+
+
 @pytest.mark.parametrize(
     "variant, bits, group_size", [("bf16", None, None), ("q8", 8, 64), ("q4", 4, 32)]
 )

@@ -60,9 +60,11 @@ def quantize_lm(model: Lm, bits: int, group_size: int | None = None) -> None:
 
 
 def _resolve_file(path: str | Path) -> Path:
+    """The LM file at `path`, or in the folder `path`: the most precise one when it holds
+    several (bf16, then q8, then q4)."""
     path = Path(path)
     if path.is_dir():
-        names = [name for _, name in LM_FILES.values()]
+        names = [LM_FILES[bits][1] for bits in sorted(LM_FILES, reverse=True)]
         for name in names:
             if (path / name).is_file():
                 return path / name

@@ -58,6 +58,8 @@ def check_output(input_path: Path, output: Path, force: bool) -> None:
     """Raise `AudioError` unless `output` can be written without touching the user's files:
     never the input (by path or inode), an existing file only with `force`, a folder that
     exists and is writable, a format libsndfile writes."""
+    if output.is_dir():
+        raise AudioError(f"the output {output} is a folder; give a file name")
     if output.exists():
         if input_path.exists() and os.path.samefile(input_path, output):
             raise AudioError(f"the output {output} is the input recording; choose another file")

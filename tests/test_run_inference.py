@@ -68,6 +68,12 @@ def test_never_overwrites_the_input_or_an_existing_file(tmp_path, capsys, speech
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert recording.read_bytes() == kept
+    folder = tmp_path / "folder.wav"
+    folder.mkdir()
+    assert main([str(recording), str(folder), "--force", *flags]) == 2  # before any inference
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a folder" in err, err
+    folder.rmdir()
     existing = tmp_path / "reply.wav"
     existing.write_bytes(b"mine")
     assert main([str(recording), str(existing), *flags]) == 2

@@ -189,6 +189,7 @@ class _Connection:
         self._opus_out = OpusFrameWriter(SAMPLE_RATE)
         self._session: Session | None = None
         self._unreported_drops = 0
+        self._total_dropped = 0
         self._last_lag_notice = -LAG_NOTICE_EVERY_SECONDS
 
     async def run(self) -> None:
@@ -283,6 +284,7 @@ class _Connection:
                 await self._send(protocol.metadata(self._metadata(event.seed)))
             elif isinstance(event, Lag):
                 self._unreported_drops += event.dropped
+                self._total_dropped = event.total
                 await self._report_lag()
             elif isinstance(event, Failed):
                 raise _ConversationEnded(event.reason)
@@ -294,7 +296,7 @@ class _Connection:
             return
         lag = {
             "dropped_frames": self._unreported_drops,
-            "total_dropped": self._session.dropped_frames,
+            "total_dropped": self._total_dropped,
         }
         self._unreported_drops, self._last_lag_notice = 0, now
         await self._send(protocol.metadata({"lag": lag}))

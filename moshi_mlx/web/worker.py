@@ -44,8 +44,6 @@ class Reply:
 
     pcm: np.ndarray
     text: str
-    step_seconds: float
-    mic_wait_seconds: float  # how long the mic frame waited for the model
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class Session:
         self.max_lag_frames = max(1, max_lag_frames)
         # Bound on queued frames even while a step stalls (a flooding client costs no memory).
         self._capacity = 4 * self.max_lag_frames + 16
-        self._frames: deque[tuple[np.ndarray, float]] = deque()
+        self._frames: deque[np.ndarray] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
         self._closed = False
@@ -105,7 +103,7 @@ class Session:
             if len(self._frames) >= self._capacity:
                 self._frames.popleft()
                 self._unreported_drops += 1
-            self._frames.append((frame, time.monotonic()))
+            self._frames.append(frame)
             wake = not self._scheduled
             self._scheduled = True
             return wake
@@ -116,8 +114,8 @@ class Session:
             self._closed = True
             self._frames.clear()
 
-    def take(self) -> tuple[np.ndarray | None, float, int, bool]:
-        """(oldest frame to step or None, its arrival time, frames dropped for lag, more left).
+    def take(self) -> tuple[np.ndarray | None, int, bool]:
+        """(oldest frame to step or None, frames dropped for lag, more left).
 
         Beyond `max_lag_frames` of backlog only the newest frame is kept.
         """
@@ -128,9 +126,9 @@ class Session:
                 while len(self._frames) > 1:
                     self._frames.popleft()
             self.dropped_frames += dropped
-            frame, stamp = self._frames.popleft() if self._frames else (None, 0.0)
+            frame = self._frames.popleft() if self._frames else None
             self._scheduled = bool(self._frames)
-            return frame, stamp, dropped, self._scheduled
+            return frame, dropped, self._scheduled
 
 
 class ModelWorker:
@@ -235,21 +233,20 @@ class ModelWorker:
         conversation = conversations.get(session)
         if conversation is None or session.closed:
             return
-        frame, stamp, dropped, more = session.take()
+        frame, dropped, more = session.take()
         if more:
             self._jobs.put(("step", session))  # behind the other sessions' turns
         if dropped:
             _deliver(session, Lag(dropped, session.dropped_frames))
         if frame is None:
             return
-        started = time.monotonic()
         try:
             result = conversation.step(frame)
         except Exception as exc:  # noqa: BLE001 - ends this conversation, not the server
             self._close(session, conversations)
             _deliver(session, Failed(f"the model failed: {exc}"))
             return
-        reply = Reply(result.pcm, result.text, time.monotonic() - started, started - stamp)
+        reply = Reply(result.pcm, result.text)
         if session.closed:  # the client left during the step: free the conversation now
             self._close(session, conversations)
             return

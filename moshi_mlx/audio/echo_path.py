@@ -106,18 +106,6 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
 
 
-@dataclass
-class EchoFigures:
-    """How a canceller did on a scene; see `grade`."""
-
-    erle_db: float  # median ERLE over far-end-only blocks after convergence
-    double_talk_level_db: float  # output over clean near-end power during double talk
-    double_talk_correlation: float  # output vs clean near end, at the canceller's delay
-    delay_ms: float  # the canceller's own delay (output vs clean near end)
-    recovery_erle_db: float  # median ERLE in far-end-only blocks 2 s after a delay jump
-    cpu_ms_per_80ms: float  # processing time per 80 ms of audio
-
-
 Canceller = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (near 10 ms, far 10 ms) -> out
 
 

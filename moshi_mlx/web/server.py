@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
 from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
@@ -26,8 +27,6 @@ from moshi_mlx.web.protocol import Kind, ProtocolError
 from moshi_mlx.web.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 
 PAGE_DIR = Path(__file__).parent / "static"
-SAMPLE_RATE = 24_000
-FRAME_SIZE = 1920
 PING_AFTER_SECONDS = 1.0  # Kyutai's clients give up after 10 s without a message
 LAG_NOTICE_EVERY_SECONDS = 1.0
 SLOT_GRACE_SECONDS = 1.0

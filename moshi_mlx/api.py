@@ -103,7 +103,7 @@ class MoshiModel:
         files, config = find_model(
             hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, lm_config, context
         )
-        kv_quantization = None if kv_bits is None else KVQuantization.of(kv_bits, kv_group_size)
+        kv_quantization = KVQuantization.chosen(kv_bits, kv_group_size)
         if kv_quantization is not None:
             kv_quantization.check_head_dim(config.temporal_config().head_dim)
         plan = memory_plan(files, config, codec_backend, dtype, kv_quantization)

@@ -150,7 +150,8 @@ def print_memory_plan(args: argparse.Namespace) -> int:
     from moshi_mlx.api import find_model, memory_plan
 
     files, config = find_model(**_model_choices(args))
-    plan = memory_plan(files, config, args.codec, kv_quantization=_kv_quantization(args))
+    kv_quantization = KVQuantization.chosen(args.kv_bits, args.kv_group_size)
+    plan = memory_plan(files, config, args.codec, kv_quantization=kv_quantization)
     print(plan.table())
     return 0
 
@@ -165,12 +166,6 @@ def load_model(args: argparse.Namespace):
         kv_group_size=args.kv_group_size,
         **_model_choices(args),
     )
-
-
-def _kv_quantization(args: argparse.Namespace) -> KVQuantization | None:
-    if args.kv_bits is None:
-        return None
-    return KVQuantization.of(args.kv_bits, args.kv_group_size)
 
 
 def exit_at_once(code: int) -> NoReturn:

@@ -61,6 +61,11 @@ class KVQuantization:
             raise ConfigError(f"--kv-group-size must be one of {KV_GROUP_SIZES}, got {group_size}")
         return cls(bits, group_size)
 
+    @classmethod
+    def chosen(cls, bits: int | None, group_size: int | None = None) -> KVQuantization | None:
+        """`of(bits, group_size)`, or None (an unquantized cache) without `bits`."""
+        return None if bits is None else cls.of(bits, group_size)
+
     def check_head_dim(self, head_dim: int) -> None:
         """`ConfigError` unless the groups tile a head's keys exactly."""
         if head_dim % self.group_size:

@@ -6,7 +6,6 @@ python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [weight flags]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from moshi_mlx.cli import (
 )
 from moshi_mlx.codec import SAMPLE_RATE
 from moshi_mlx.errors import AudioError
+from moshi_mlx.output_files import check_output, written_atomically
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -54,32 +54,12 @@ def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) 
     return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
 
 
-def check_output(input_path: Path, output: Path, force: bool) -> None:
-    """Raise `AudioError` unless `output` can be written without touching the user's files:
-    never the input (by path or inode), an existing file only with `force`, a folder that
-    exists and is writable, a format libsndfile writes."""
-    if output.is_dir():
-        raise AudioError(f"the output {output} is a folder; give a file name")
-    if output.exists():
-        if input_path.exists() and os.path.samefile(input_path, output):
-            raise AudioError(f"the output {output} is the input recording; choose another file")
-        if not force:
-            raise AudioError(f"{output} already exists; pass --force to overwrite it")
-    folder = output.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise AudioError(f"cannot write {output}: folder {folder} is missing or not writable")
+def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
+    """Raise `MoshiError` unless `output` can be written without touching the user's files
+    (`output_files.check_output`) in a format libsndfile writes."""
+    check_output(input_path, output, force, what="recording")
     if output.suffix.lstrip(".").upper() not in sf.available_formats():
         raise AudioError(f"cannot write {output}: use a .wav, .flac or .ogg file name")
-
-
-def _write_atomically(output: Path, pcm: np.ndarray, sample_rate: int) -> None:
-    """Write under a temporary name, then rename: `output` is never left half-written."""
-    partial = output.with_name(f".{output.stem}.{os.getpid()}.partial{output.suffix}")
-    try:
-        write_audio(partial, pcm, sample_rate)
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -87,7 +67,7 @@ def _run(argv: Sequence[str] | None) -> int:
     if args.memory_plan:
         return print_memory_plan(args)
     output = Path(args.output)
-    check_output(Path(args.input), output, args.force)  # before minutes of inference
+    check_audio_output(Path(args.input), output, args.force)  # before minutes of inference
     user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
     model = load_model(args)
 
@@ -101,7 +81,8 @@ def _run(argv: Sequence[str] | None) -> int:
         seed = conversation.seed
     elapsed = time.monotonic() - started
     sys.stdout.write("\n")
-    _write_atomically(output, moshi_pcm, model.sample_rate)
+    with written_atomically(output) as partial:
+        write_audio(partial, moshi_pcm, model.sample_rate)
     seconds = len(user_pcm) / model.sample_rate
     print(
         f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "

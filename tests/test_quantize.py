@@ -6,6 +6,7 @@ both of Kyutai's namings.
 
 import csv
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -172,6 +173,16 @@ def test_group_size_override_is_recorded_and_honoured(sources, tmp_path):
     assert layout["text_emb.scales"] == ((101, 1), mx.bfloat16)
     lm = load_lm(output, CONFIG)
     assert lm.text_emb.group_size == 64
+
+
+def test_cli_refuses_a_hard_link_to_the_input_even_with_force(sources, tmp_path, capsys):
+    link = tmp_path / "link.safetensors"
+    os.link(sources["mlx"], link)
+    kept = link.read_bytes()
+    assert main([str(sources["mlx"]), "-o", str(link), "--force", "--bits", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "overwrite the input" in err, err
+    assert link.read_bytes() == kept and [p.name for p in tmp_path.iterdir()] == [link.name]
 
 
 def test_cli_refuses_to_overwrite_and_reports_user_errors_in_one_line(sources, tmp_path, capsys):

@@ -38,6 +38,7 @@ from moshi_mlx.checkpoints.spec import (
     quantization_metadata,
 )
 from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.output_files import check_output, written_atomically
 
 _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
 # MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
@@ -172,18 +173,6 @@ def _convert_tensor(
     return math.sqrt(error_sum / reference_sum) if reference_sum > 0 else 0.0
 
 
-def _remove_stale_partials(output_path: Path) -> None:
-    """Delete temporary files left by killed conversions to the same output."""
-    for partial in output_path.parent.glob(f".{output_path.name}.*.partial"):
-        pid = partial.name.removeprefix(f".{output_path.name}.").removesuffix(".partial")
-        try:
-            os.kill(int(pid), 0)  # still running: leave its file alone
-        except (ValueError, ProcessLookupError):
-            partial.unlink(missing_ok=True)
-        except PermissionError:
-            pass
-
-
 def default_output(input_path: Path, bits: int) -> Path:
     """Kyutai's file name for this precision, next to the input."""
     return input_path.parent / LM_FILES[bits][1]
@@ -210,12 +199,7 @@ def quantize_checkpoint(
         if group_size not in GROUP_SIZES:
             raise MoshiError(f"--group-size must be one of {GROUP_SIZES}, got {group_size}")
     output_path = Path(output_path) if output_path else default_output(input_path, bits)
-    if output_path.resolve() == input_path.resolve():
-        raise MoshiError(f"the output {output_path} would overwrite the input")
-    if output_path.exists() and not force:
-        raise MoshiError(f"{output_path} already exists; pass --force to overwrite it")
-    if not output_path.parent.is_dir():
-        raise MoshiError(f"output directory {output_path.parent} does not exist")
+    check_output(input_path, output_path, force, what="checkpoint")
 
     start = time.monotonic()
     mx.reset_peak_memory()
@@ -233,14 +217,12 @@ def quantize_checkpoint(
     for recipe in recipes:
         by_source[recipe.source].append(recipe)
 
-    _remove_stale_partials(output_path)
-    temp_path = output_path.with_name(f".{output_path.name}.{os.getpid()}.partial")
     errors: dict[str, float] = {}
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(sum(a.nbytes for a in tensors.values()), len(recipes), show)
     previous_cache_limit = mx.set_cache_limit(_CACHE_LIMIT_BYTES)
     try:
-        with open(temp_path, "wb") as file:
+        with written_atomically(output_path) as partial, open(partial, "wb") as file:
             writer = SafetensorsWriter(file, layout, metadata)
             done_bytes = done_tensors = 0
             for source_name, source_recipes in by_source.items():
@@ -258,13 +240,8 @@ def quantize_checkpoint(
             writer.check_complete()
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temp_path, output_path)
     except OSError as exc:  # disk full, no permission, ...
-        temp_path.unlink(missing_ok=True)
         raise MoshiError(f"cannot write {output_path}: {exc.strerror or exc}") from exc
-    except BaseException:
-        temp_path.unlink(missing_ok=True)
-        raise
     finally:
         mx.set_cache_limit(previous_cache_limit)
         mx.clear_cache()

@@ -17,6 +17,7 @@ from typing import Literal
 
 import mlx.core as mx
 
+from moshi_mlx.checkpoints.io import name_list
 from moshi_mlx.errors import WeightsError
 
 Layout = Literal["same", "flatten", "split_slices", "every_slice"]
@@ -157,12 +158,6 @@ def detect_format(names: Iterable[str], source: str = "checkpoint") -> Checkpoin
     return found[0]
 
 
-def _names_list(names: Sequence[str], limit: int = 5) -> str:
-    names = sorted(names)
-    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
-
-
 def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
     # Slices are counted from their input and output projections, one tensor each per slice.
     slices = [
@@ -185,7 +180,7 @@ def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe
     if unknown:
         raise WeightsError(
             f"{source}: tensor(s) not part of a Moshi LM in Kyutai's PyTorch naming: "
-            f"{_names_list(unknown)}"
+            f"{name_list(unknown)}"
         )
     return recipes
 
@@ -233,7 +228,7 @@ def _plan_mlx(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
     if unknown:
         raise WeightsError(
             f"{source}: tensor(s) not part of a Moshi LM in Kyutai's MLX naming: "
-            f"{_names_list(unknown)}"
+            f"{name_list(unknown)}"
         )
     return [TensorRecipe(name, name, tuple(shape)) for name, shape in shapes.items()]
 
@@ -265,7 +260,7 @@ def check_complete(names: Iterable[str], source: str = "checkpoint") -> None:
             if name not in names:
                 missing.append(name)
     if missing:
-        raise WeightsError(f"{source}: missing tensor(s) {_names_list(missing)}")
+        raise WeightsError(f"{source}: missing tensor(s) {name_list(missing)}")
 
 
 def plan_conversion(
@@ -282,7 +277,7 @@ def plan_conversion(
     targets = [r.target for r in recipes]
     duplicated = [name for name, count in Counter(targets).items() if count > 1]
     if duplicated:
-        raise WeightsError(f"{source}: several tensors give {_names_list(duplicated)}")
+        raise WeightsError(f"{source}: several tensors give {name_list(duplicated)}")
     check_complete(targets, source)
     return fmt, recipes
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -68,8 +69,10 @@ def read_json(path: str | Path) -> dict:
         raise WeightsError(f"{path} is not valid JSON: {exc}") from None
 
 
-def _name_list(names: list[str]) -> str:
-    shown = ", ".join(sorted(names)[:_MAX_NAMES_IN_ERROR])
+def name_list(names: Iterable[str]) -> str:
+    """The first few of `names`, sorted, for an error message."""
+    names = sorted(names)
+    shown = ", ".join(names[:_MAX_NAMES_IN_ERROR])
     more = len(names) - _MAX_NAMES_IN_ERROR
     return shown + (f" (and {more} more)" if more > 0 else "")
 
@@ -87,9 +90,9 @@ def check_tensors(
     missing = [name for name in expected if name not in found]
     unexpected = [name for name in found if name not in expected]
     if missing:
-        raise WeightsMismatchError(f"{source}: missing tensor(s) {_name_list(missing)}")
+        raise WeightsMismatchError(f"{source}: missing tensor(s) {name_list(missing)}")
     if unexpected:
-        raise WeightsMismatchError(f"{source}: unexpected tensor(s) {_name_list(unexpected)}")
+        raise WeightsMismatchError(f"{source}: unexpected tensor(s) {name_list(unexpected)}")
     for name, (shape, dtype) in expected.items():
         array = found[name]
         if tuple(array.shape) != tuple(shape):

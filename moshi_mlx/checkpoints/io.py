@@ -69,6 +69,12 @@ def read_json(path: str | Path) -> dict:
         raise WeightsError(f"{path} is not valid JSON: {exc}") from None
 
 
+def input_major(weight: mx.array) -> mx.array:
+    """An (out, in) `nn.Linear` weight whose memory is (in, out): `x @ weight.T` then reads it
+    contiguously, which the CPU's reference BLAS does 1.6-2x as fast. Same values, same shape."""
+    return mx.contiguous(weight.T).T
+
+
 def name_list(names: Iterable[str]) -> str:
     """The first few of `names`, sorted, for an error message."""
     names = sorted(names)

@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from moshi_mlx.checkpoints.io import load_strict, read_safetensors
+from moshi_mlx.checkpoints.io import input_major, load_strict, read_safetensors
 from moshi_mlx.checkpoints.spec import (
     BITS_KEY,
     DEFAULT_GROUP_SIZE,
@@ -141,7 +141,7 @@ def _store_input_major(model: Lm) -> None:
     """
     for _, module in model.named_modules():
         if type(module) is nn.Linear and module.weight.dtype == mx.float32:
-            module.weight = mx.contiguous(module.weight.T).T
+            module.weight = input_major(module.weight)
 
 
 def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | None = None) -> Lm:

@@ -13,14 +13,14 @@ from typing import Literal
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import check_tensors, load_strict, read_safetensors
+from moshi_mlx.checkpoints.io import check_tensors, input_major, load_strict, read_safetensors
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
 CLUSTER_USAGE_EPS = 1e-5  # the reference clamps codebook usage counts to this before dividing
 
 Layout = Literal[
     "same",  # norms, biases, layer scales
-    "linear",  # (out, in), stored input-major (see `_input_major`)
+    "linear",  # (out, in), stored input-major (see `input_major`)
     "conv",  # (out, in, k) -> (k, in, out)
     "convtr",  # (in, out, k) -> (in, k, out): our transposed conv is a matmul per step
     "depthwise_convtr",  # (C, 1, k) -> (k, C)
@@ -187,19 +187,13 @@ def mimi_tensor_table(cfg: MimiConfig) -> list[TensorEntry]:
     ]
 
 
-def _input_major(weight: mx.array) -> mx.array:
-    """An (out, in) `nn.Linear` weight whose memory is (in, out): `x @ weight.T` then reads it
-    contiguously, which the CPU's reference BLAS does twice as fast. Same values, same shape."""
-    return mx.contiguous(weight.T).T
-
-
 _LAYOUT_CHANGES = {
     "same": lambda w: w,
-    "linear": _input_major,
+    "linear": input_major,
     "conv": lambda w: mx.contiguous(w.transpose(2, 1, 0)),
     "convtr": lambda w: mx.contiguous(w.transpose(0, 2, 1)),
     "depthwise_convtr": lambda w: mx.contiguous(w[:, 0, :].T),
-    "pointwise": lambda w: _input_major(w[:, :, 0]),
+    "pointwise": lambda w: input_major(w[:, :, 0]),
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from moshi_mlx.checkpoints.check import compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
-from moshi_mlx.checkpoints.spec import GROUP_SIZES, config_in, read_lm_config
+from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, read_lm_config
 from moshi_mlx.cli import run_cli
 
 
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="output file (default: model.q4/q8.safetensors next to input)",
     )
-    parser.add_argument("--bits", type=int, choices=(4, 8, 16), default=4, help="default: 4")
+    parser.add_argument("--bits", type=int, choices=tuple(LM_FILES), default=4, help="default: 4")
     parser.add_argument(
         "--group-size",
         type=int,

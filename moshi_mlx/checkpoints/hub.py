@@ -22,7 +22,7 @@ from moshi_mlx.checkpoints.spec import (
 )
 from moshi_mlx.errors import ConfigError, WeightsError
 
-_REPO_SUFFIX = re.compile(r"-(q4|q8|bf16)$")
+_REPO_SUFFIX = re.compile(f"-({'|'.join(suffix for suffix, _ in LM_FILES.values())})$")
 WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
 
 

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from moshi_mlx.checkpoints.io import Layout
 from moshi_mlx.checkpoints.lm import compute_dtype, parameter_count
-from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, is_quantized
+from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import Mimi, MimiConfig
@@ -94,14 +94,8 @@ def quantized_lm_weight_bytes(
     """Bytes of the LM's weights quantized as Kyutai's files are (by default with their group
     size), with no file at hand."""
     group_size = group_size or DEFAULT_GROUP_SIZE[bits]
-    total = 0
-    for _, param in tree_flatten(Lm(config).parameters()):  # lazy: nothing is allocated
-        if is_quantized(param.shape, group_size):
-            rows, cols = param.shape
-            total += rows * cols * bits // 8 + 2 * rows * (cols // group_size) * dtype.size
-        else:
-            total += param.size * dtype.size
-    return total
+    shapes = {name: p.shape for name, p in tree_flatten(Lm(config).parameters())}  # lazy
+    return lm_weight_bytes(output_layout(shapes, bits, group_size), dtype)
 
 
 def kv_cache_bytes(

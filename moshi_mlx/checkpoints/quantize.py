@@ -17,7 +17,6 @@ import resource
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,12 +28,13 @@ from moshi_mlx.checkpoints.conversion import (
     TensorRecipe,
     plan_conversion,
 )
-from moshi_mlx.checkpoints.io import Layout, SafetensorsWriter, read_safetensors
+from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     LM_FILES,
     is_quantized,
+    output_layout,
     quantization_metadata,
 )
 from moshi_mlx.errors import MoshiError, WeightsError
@@ -44,22 +44,6 @@ _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many val
 # MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every
 # block (a third of the run time otherwise) while keeping the process small.
 _CACHE_LIMIT_BYTES = 256 << 20
-
-
-def output_layout(mlx_shapes: Mapping[str, Shape], bits: int, group_size: int | None) -> Layout:
-    """Names, shapes and dtypes of the output file, sorted by name, for MLX-named input shapes
-    (`group_size` None: bf16 output)."""
-    layout: Layout = {}
-    for name, shape in mlx_shapes.items():
-        if not is_quantized(shape, group_size):
-            layout[name] = (tuple(shape), mx.bfloat16)
-            continue
-        rows, cols = shape
-        prefix = name.removesuffix(".weight")
-        layout[name] = ((rows, cols * bits // 32), mx.uint32)
-        layout[prefix + ".scales"] = ((rows, cols // group_size), mx.bfloat16)
-        layout[prefix + ".biases"] = ((rows, cols // group_size), mx.bfloat16)
-    return dict(sorted(layout.items()))
 
 
 class _Progress:

@@ -7,9 +7,12 @@ config belongs to a checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from moshi_mlx.checkpoints.io import read_json
+import mlx.core as mx
+
+from moshi_mlx.checkpoints.io import Layout, read_json
 from moshi_mlx.models.lm import LmConfig
 
 DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
@@ -37,6 +40,24 @@ def is_quantized(shape: tuple[int, ...], group_size: int | None) -> bool:
     every Linear and Embedding weight (2-D) whose input width divides by the group size;
     norms (1-D) stay bf16."""
     return group_size is not None and len(shape) == 2 and shape[1] % group_size == 0
+
+
+def output_layout(
+    mlx_shapes: Mapping[str, tuple[int, ...]], bits: int, group_size: int | None
+) -> Layout:
+    """Names, shapes and dtypes of an LM file in Kyutai's layout, sorted by name, for MLX-named
+    parameter shapes, quantized to `bits` with `group_size` (None: bf16)."""
+    layout: Layout = {}
+    for name, shape in mlx_shapes.items():
+        if not is_quantized(shape, group_size):
+            layout[name] = (tuple(shape), mx.bfloat16)
+            continue
+        rows, cols = shape
+        prefix = name.removesuffix(".weight")
+        layout[name] = ((rows, cols * bits // 32), mx.uint32)
+        layout[prefix + ".scales"] = ((rows, cols // group_size), mx.bfloat16)
+        layout[prefix + ".biases"] = ((rows, cols // group_size), mx.bfloat16)
+    return dict(sorted(layout.items()))
 
 
 def quantization_metadata(bits: int, group_size: int | None) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -79,8 +80,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _check_new_file(path: str | None, flag: str) -> None:
-    if path is not None and Path(path).exists():
+    """Before the model loads: `path` must be new, in a folder that exists and is writable."""
+    if path is None:
+        return
+    if Path(path).exists():
         raise AudioError(f"{flag} {path} already exists; give a new file name or remove it first")
+    folder = Path(path).parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise AudioError(f"{flag} {path}: folder {folder} does not exist or is not writable")
 
 
 class _Outputs:

@@ -214,6 +214,17 @@ def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_
     )
     assert refused.returncode == 2 and "already exists" in refused.stderr, refused.stderr
     assert record.read_bytes() == b"made by the user"  # never overwritten
+    missing = tmp_path / "missing" / "transcript.txt"
+    refused = subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", *weight_flags(files), "--transcript", missing],
+        env=pulse.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2 and "does not exist" in refused.stderr, refused.stderr
+    assert "loading" not in refused.stderr.lower()  # refused before the model loads
     record.unlink()
     with open(stderr_path, "w") as stderr:
         proc = _local(

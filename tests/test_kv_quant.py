@@ -3,6 +3,7 @@
 import mlx.core as mx
 import pytest
 
+from moshi_mlx.errors import ConfigError
 from moshi_mlx.modules.kv_quant import KVQuantization
 
 
@@ -55,3 +56,10 @@ def test_empty_buffers_have_the_packed_shapes():
     assert [a.shape for a in (data, scales, biases)] == [a.shape for a in reference]
     assert data.dtype == mx.uint32 and scales.dtype == biases.dtype == mx.bfloat16
     assert recent.shape == (1, 2, 8, 128) and recent.dtype == mx.bfloat16
+
+
+def test_a_group_size_needs_bits():
+    assert KVQuantization.chosen(None) is None
+    assert KVQuantization.chosen(4, 64) == KVQuantization(4, 64)
+    with pytest.raises(ConfigError, match="--kv-group-size needs --kv-bits"):
+        KVQuantization.chosen(None, 64)

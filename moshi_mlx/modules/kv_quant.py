@@ -63,7 +63,10 @@ class KVQuantization:
 
     @classmethod
     def chosen(cls, bits: int | None, group_size: int | None = None) -> KVQuantization | None:
-        """`of(bits, group_size)`, or None (an unquantized cache) without `bits`."""
+        """`of(bits, group_size)`, or None (an unquantized cache) without `bits`;
+        `ConfigError` for a group size without bits."""
+        if bits is None and group_size is not None:
+            raise ConfigError("--kv-group-size needs --kv-bits (8 or 4)")
         return None if bits is None else cls.of(bits, group_size)
 
     def check_head_dim(self, head_dim: int) -> None:

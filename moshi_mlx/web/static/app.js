@@ -333,7 +333,9 @@ class Session {
 
 function encoderHead(description) {
   if (description) {
-    const bytes = new Uint8Array(ArrayBuffer.isView(description) ? description.buffer : description);
+    const bytes = ArrayBuffer.isView(description)
+      ? new Uint8Array(description.buffer, description.byteOffset, description.byteLength)
+      : new Uint8Array(description);
     if (startsWith(bytes, "OpusHead")) return bytes;
   }
   return opusHead(MODEL_RATE, 312);

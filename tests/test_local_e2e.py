@@ -48,24 +48,25 @@ def _wait_for(path, text, proc, timeout):
     raise AssertionError(f"no {text!r} in {path.read_text(errors='replace')}")
 
 
-def test_list_and_pick_devices(pulse):
-    listing = subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local", "--list-devices"],
-        env=pulse.env(),
+def _run_local(
+    pulse, *args, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """`python -m moshi_mlx.local ARGS` to its end under `pulse`, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", *map(str, args)],
+        env={**pulse.env(), **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
-        check=True,
-    )
-    assert "pulse" in listing.stdout and "idx  in  out  name" in listing.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local", "--input-device", "no-such-mic"],
-        env=pulse.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_list_and_pick_devices(pulse):
+    listing = _run_local(pulse, "--list-devices", timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert "pulse" in listing.stdout and "idx  in  out  name" in listing.stdout
+    bad = _run_local(pulse, "--input-device", "no-such-mic", timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == (
         "error: no input device name contains 'no-such-mic'; see --list-devices and pass "
@@ -172,23 +173,15 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
 
 
 def test_a_load_error_is_one_line_with_exit_code_2(pulse, tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "moshi_mlx.local",
-            "--moshi-weight",
-            tmp_path / "none.safetensors",
-            "--input-device",
-            "pulse",
-            "--output-device",
-            "pulse",
-        ],
-        env={**pulse.env(), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = _run_local(
+        pulse,
+        "--moshi-weight",
+        tmp_path / "none.safetensors",
+        "--input-device",
+        "pulse",
+        "--output-device",
+        "pulse",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
     )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -204,25 +197,11 @@ def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_
     record, transcript = tmp_path / "both.wav", tmp_path / "moshi.txt"
     record.write_bytes(b"made by the user")
     stderr_path = tmp_path / "stderr.txt"
-    refused = subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local", *weight_flags(files), "--record", record],
-        env=pulse.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = _run_local(pulse, *weight_flags(files), "--record", record)
     assert refused.returncode == 2 and "already exists" in refused.stderr, refused.stderr
     assert record.read_bytes() == b"made by the user"  # never overwritten
     missing = tmp_path / "missing" / "transcript.txt"
-    refused = subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local", *weight_flags(files), "--transcript", missing],
-        env=pulse.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = _run_local(pulse, *weight_flags(files), "--transcript", missing)
     assert refused.returncode == 2 and "does not exist" in refused.stderr, refused.stderr
     assert "loading" not in refused.stderr.lower()  # refused before the model loads
     record.unlink()

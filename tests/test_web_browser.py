@@ -18,7 +18,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 from chromium import Chromium, chromium_binary
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from tiny_moshi import (
+    cached_tiny_moshi,
+    espeak_speech,
+    tiny_moshi_command,
+)
 from web_harness import ServerThread, free_port
 
 from moshi_mlx.sampling import SamplingConfig
@@ -57,16 +61,7 @@ def local_web(tmp_path_factory, tmp_path):
     env = {**os.environ, "BROWSER": f'{sys.executable} -c "{record_url}" {opened} %s'}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "moshi_mlx.local_web",
-                *weight_flags(files),
-                "--codec",
-                fast_codec(),
-                "--port",
-                str(port),
-            ],
+            tiny_moshi_command("moshi_mlx.local_web", files, "--port", str(port)),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

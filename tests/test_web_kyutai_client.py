@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from pulse import PulseServer, pulseaudio_missing_reason
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from tiny_moshi import (
+    cached_tiny_moshi,
+    espeak_speech,
+    tiny_moshi_command,
+)
 from web_harness import free_port
 
 from moshi_mlx.audio.wav import read_audio
@@ -48,17 +51,7 @@ def test_kyutai_python_client_talks_with_our_server(tmp_path, tmp_path_factory):
     server_log, client_out, client_err = (tmp_path / n for n in ("server", "out", "err"))
     with PulseServer(tmp_path / "pulse") as pulse, open(server_log, "wb") as log:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "moshi_mlx.local_web",
-                *weight_flags(files),
-                "--codec",
-                fast_codec(),
-                "--port",
-                str(port),
-                "--no-browser",
-            ],
+            tiny_moshi_command("moshi_mlx.local_web", files, "--port", str(port), "--no-browser"),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -8,7 +8,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -18,9 +17,8 @@ import pytest
 from tiny_moshi import (
     cached_tiny_moshi,
     espeak_speech,
-    fast_codec,
     load_tiny_model,
-    weight_flags,
+    tiny_moshi_command,
 )
 from web_harness import (
     FRAME,
@@ -384,19 +382,15 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         command = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
+            tiny_moshi_command(
                 "moshi_mlx.local_web",
-                *weight_flags(files),
-                "--codec",
-                fast_codec(),
+                files,
                 "--host",
                 "127.0.0.1",
                 "--port",
                 str(port),
                 "--no-browser",
-            ],
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -83,6 +83,19 @@ def weight_flags(files: dict[str, Path]) -> list[str]:
     ]
 
 
+def tiny_moshi_command(module: str, files: dict[str, Path], *flags) -> list[str]:
+    """`python -m MODULE` over `files` with `fast_codec`, then `flags`."""
+    return [
+        sys.executable,
+        "-m",
+        module,
+        *weight_flags(files),
+        "--codec",
+        fast_codec(),
+        *map(str, flags),
+    ]
+
+
 def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
     """`write_tiny_moshi` once per pytest session (shared by the test files that need it)."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE

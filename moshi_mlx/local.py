@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--record",
         metavar="FILE.wav",
         help="write a new wav: left what Moshi heard (the mic after echo cancellation), "
-        "right Moshi",
+        "right Moshi (past 12 h, it goes on in FILE.part2.wav, ...)",
     )
     audio.add_argument("--transcript", metavar="FILE", help="write Moshi's text to a new file")
     audio.add_argument(

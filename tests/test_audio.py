@@ -216,3 +216,21 @@ def test_live_loop_hands_a_model_error_to_the_main_thread():
     worker.join(2)
     loop.close()
     assert not worker.is_alive() and isinstance(loop.error, AudioError)
+
+
+def test_wav_recorder_goes_on_in_new_files_past_the_wav_size_limit(tmp_path):
+    path = tmp_path / "r.wav"
+    (tmp_path / "r.part2.wav").write_bytes(b"the user's own file")
+    frames = 2.5 * FRAME  # per file, as if a wav file held only this many samples
+    rec = WavRecorder(path, channels=2, part_bytes=int(frames * 2 * 2))
+    ramp = np.arange(6 * FRAME, dtype=np.float32) / (8 * FRAME)
+    for block in np.split(ramp, 6):
+        rec.write(block, -block)
+    rec.close()
+    assert rec.paths == [path, tmp_path / "r.part3.wav", tmp_path / "r.part4.wav"]
+    assert (tmp_path / "r.part2.wav").read_bytes() == b"the user's own file"
+    parts = [sf.read(p)[0] for p in rec.paths]
+    assert [len(p) for p in parts] == [int(frames), int(frames), FRAME]
+    joined = np.concatenate(parts)
+    np.testing.assert_allclose(joined[:, 0], ramp, atol=1e-4)
+    np.testing.assert_allclose(joined[:, 1], -ramp, atol=1e-4)

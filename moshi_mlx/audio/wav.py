@@ -49,22 +49,38 @@ def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = 24_000) ->
         raise AudioError(f"cannot write {path}: {exc}") from None
 
 
+# A wav file's sizes are 32-bit: its RIFF size counts the 36 header bytes after it plus the
+# data, so one file holds at most this many bytes of samples (12.4 h of 16-bit stereo at 24 kHz).
+WAV_MAX_DATA_BYTES = 0xFFFFFFFF - 36
+
+
 class WavRecorder:
     """Streams frames of several channels into a new 16-bit wav file (e.g. user | Moshi).
 
     The header's sizes are rewritten every `sync_seconds`, so whatever ends the process (even
     `kill -9`) the file stays a valid wav holding everything up to the last sync. An existing
-    file is never overwritten.
+    file is never overwritten. A recording longer than one wav file can hold (`part_bytes` of
+    samples) goes on in new files beside it: NAME.part2.wav, NAME.part3.wav, ... (the next
+    number whose file does not exist yet); `paths` lists the files written.
     """
 
     def __init__(
-        self, path: str | Path, channels: int, sample_rate: int = 24_000, sync_seconds: float = 1.0
+        self,
+        path: str | Path,
+        channels: int,
+        sample_rate: int = 24_000,
+        sync_seconds: float = 1.0,
+        part_bytes: int = WAV_MAX_DATA_BYTES,
     ):
         self.path = Path(path)
         self.channels = channels
         self.sample_rate = sample_rate
+        self.paths: list[Path] = []
         self._sync_every = max(1, round(sync_seconds * sample_rate))
-        self._frames = self._synced = 0
+        self._part_frames = part_bytes // (2 * channels)
+        self._open(self.path)
+
+    def _open(self, path: Path) -> None:
         try:
             self._file = open(path, "xb", buffering=0)  # noqa: SIM115 - closed by close()
         except FileExistsError:
@@ -74,6 +90,19 @@ class WavRecorder:
         except OSError as exc:
             raise AudioError(f"cannot create recording {path}: {exc.strerror}") from None
         self._file.write(self._header(0))
+        self.paths.append(path)
+        self._frames = self._synced = 0
+
+    def _next_part(self) -> None:
+        """Close the full file and go on in the next free NAME.partN.wav."""
+        self.close()
+        number = len(self.paths) + 1
+        while True:
+            path = self.path.with_name(f"{self.path.stem}.part{number}{self.path.suffix}")
+            if not path.exists():
+                self._open(path)
+                return
+            number += 1
 
     def _header(self, data_bytes: int) -> bytes:
         block_align = 2 * self.channels  # 16-bit PCM
@@ -91,8 +120,15 @@ class WavRecorder:
     def write(self, *channels: np.ndarray) -> None:
         """Append one block: one (n,) array per channel."""
         block = np.clip(np.stack(channels, axis=1), -1.0, 1.0)
-        self._file.write(np.round(block * 32767).astype("<i2").tobytes())
-        self._frames += len(block)
+        samples = np.round(block * 32767).astype("<i2")
+        while len(samples):
+            room = self._part_frames - self._frames
+            if room == 0:
+                self._next_part()
+                continue
+            self._file.write(samples[:room].tobytes())
+            self._frames += len(samples[:room])
+            samples = samples[room:]
         if self._frames - self._synced >= self._sync_every:
             self._sync()
 

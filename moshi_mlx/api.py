@@ -104,8 +104,6 @@ class MoshiModel:
             hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, lm_config, context
         )
         kv_quantization = KVQuantization.chosen(kv_bits, kv_group_size)
-        if kv_quantization is not None:
-            kv_quantization.check_head_dim(config.temporal_config().head_dim)
         plan = memory_plan(files, config, codec_backend, dtype, kv_quantization)
         if check_memory:
             check_fits(plan, config)
@@ -163,7 +161,10 @@ def memory_plan(
     dtype: mx.Dtype | None = None,
     kv_quantization: KVQuantization | None = None,
 ) -> MemoryPlan:
-    """What the model of these files would take in memory, from their headers alone."""
+    """What the model of these files would take in memory, from their headers alone;
+    `ConfigError` if the KV cache's quantization does not fit the LM's attention heads."""
+    if kv_quantization is not None:
+        kv_quantization.check_head_dim(config.temporal_config().head_dim)
     layout, _ = read_safetensors_header(files.moshi)
     codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
     return plan_memory(config, layout, codec, dtype, kv_quantization)

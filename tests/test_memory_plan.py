@@ -215,9 +215,13 @@ def test_planned_kv_cache_is_what_mlx_allocates(kv_bits):
 def test_kv_bits_flag(tmp_path, tmp_path_factory, capsys):
     files = cached_tiny_moshi(tmp_path_factory)
     argv = [str(_silence(tmp_path)), str(tmp_path / "out.wav"), *weight_flags(files)]
-    assert run_inference([*argv, "--memory-plan", "--kv-bits", "8"]) == 0
-    assert "KV cache (16 steps, 8-bit)" in capsys.readouterr().out
-    # The tiny LM's heads are 16 wide: no KV group fits them.
-    assert run_inference([*argv, "--kv-bits", "4"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs a head dimension that divides by it" in err
+    # The tiny LM's heads are 16 wide: no KV group fits them, which the plan says too.
+    for plan_only in (["--memory-plan"], []):
+        assert run_inference([*argv, *plan_only, "--kv-bits", "4"]) == 2
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "needs a head dimension that divides by it" in err
+        assert "KV cache" not in out
+    plan = plan_memory(
+        LmConfig.moshi_7b(), _manifest_layout("q4"), 0, kv=KVQuantization.of(8)
+    ).table()
+    assert "KV cache (3000 steps, 8-bit)" in plan

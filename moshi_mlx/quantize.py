@@ -13,10 +13,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from moshi_mlx.checkpoints.check import compare_generation
+from moshi_mlx.checkpoints.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, read_lm_config
 from moshi_mlx.cli import run_cli
+from moshi_mlx.errors import WeightsMismatchError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,8 +65,14 @@ def _parser() -> argparse.ArgumentParser:
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     config = None
-    if args.check:
+    if args.check:  # a config that does not fit the weights is found before converting
         config = read_lm_config(args.config or config_in(args.input.parent))
+        try:
+            check_source(args.input, config)
+        except WeightsMismatchError as exc:
+            raise WeightsMismatchError(
+                f"{exc}; --check needs the config.json of these weights (--config)"
+            ) from None
     result = quantize_checkpoint(
         args.input, args.output, args.bits, args.group_size, args.force, args.progress
     )

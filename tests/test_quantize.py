@@ -227,6 +227,20 @@ def test_progress_bar_and_check_from_the_cli(sources, tmp_path, capsys):
     assert "check over 4 greedy steps" in captured.out
 
 
+def test_check_with_a_config_that_does_not_fit_stops_before_converting(sources, tmp_path, capsys):
+    config = json.loads((LM_FIXTURES / "config.json").read_text())
+    config["num_layers"] += 1
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(config))
+    output = tmp_path / "q8.safetensors"
+    argv = [str(sources["pytorch"]), "-o", str(output), "--check", "--config", str(wrong)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "missing tensor(s)" in captured.err
+    assert "--check needs the config.json of these weights" in captured.err
+    assert captured.out == "" and not output.exists()
+
+
 # A model large enough for the conversion to take a few seconds (about 80 M parameters).
 MEDIUM = LmConfig(
     dim=512,

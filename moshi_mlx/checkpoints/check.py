@@ -14,8 +14,8 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
-from moshi_mlx.checkpoints.io import load_strict, read_safetensors
-from moshi_mlx.checkpoints.lm import compute_dtype, load_lm, parameter_count
+from moshi_mlx.checkpoints.io import check_fits_model, read_safetensors
+from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
 from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.sampling import SamplingConfig
@@ -60,16 +60,21 @@ def _logits(lm: Lm, inputs: mx.array, sampled: mx.array) -> dict[str, np.ndarray
     return {"text_logits": np.array(text), "audio_logits": np.array(audio)}
 
 
-def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
-    """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, computing in
-    the dtype `load_lm` would use for it."""
+def _source_tensors(path: str | Path) -> dict[str, mx.array]:
     tensors, _ = read_safetensors(path)
-    model = Lm(config)
-    dtype = compute_dtype(parameter_count(model), quantized=False)
-    model.set_dtype(dtype)
-    load_strict(model, to_mlx_naming(tensors, str(path)), str(path), dtype=dtype)
-    mx.eval(model.parameters())
-    return model
+    return to_mlx_naming(tensors, str(path))
+
+
+def check_source(path: str | Path, config: LmConfig) -> None:
+    """Raise `WeightsMismatchError` unless the unquantized checkpoint at `path` (Kyutai's MLX
+    or PyTorch naming) fits `config`; from its tensors' shapes, no weight is read."""
+    check_fits_model(Lm(config), _source_tensors(path), str(path))
+
+
+def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
+    """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, as `load_lm`
+    builds it."""
+    return lm_from_tensors(_source_tensors(path), {}, config, str(path))
 
 
 def compare_generation(

@@ -111,6 +111,16 @@ def check_tensors(
             )
 
 
+def check_fits_model(model: nn.Module, tensors: dict[str, mx.array], source: str) -> None:
+    """`check_tensors` against `model`'s parameters: exactly their names and shapes (floating
+    tensors of any floating dtype, packed integer ones of the parameter's dtype)."""
+    expected = {
+        name: (tuple(p.shape), None if mx.issubdtype(p.dtype, mx.floating) else p.dtype)
+        for name, p in tree_flatten(model.parameters())
+    }
+    check_tensors(expected, tensors, source)
+
+
 def load_strict(
     model: nn.Module, tensors: dict[str, mx.array], source: str, dtype: mx.Dtype | None = None
 ) -> None:
@@ -119,12 +129,8 @@ def load_strict(
     Floating tensors are cast to `dtype` (default: the parameter's own dtype); packed integer
     tensors of quantized layers must already have the parameter's dtype.
     """
+    check_fits_model(model, tensors, source)
     params = dict(tree_flatten(model.parameters()))
-    expected = {
-        name: (tuple(p.shape), None if mx.issubdtype(p.dtype, mx.floating) else p.dtype)
-        for name, p in params.items()
-    }
-    check_tensors(expected, tensors, source)
     cast = {}
     for name, array in tensors.items():
         if mx.issubdtype(array.dtype, mx.floating):

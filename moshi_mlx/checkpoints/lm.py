@@ -155,8 +155,19 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | 
     tensors, metadata = read_safetensors(file)
     if config is None:
         config = read_lm_config(config_in(file.parent))
+    return lm_from_tensors(tensors, metadata, config, str(file), dtype)
+
+
+def lm_from_tensors(
+    tensors: dict[str, mx.array],
+    metadata: dict[str, str],
+    config: LmConfig,
+    source: str,
+    dtype: mx.Dtype | None = None,
+) -> Lm:
+    """`load_lm` on a checkpoint's tensors (MLX naming) and metadata, read from `source`."""
     model = Lm(config)  # lazy: its float parameters are never materialized
-    quantization = detect_quantization(tensors, metadata, model, str(file))
+    quantization = detect_quantization(tensors, metadata, model, source)
     if dtype is None:
         dtype = compute_dtype(parameter_count(model), quantized=quantization is not None)
     model.set_dtype(dtype)
@@ -167,7 +178,7 @@ def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | 
             return isinstance(module, _QUANTIZABLE) and f"{prefix}.scales" in tensors
 
         nn.quantize(model, group_size=group_size, bits=bits, class_predicate=in_file)
-    load_strict(model, tensors, str(file), dtype=dtype)
+    load_strict(model, tensors, source, dtype=dtype)
     if mx.default_device().type == mx.DeviceType.cpu:
         _store_input_major(model)
     mx.eval(model.parameters())

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from moshi_mlx.audio.echo import EchoCanceller
 
 
+# Frames of a warm-up: enough for the codebook delays to fill and Mimi to decode, so that
+# every kernel of a step has run once.
+WARMUP_STEPS = 4
+
+
 @dataclass(frozen=True)
 class StepResult:
     """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text;
@@ -128,6 +133,16 @@ class MoshiModel:
         the far end too and removes its echo from the user's audio."""
         generator = LmGen(self.lm, sampling, seed, self.kv_quantization)
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
+
+    def warm_up(self, sampling: SamplingConfig | None = None) -> None:
+        """Run a throwaway conversation of `sampling` for `WARMUP_STEPS` frames of silence, so
+        that the first frames of a real one do not pay for compiling the step (whose traces
+        are shared by every conversation of this sampling) or for first-use costs. Call it
+        on the thread that will run the conversations (MLX keeps compiled code per thread)."""
+        silence = np.zeros(self.frame_size, np.float32)
+        with self.conversation(sampling, seed=0) as conversation:
+            for _ in range(WARMUP_STEPS):
+                conversation.step(silence)
 
 
 def find_model(

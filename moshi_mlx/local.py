@@ -177,11 +177,9 @@ class LiveSession:
         """Load and warm up the model, then run the live loop, all on this thread."""
         try:
             model = load_model(self.args)
-            conversation = model.conversation(
-                sampling=sampling_from_args(self.args), seed=self.args.seed
-            )
-            conversation.step(np.zeros(model.frame_size, np.float32))  # compile, fill caches
-            conversation.reset()
+            sampling = sampling_from_args(self.args)
+            model.warm_up(sampling)
+            conversation = model.conversation(sampling=sampling, seed=self.args.seed)
         except Exception as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
             self._load_error = exc
             self.loop.stop_event.set()

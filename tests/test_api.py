@@ -69,6 +69,21 @@ def test_seeded_conversations_repeat_and_reset_restarts(model):
     assert np.abs(first[0] - other[0]).max() > 1e-5  # another seed: other tokens
 
 
+def test_warm_up_compiles_the_step_and_changes_no_conversation(files):
+    model = load_tiny_model(files)
+    sampling = SamplingConfig(text_temp=0.9, audio_temp=0.9)
+    audio = _user_audio(4)
+    with model.conversation(sampling=sampling, seed=11) as conv:
+        cold = _talk(conv, audio)
+    model.lm.__dict__.pop("_step_functions")  # forget the compiled steps
+    model.warm_up(sampling)
+    assert list(vars(model.lm)["_step_functions"]) == [(sampling, None)]
+    with model.conversation(sampling=sampling, seed=11) as conv:
+        warm = _talk(conv, audio)
+    np.testing.assert_allclose(cold[0], warm[0], atol=1e-6)
+    assert cold[1] == warm[1]
+
+
 def test_open_conversations_do_not_share_state(model):
     audio = _user_audio(4)
     with model.conversation(seed=3) as alone:

@@ -28,8 +28,6 @@ from moshi_mlx.sampling import SamplingConfig
 if TYPE_CHECKING:
     from moshi_mlx.api import Conversation, MoshiModel
 
-WARMUP_STEPS = 4  # enough for the codebook delays to fill, so every kernel has run once
-
 
 @dataclass(frozen=True)
 class Ready:
@@ -181,7 +179,7 @@ class ModelWorker:
             self.model = self._load()
             self.load_seconds = time.monotonic() - started
             started = time.monotonic()
-            self._warm_up()
+            self.model.warm_up(self._warmup_sampling)
             self.warmup_seconds = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             self.error = exc
@@ -209,12 +207,6 @@ class ModelWorker:
         if conversation is not None:
             conversation.close()
         self.open_conversations = len(conversations)
-
-    def _warm_up(self) -> None:
-        silence = np.zeros(self.model.frame_size, dtype=np.float32)
-        with self.model.conversation(self._warmup_sampling, seed=0) as conversation:
-            for _ in range(WARMUP_STEPS):
-                conversation.step(silence)
 
     def _open(self, session: Session, conversations: dict[Session, Conversation]) -> None:
         if session.closed:

@@ -128,6 +128,13 @@ class LiveStats:
         )
 
 
+def frames_to_drop(backlog: int, max_lag_frames: int) -> int:
+    """The lag policy of every live conversation (terminal and web): with more than
+    `max_lag_frames` mic frames waiting, all but the newest are dropped, so that Moshi answers
+    what the user says now; otherwise none."""
+    return backlog - 1 if backlog > max_lag_frames else 0
+
+
 class LiveLoop:
     """Callbacks + worker for one live conversation.
 
@@ -232,13 +239,13 @@ class LiveLoop:
             if backlog == 0:
                 self._wakeup.wait(0.1)
                 continue
-            if backlog > self.max_lag_frames:
+            if dropped := frames_to_drop(backlog, self.max_lag_frames):
                 self.lag_events += 1
-                for _ in range(backlog - 1):  # keep only the newest frame
+                for _ in range(dropped):
                     self._cancel_echo(frame, self.mic.pop_into(frame))
                     self._on_frames(frame, silence)
-                self.dropped_frames += backlog - 1
-                dropped_since_message += backlog - 1
+                self.dropped_frames += dropped
+                dropped_since_message += dropped
                 now = time.monotonic()
                 if now - last_lag_message >= 1.0:
                     self._on_status(

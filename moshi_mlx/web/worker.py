@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from moshi_mlx.audio.live import frames_to_drop
 from moshi_mlx.memory_plan import wired_memory
 from moshi_mlx.sampling import SamplingConfig
 
@@ -115,14 +116,14 @@ class Session:
     def take(self) -> tuple[np.ndarray | None, int, bool]:
         """(oldest frame to step or None, frames dropped for lag, more left).
 
-        Beyond `max_lag_frames` of backlog only the newest frame is kept.
+        Beyond `max_lag_frames` of backlog only the newest frame is kept (`frames_to_drop`).
         """
         with self._lock:
-            dropped, self._unreported_drops = self._unreported_drops, 0
-            if len(self._frames) > self.max_lag_frames:
-                dropped += len(self._frames) - 1
-                while len(self._frames) > 1:
-                    self._frames.popleft()
+            lagging = frames_to_drop(len(self._frames), self.max_lag_frames)
+            for _ in range(lagging):
+                self._frames.popleft()
+            dropped = self._unreported_drops + lagging
+            self._unreported_drops = 0
             self.dropped_frames += dropped
             frame = self._frames.popleft() if self._frames else None
             self._scheduled = bool(self._frames)

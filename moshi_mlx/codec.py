@@ -55,18 +55,16 @@ class Codec(Protocol):
         ...
 
 
-def _check_pcm(pcm: np.ndarray | mx.array) -> mx.array:
+def _check_pcm(pcm: np.ndarray | mx.array) -> None:
     if tuple(pcm.shape) != (FRAME_SIZE,):
         raise AudioError(
             f"expected one frame of pcm, shape ({FRAME_SIZE},), got {tuple(pcm.shape)}"
         )
-    return mx.array(pcm, dtype=mx.float32)
 
 
-def _check_codes(codes: np.ndarray | mx.array, num_codebooks: int) -> mx.array:
+def _check_codes(codes: np.ndarray | mx.array, num_codebooks: int) -> None:
     if tuple(codes.shape) != (num_codebooks,):
         raise AudioError(f"expected codes of shape ({num_codebooks},), got {tuple(codes.shape)}")
-    return mx.array(codes, dtype=mx.uint32)
 
 
 class MlxCodec:
@@ -81,11 +79,14 @@ class MlxCodec:
         self._stream = model.make_state()
 
     def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
-        codes = self.model.encode_step(_check_pcm(pcm)[None, None, :], self._stream)
+        _check_pcm(pcm)
+        frame = mx.array(pcm, dtype=mx.float32)
+        codes = self.model.encode_step(frame[None, None, :], self._stream)
         return codes[0, :, 0].astype(mx.int32)
 
     def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
-        codes = _check_codes(codes, self.num_codebooks)
+        _check_codes(codes, self.num_codebooks)
+        codes = mx.array(codes, dtype=mx.uint32)
         return self.model.decode_step(codes[None, :, None], self._stream)[0, 0]
 
     @property
@@ -105,7 +106,7 @@ class RustyMimiCodec:
     sample_rate = SAMPLE_RATE
     frame_size = FRAME_SIZE
 
-    def __init__(self, weight_path: str | Path, num_codebooks: int = 8):
+    def __init__(self, weight_path: str | Path, num_codebooks: int = 8, _tokenizer=None):
         try:
             import rustymimi
         except ImportError:
@@ -116,7 +117,8 @@ class RustyMimiCodec:
         self._rustymimi = rustymimi
         self.weight_path = str(weight_path)
         self.num_codebooks = num_codebooks
-        self._tokenizer = self._open()
+        self._tokenizer = _tokenizer or self._open()
+        self._stepped = False  # a tokenizer that never ran can serve a fresh stream
 
     def _open(self):
         try:
@@ -125,16 +127,24 @@ class RustyMimiCodec:
             reason = str(exc).splitlines()[0]  # drop the Rust backtrace
             raise WeightsError(f"rustymimi cannot load {self.weight_path}: {reason}") from None
 
+    def _running(self):
+        if self._tokenizer is None:  # handed to a fresh stream by `fresh`
+            self._tokenizer = self._open()
+        self._stepped = True
+        return self._tokenizer
+
     # rustymimi computes on the host: its inputs are brought there (a synchronisation when
     # they are lazy) and its outputs are ready at once.
     def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
-        frame = np.ascontiguousarray(_check_pcm(pcm))
-        codes = self._tokenizer.encode_step(frame[None, None, :])
+        _check_pcm(pcm)
+        frame = np.asarray(pcm, dtype=np.float32)
+        codes = self._running().encode_step(frame[None, None, :])
         return mx.array(np.asarray(codes, dtype=np.int32).reshape(self.num_codebooks))
 
     def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
-        codes = np.ascontiguousarray(_check_codes(codes, self.num_codebooks))
-        pcm = self._tokenizer.decode_step(codes[None, :, None])
+        _check_codes(codes, self.num_codebooks)
+        codes = np.asarray(codes, dtype=np.uint32)
+        pcm = self._running().decode_step(codes[None, :, None])
         return mx.array(np.asarray(pcm, dtype=np.float32).reshape(self.frame_size))
 
     @property
@@ -144,10 +154,16 @@ class RustyMimiCodec:
     def reset(self) -> None:
         # rustymimi 0.4's Tokenizer.reset() leaves part of the encoder's state (the first frame
         # after it encodes differently from a fresh stream), so open the file again (~1 s).
-        self._tokenizer = self._open()
+        if self._stepped:
+            self._tokenizer, self._stepped = self._open(), False
 
     def fresh(self) -> RustyMimiCodec:
-        return RustyMimiCodec(self.weight_path, self.num_codebooks)
+        """A new stream; it takes over this codec's tokenizer if that never ran (opening the
+        file again takes about a second)."""
+        unused = None
+        if not self._stepped:
+            unused, self._tokenizer = self._tokenizer, None
+        return RustyMimiCodec(self.weight_path, self.num_codebooks, _tokenizer=unused)
 
 
 def load_codec(weight_path: str | Path, backend: str = "mlx", num_codebooks: int = 8) -> Codec:

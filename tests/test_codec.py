@@ -88,6 +88,32 @@ def test_reset_starts_a_fresh_stream(codecs, mimi_signal):
         np.testing.assert_allclose(first[1], second[1], rtol=0, atol=1e-6)
 
 
+def test_rustymimi_fresh_streams_reuse_a_tokenizer_that_never_ran(
+    full_mimi_checkpoint, mimi_signal, monkeypatch
+):
+    needs_rustymimi()
+    import rustymimi
+
+    opened = []
+    tokenizer = rustymimi.Tokenizer
+    monkeypatch.setattr(
+        rustymimi, "Tokenizer", lambda *a, **k: opened.append(1) or tokenizer(*a, **k)
+    )
+    pcm = mimi_signal(2 * FRAME)
+    model_codec = load_codec(full_mimi_checkpoint, "rustymimi")  # checks the file: opens it
+    warm_up = model_codec.fresh()  # takes over the unused tokenizer
+    first = _round_trip(warm_up, pcm)
+    conversation = model_codec.fresh()  # the model's was handed over: opens one
+    assert len(opened) == 2
+    second = _round_trip(conversation, pcm)  # its reset before the first frame: no reopen
+    assert len(opened) == 2
+    third = _round_trip(conversation, pcm)  # a reset after frames opens the file again
+    assert len(opened) == 3
+    for other in (second, third):
+        np.testing.assert_array_equal(first[0], other[0])
+        np.testing.assert_allclose(first[1], other[1], rtol=0, atol=1e-6)
+
+
 def test_mlx_matches_rustymimi(codecs, mimi_signal):
     assert isinstance(codecs["rustymimi"], RustyMimiCodec)
     assert isinstance(codecs["rustymimi"], Codec)

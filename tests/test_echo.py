@@ -162,6 +162,34 @@ def test_denoise_lowers_steady_noise_and_keeps_speech(voices):
     assert abs(db(plain, (2, 5)) - db(denoised, (2, 5))) < 1  # the speech
 
 
+def test_noise_suppression_alone_keeps_no_far_end(voices):
+    """`--denoise --no-echo-cancel`: the model hears the denoised mic; nothing played is kept."""
+    heard = []
+    loop = LiveLoop(
+        lambda pcm: (heard.append(pcm.copy()) or np.zeros(1920, np.float32), ""),
+        echo=EchoCanceller(RATE, denoise=True, cancel_echo=False),
+    )
+    assert loop.played is None and loop.far_end is None
+    outdata = np.zeros((1920, 1), np.float32)
+    noise = np.random.default_rng(0).normal(size=(30, 1920, 1)).astype(np.float32) * 0.01
+    worker = threading.Thread(target=loop.run)
+    worker.start()
+    try:
+        for block in noise:
+            loop.output_callback(outdata, 1920, None, None)
+            loop.input_callback(block, 1920, None, None)
+            time.sleep(0.01)
+        deadline = time.monotonic() + 10
+        while len(heard) < len(noise) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop_event.set()
+        worker.join(5)
+        loop.close()
+    assert len(heard) == len(noise) and "echo_offset_moves" not in loop.stats().extra
+    assert np.mean(np.concatenate(heard[-10:]) ** 2) < 0.5 * np.mean(noise[-10:] ** 2)
+
+
 def test_without_the_package_the_app_says_so_and_goes_on(monkeypatch, capsys):
     import argparse
     import sys

@@ -5,10 +5,10 @@ and poke the worker through a non-blocking pipe. The worker thread runs the mode
 frames in order; when it falls more than `max_lag_frames` behind it drops the oldest mic
 frames, so the conversation never drifts further behind real time.
 
-With an `EchoCanceller`, the output callback also copies what it played into a third ring;
-the worker lines that far end up with each mic frame (`PlayedAudio`) and removes its echo,
-10 ms at a time, before the model hears the frame (dropped frames too, so the canceller sees
-the microphone without gaps).
+With an `EchoCanceller` that cancels echo, the output callback also copies what it played
+into a third ring; the worker lines that far end up with each mic frame (`PlayedAudio`) and
+removes its echo, 10 ms at a time, before the model hears the frame (dropped frames too, so
+the canceller sees the microphone without gaps). Noise suppression alone keeps no far end.
 
 Latency of a frame: from the moment its mic block reached the app to the moment the reply
 block computed from it reaches the speaker (the output callback time plus the device's output
@@ -182,9 +182,11 @@ class LiveLoop:
         self.output_latency = 0.0  # seconds from an output callback to the speaker
         self.input_latency = 0.0  # seconds from the microphone to an input callback
         self._echo = echo
-        self.played = FrameRing(_PLAYED_FRAMES, frame_size) if echo is not None else None
-        self.far_end = PlayedAudio(sample_rate) if echo is not None else None
-        self._far_block = np.zeros(frame_size, dtype=np.float32)
+        # The far end is kept only to cancel echo (noise suppression alone does not read it).
+        cancels_echo = echo is not None and echo.cancel_echo
+        self.played = FrameRing(_PLAYED_FRAMES, frame_size) if cancels_echo else None
+        self.far_end = PlayedAudio(sample_rate) if cancels_echo else None
+        self._far_block = np.zeros(frame_size, dtype=np.float32)  # stays silent without it
         self._wakeup = Wakeup()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -273,6 +275,9 @@ class LiveLoop:
     def _cancel_echo(self, frame: np.ndarray, stamp: float) -> None:
         """Remove from `frame` (in place) the echo of what the speaker played meanwhile."""
         if self._echo is None:
+            return
+        if self.far_end is None:
+            frame[:] = self._echo.process(frame, self._far_block)
             return
         while (played_at := self.played.pop_into(self._far_block)) is not None:
             self.far_end.add(self._far_block, played_at + self.output_latency)

@@ -28,7 +28,8 @@ const stats = (window.moshiStats = {
   playedSamples: 0,
   underruns: 0,
   bufferedSeconds: 0,
-  droppedByServer: 0,
+  droppedByServer: 0, // mic frames the server skipped to keep up
+  frameSeconds: 0, // one model frame, from the server's start metadata (frame_ms)
   latencyMs: null,
   text: "",
   error: null,
@@ -179,6 +180,7 @@ class Session {
 
   onMetadata(data) {
     if (data.seed !== undefined) $("seed").textContent = String(data.seed);
+    if (data.frame_ms !== undefined) stats.frameSeconds = data.frame_ms / 1000;
     if (data.lag) {
       stats.droppedByServer = data.lag.total_dropped;
       this.lastLagAt = performance.now();
@@ -267,12 +269,10 @@ class Session {
 
   showStats() {
     const context = this.context;
+    const skippedSeconds = stats.droppedByServer * stats.frameSeconds;
     if (this.handshake && stats.receivedSeconds > 0) {
       // Mic audio still on its way through the server, plus what waits in the player.
-      const inFlight = Math.max(
-        0,
-        stats.sentSeconds - stats.receivedSeconds - (stats.droppedByServer * 0.08),
-      );
+      const inFlight = Math.max(0, stats.sentSeconds - stats.receivedSeconds - skippedSeconds);
       const output = (context.outputLatency || 0) + (context.baseLatency || 0);
       stats.latencyMs = Math.round(1000 * (inFlight + stats.bufferedSeconds + output));
       $("latency").textContent = `${stats.latencyMs} ms`;
@@ -281,7 +281,7 @@ class Session {
     const keepsUp = $("keeps-up");
     if (this.handshake) {
       keepsUp.textContent = behind
-        ? `falling behind: ${(stats.droppedByServer * 0.08).toFixed(2)} s of your voice skipped`
+        ? `falling behind: ${skippedSeconds.toFixed(2)} s of your voice skipped`
         : "keeps up";
       keepsUp.className = behind ? "behind" : "good";
       stats.keepsUp = !behind;

@@ -180,9 +180,11 @@ def memory_plan(
     `ConfigError` if the KV cache's quantization does not fit the LM's attention heads."""
     if kv_quantization is not None:
         kv_quantization.check_head_dim(config.temporal_config().head_dim)
-    layout, _ = read_safetensors_header(files.moshi)
+    layout, metadata = read_safetensors_header(files.moshi)
     codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
-    return plan_memory(config, layout, codec, dtype, kv_quantization)
+    return plan_memory(
+        config, layout, codec, dtype, kv_quantization, lm_metadata=metadata, source=str(files.moshi)
+    )
 
 
 def _check_codec_fits(cfg: LmConfig) -> None:

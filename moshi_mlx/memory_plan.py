@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from moshi_mlx.checkpoints.io import Layout
-from moshi_mlx.checkpoints.lm import compute_dtype, parameter_count
+from moshi_mlx.checkpoints.lm import compute_dtype, detect_quantization, parameter_count
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -160,14 +160,6 @@ def _available_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def file_bits(lm_layout: Layout, config: LmConfig) -> int | None:
-    """The quantization bits of an LM file, from its text head (input width `config.dim`)."""
-    if "text_linear.scales" not in lm_layout:
-        return None
-    packed_columns = lm_layout["text_linear.weight"][0][-1]
-    return packed_columns * 32 // config.dim
-
-
 def plan_memory(
     config: LmConfig,
     lm_layout: Layout,
@@ -175,10 +167,14 @@ def plan_memory(
     dtype: mx.Dtype | None = None,
     kv: KVQuantization | None = None,
     capacity: tuple[int, str] | None = None,
+    lm_metadata: dict[str, str] | None = None,
+    source: str = "the LM file",
 ) -> MemoryPlan:
-    """The memory plan of a model about to be loaded (see the module docstring); `dtype`
-    defaults to the one `load_lm` would choose."""
-    lm_bits = file_bits(lm_layout, config)
+    """The memory plan of a model about to be loaded (see the module docstring), from the LM
+    file's header (`lm_layout`, `lm_metadata`, read from `source`); `dtype` defaults to the
+    one `load_lm` would choose. `WeightsError` if the file's quantization cannot be read."""
+    quantization = detect_quantization(lm_layout, lm_metadata or {}, Lm(config), source)
+    lm_bits = quantization[0] if quantization else None
     if dtype is None:
         parameters = sum(math.prod(shape) for shape, _ in lm_layout.values())
         dtype = compute_dtype(parameters, quantized=lm_bits is not None)

@@ -9,6 +9,7 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors import safe_open
 
+from moshi_mlx.checkpoints.io import layout_of
 from moshi_mlx.checkpoints.lm import (
     compute_dtype,
     detect_quantization,
@@ -49,7 +50,7 @@ def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, gr
     assert path.name == ("model.safetensors" if bits is None else f"model.q{bits}.safetensors")
     tensors, metadata = mx.load(str(path), return_metadata=True)
     cfg = LmConfig.tiny()
-    assert detect_quantization(tensors, metadata, Lm(cfg), str(path)) == (
+    assert detect_quantization(layout_of(tensors), metadata, Lm(cfg), str(path)) == (
         None if bits is None else (bits, group_size)
     )
     lm = load_lm(path.parent)  # directory + config.json beside the file

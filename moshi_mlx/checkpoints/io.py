@@ -26,6 +26,11 @@ _SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"
 Layout = dict[str, tuple[tuple[int, ...], mx.Dtype]]  # name -> (shape, dtype)
 
 
+def layout_of(tensors: dict[str, mx.array]) -> Layout:
+    """The names, shapes and dtypes of `tensors` (lazy arrays are not read)."""
+    return {name: (tuple(array.shape), array.dtype) for name, array in tensors.items()}
+
+
 def read_safetensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
     """Load a safetensors file lazily; returns its tensors and its metadata."""
     path = Path(path)

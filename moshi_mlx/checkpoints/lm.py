@@ -15,7 +15,13 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from moshi_mlx.checkpoints.io import input_major, load_strict, read_safetensors
+from moshi_mlx.checkpoints.io import (
+    Layout,
+    input_major,
+    layout_of,
+    load_strict,
+    read_safetensors,
+)
 from moshi_mlx.checkpoints.spec import (
     BITS_KEY,
     DEFAULT_GROUP_SIZE,
@@ -73,11 +79,12 @@ def _resolve_file(path: str | Path) -> Path:
 
 
 def detect_quantization(
-    tensors: dict[str, mx.array], metadata: dict[str, str], model: Lm, source: str
+    layout: Layout, metadata: dict[str, str], model: Lm, source: str
 ) -> tuple[int, int] | None:
-    """(bits, group_size) of a checkpoint, or None when it is not quantized; `model` is the
+    """(bits, group_size) of a checkpoint from its tensors' names, shapes and dtypes (`layout`,
+    e.g. a file's header) and metadata, or None when it is not quantized; `model` is the
     unquantized `Lm` it is meant for (its weights' shapes tell the input widths)."""
-    scales = sorted(name for name in tensors if name.endswith(".scales"))
+    scales = sorted(name for name in layout if name.endswith(".scales"))
     if not scales:
         if BITS_KEY in metadata:
             raise WeightsError(f"{source}: metadata declares quantization but no tensor is")
@@ -85,12 +92,13 @@ def detect_quantization(
     layer = scales[0].removesuffix(".scales")
     float_params = dict(tree_flatten(model.parameters()))
     reference = float_params.get(f"{layer}.weight")
-    packed = tensors.get(f"{layer}.weight")
-    if reference is None or packed is None or packed.dtype != mx.uint32:
+    packed_shape, packed_dtype = layout.get(f"{layer}.weight", ((), None))
+    if reference is None or packed_dtype != mx.uint32:
         raise WeightsError(f"{source}: unexpected quantized tensor {scales[0]}")
+    scales_shape = layout[scales[0]][0]
     in_features = reference.shape[-1]
-    bits, rem_bits = divmod(packed.shape[-1] * 32, in_features)
-    group_size, rem_group = divmod(in_features, max(tensors[scales[0]].shape[-1], 1))
+    bits, rem_bits = divmod(packed_shape[-1] * 32, in_features)
+    group_size, rem_group = divmod(in_features, max(scales_shape[-1], 1))
     if BITS_KEY in metadata or GROUP_SIZE_KEY in metadata:
         try:
             declared = (int(metadata[BITS_KEY]), int(metadata[GROUP_SIZE_KEY]))
@@ -99,13 +107,13 @@ def detect_quantization(
         if declared != (bits, group_size) or rem_bits or rem_group:
             raise WeightsError(
                 f"{source}: metadata declares {declared[0]}-bit group {declared[1]} but tensor "
-                f"{layer}.weight is packed as {packed.shape[-1] * 32 / in_features:g}-bit "
-                f"with {tensors[scales[0]].shape[-1]} groups for {in_features} inputs"
+                f"{layer}.weight is packed as {packed_shape[-1] * 32 / in_features:g}-bit "
+                f"with {scales_shape[-1]} groups for {in_features} inputs"
             )
     if rem_bits or rem_group or bits not in LOADABLE_BITS or group_size not in GROUP_SIZES:
         raise WeightsError(
-            f"{source}: cannot read the quantization of {layer}: weight {tuple(packed.shape)}, "
-            f"scales {tuple(tensors[scales[0]].shape)} for {in_features} inputs"
+            f"{source}: cannot read the quantization of {layer}: weight {tuple(packed_shape)}, "
+            f"scales {tuple(scales_shape)} for {in_features} inputs"
         )
     return bits, group_size
 
@@ -167,7 +175,7 @@ def lm_from_tensors(
 ) -> Lm:
     """`load_lm` on a checkpoint's tensors (MLX naming) and metadata, read from `source`."""
     model = Lm(config)  # lazy: its float parameters are never materialized
-    quantization = detect_quantization(tensors, metadata, model, source)
+    quantization = detect_quantization(layout_of(tensors), metadata, model, source)
     if dtype is None:
         dtype = compute_dtype(parameter_count(model), quantized=quantization is not None)
     model.set_dtype(dtype)

@@ -22,39 +22,25 @@ def _check_timing(stats: dict, count: int) -> None:
     assert math.isfinite(stats["mean"]) and stats["mean"] > 0
 
 
+def _run_bench(flags: str, out: Path, timeout: int) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run scripts/bench.py with `flags` (and `--json out`); its output and its JSON report."""
+    command = [sys.executable, str(SCRIPTS / "bench.py"), *flags.split(), "--json", str(out)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done, json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    command = [
-        sys.executable,
-        str(SCRIPTS / "bench.py"),
-        "--shapes",
-        "tiny",
-        "--quant",
-        "bf16,q4",
-        "--parts",
-        "lm,mimi,pipeline,echo,kv",
-        "--kv-bits",
-        "none",
-        "--codec",
-        "mlx,rustymimi",
-        "--steps",
-        str(STEPS),
-        "--split-steps",
-        "3",
-        "--frames",
-        str(FRAMES),
-        "--warmup",
-        "1",
-        "--batch-seconds",
-        "1",
-        "--json",
-        str(out),
-    ]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    flags = (
+        "--shapes tiny --quant bf16,q4 --parts lm,mimi,pipeline,echo,kv --kv-bits none "
+        f"--codec mlx,rustymimi --steps {STEPS} --split-steps 3 --frames {FRAMES} --warmup 1 "
+        "--batch-seconds 1"
+    )
+    done, results = _run_bench(flags, out, timeout=300)
     assert "step_ms" in done.stdout and "real-time factor" in done.stdout  # the printed table
-    return json.loads(out.read_text())
+    return results
 
 
 def _cases(report: dict, part: str) -> list[dict]:
@@ -135,22 +121,8 @@ def test_bandwidth_floor_from_manifests():
 
 def test_web_server_overhead(tmp_path):
     """The web server's own work per 80 ms frame (Opus both ways, a websocket round trip)."""
-    out = tmp_path / "web.json"
-    command = [
-        sys.executable,
-        str(SCRIPTS / "bench.py"),
-        "--parts",
-        "web",
-        "--frames",
-        "10",
-        "--warmup",
-        "2",
-        "--json",
-        str(out),
-    ]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    (case,) = json.loads(out.read_text())["results"]
+    _, report = _run_bench("--parts web --frames 10 --warmup 2", tmp_path / "web.json", 120)
+    (case,) = report["results"]
     ours = case["ours"]
     for part in ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"):
         _check_timing(ours[part], 10)
@@ -160,12 +132,9 @@ def test_web_server_overhead(tmp_path):
 
 def test_lm_without_split_steps(tmp_path):
     """`--split-steps 0` measures whole steps only (the parts and the anatomy are skipped)."""
-    out = tmp_path / "bench.json"
     flags = "--shapes tiny --quant bf16 --parts lm --steps 2 --split-steps 0 --warmup 0"
-    command = [sys.executable, str(SCRIPTS / "bench.py"), *flags.split(), "--json", str(out)]
-    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    ours = json.loads(out.read_text())["results"][0]["ours"]
+    _, report = _run_bench(flags, tmp_path / "bench.json", timeout=300)
+    ours = report["results"][0]["ours"]
     _check_timing(ours["step_ms"], 2)
     assert ours["temporal_ms"] is None and ours["syncs_per_step"] is None
 

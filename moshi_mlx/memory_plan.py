@@ -173,11 +173,11 @@ def plan_memory(
     """The memory plan of a model about to be loaded (see the module docstring), from the LM
     file's header (`lm_layout`, `lm_metadata`, read from `source`); `dtype` defaults to the
     one `load_lm` would choose. `WeightsError` if the file's quantization cannot be read."""
-    quantization = detect_quantization(lm_layout, lm_metadata or {}, Lm(config), source)
+    model = Lm(config)  # lazy: nothing is allocated
+    quantization = detect_quantization(lm_layout, lm_metadata or {}, model, source)
     lm_bits = quantization[0] if quantization else None
-    if dtype is None:
-        parameters = sum(math.prod(shape) for shape, _ in lm_layout.values())
-        dtype = compute_dtype(parameters, quantized=lm_bits is not None)
+    if dtype is None:  # as `load_lm` chooses it
+        dtype = compute_dtype(parameter_count(model), quantized=lm_bits is not None)
     size, device = capacity or device_capacity()
     return MemoryPlan(
         weights=lm_weight_bytes(lm_layout, dtype),

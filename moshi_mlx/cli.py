@@ -12,7 +12,12 @@ from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
 from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import ConfigError, MoshiError
-from moshi_mlx.modules.kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
+from moshi_mlx.modules.kv_quant import (
+    DEFAULT_KV_GROUP_SIZE,
+    KV_BITS,
+    KV_GROUP_SIZES,
+    KVQuantization,
+)
 from moshi_mlx.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
@@ -70,7 +75,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--kv-group-size",
         type=int,
         choices=KV_GROUP_SIZES,
-        help="values per scale of the quantized KV cache (default 64 for 8 bits, 32 for 4)",
+        help="values per scale of the quantized KV cache (default "
+        + ", ".join(f"{size} for {bits} bits" for bits, size in DEFAULT_KV_GROUP_SIZE.items())
+        + ")",
     )
     memory.add_argument(
         "--memory-plan",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -37,6 +36,7 @@ from moshi_mlx.cli import (
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import AudioError
 from moshi_mlx.memory_plan import wired_memory
+from moshi_mlx.output_files import folder_problem
 
 WORKER_NAME = "moshi-worker"
 _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
@@ -85,9 +85,8 @@ def _check_new_file(path: str | None, flag: str) -> None:
         return
     if Path(path).exists():
         raise AudioError(f"{flag} {path} already exists; give a new file name or remove it first")
-    folder = Path(path).parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise AudioError(f"{flag} {path}: folder {folder} does not exist or is not writable")
+    if problem := folder_problem(Path(path)):
+        raise AudioError(f"{flag} {path}: {problem}")
 
 
 class _Outputs:

@@ -24,11 +24,17 @@ def check_output(input_path: Path, output: Path, force: bool, what: str) -> None
             )
         if not force:
             raise MoshiError(f"{output} already exists; pass --force to overwrite it")
-    folder = output.parent
+    if problem := folder_problem(output):
+        raise MoshiError(f"cannot write {output}: {problem}")
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why no file can be created at `path` in its folder (missing, or not writable), or
+    None."""
+    folder = path.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise MoshiError(
-            f"cannot write {output}: folder {folder} does not exist or is not writable"
-        )
+        return f"folder {folder} does not exist or is not writable"
+    return None
 
 
 @contextmanager

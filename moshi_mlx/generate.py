@@ -89,7 +89,7 @@ class StepFunctions:
         self.kv_quantization = kv_quantization
         cfg = lm.cfg
         self._delays = mx.array(cfg.delays, mx.int32)
-        self._initial = mx.array([cfg.text_card] + [cfg.card] * cfg.n_q, mx.int32)
+        self._initial = mx.array(cfg.start_tokens, mx.int32)
         self._num_user = cfg.n_q - cfg.dep_q
         self.width = cfg.max_delay + 2  # columns of the token ring
         self.compiled_step = mx.compile(self.step)

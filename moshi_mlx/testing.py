@@ -137,7 +137,7 @@ def random_teacher_tokens(config: LmConfig, steps: int, seed: int) -> tuple[mx.a
     """Random inputs of `generate.teacher_forced_logits`: each step's tokens (steps, K), start
     tokens included, and the depformer's previous tokens (steps, dep_q)."""
     rng = np.random.default_rng(seed)
-    start = np.array([config.text_card] + [config.card] * config.n_q)
+    start = np.array(config.start_tokens)
     inputs = rng.integers(0, start, (steps, config.num_codebooks))
     previous = rng.integers(0, start[: config.dep_q], (steps, config.dep_q))
     return mx.array(inputs, mx.int32), mx.array(previous, mx.int32)

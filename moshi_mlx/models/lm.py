@@ -233,6 +233,12 @@ class LmConfig:
         return self.n_q + 1
 
     @property
+    def start_tokens(self) -> tuple[int, ...]:
+        """Each stream's start token, fed while its delay runs: text, then every audio
+        codebook; each is its stream's largest id (one past its vocabulary)."""
+        return (self.text_card,) + (self.card,) * self.n_q
+
+    @property
     def max_delay(self) -> int:
         return max(self.delays)
 

@@ -879,6 +879,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, folder: Path) -> list[dict]:
     results = []
+
+    def report(case: dict) -> None:  # kept for the JSON, and printed as it comes
+        results.append(case)
+        print(format_table([case]).split("\n", 2)[2], flush=True)
+
     common = ["--warmup", str(args.warmup), "--seed", str(args.seed)]
     if "lm" in args.parts:
         for shape in args.shapes:
@@ -906,8 +911,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                 for dtype in args.dtype:
                     case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
                     case["ours"] = pool_rounds(ours_runs[dtype])
-                    results.append(case)
-                    print(format_table([case]).split("\n", 2)[2], flush=True)
+                    report(case)
     if "mimi" in args.parts or "pipeline" in args.parts:
         mimi_file = mimi_weights(folder)
     if "mimi" in args.parts:
@@ -922,8 +926,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                 extra = ["--frames", str(args.frames), *common]
                 extra += ["--batch-seconds", str(args.batch_seconds)]
                 case["kyutai"] = run_kyutai(args.kyutai_python, "mimi", mimi_file, extra)
-            results.append(case)
-            print(format_table([case]).split("\n", 2)[2], flush=True)
+            report(case)
     if "pipeline" in args.parts:
         for shape in args.shapes:
             for quant in args.quant:
@@ -941,12 +944,10 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                             args.seed,
                             DTYPES[dtype],
                         )
-                        results.append(case)
-                        print(format_table([case]).split("\n", 2)[2], flush=True)
+                        report(case)
     if "echo" in args.parts:
         case = {"part": "echo", "ours": bench_echo(max(args.frames, 100), args.warmup, args.seed)}
-        results.append(case)
-        print(format_table([case]).split("\n", 2)[2], flush=True)
+        report(case)
     kv_benches = {"kv": bench_kv_caches, "kv-fidelity": bench_kv_fidelity}
     for part in [part for part in kv_benches if part in args.parts]:
         kv_bits = [None if kv == "none" else int(kv) for kv in args.kv_bits]
@@ -960,13 +961,11 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                         weights, shape, kv_bits, args.steps, args.seed, DTYPES[dtype]
                     ):
                         case = {"part": part, "shape": shape, "quant": quant, "ours": ours}
-                        results.append(case)
-                        print(format_table([case]).split("\n", 2)[2], flush=True)
+                        report(case)
     if "web" in args.parts:
         frames = max(args.frames, 10)
         case = {"part": "web", "ours": bench_web(frames, args.warmup, args.seed)}
-        results.append(case)
-        print(format_table([case]).split("\n", 2)[2], flush=True)
+        report(case)
     return results
 
 

@@ -189,9 +189,9 @@ def memory_plan(
 
 def _check_codec_fits(cfg: LmConfig) -> None:
     """Raise `ConfigError` unless the LM's audio streams match Mimi's codebooks."""
-    if cfg.n_q - cfg.dep_q != cfg.dep_q:
+    if cfg.num_user_codebooks != cfg.dep_q:
         raise ConfigError(
-            f"the LM config has {cfg.dep_q} Moshi and {cfg.n_q - cfg.dep_q} user codebooks; "
+            f"the LM config has {cfg.dep_q} Moshi and {cfg.num_user_codebooks} user codebooks; "
             "the codec needs the same number of both"
         )
     codec_card = MimiConfig.moshi().quantizer.bins

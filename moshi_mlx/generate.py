@@ -90,7 +90,6 @@ class StepFunctions:
         cfg = lm.cfg
         self._delays = mx.array(cfg.delays, mx.int32)
         self._initial = mx.array(cfg.start_tokens, mx.int32)
-        self._num_user = cfg.n_q - cfg.dep_q
         self.width = cfg.max_delay + 2  # columns of the token ring
         self.compiled_step = mx.compile(self.step)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
@@ -142,7 +141,7 @@ class StepFunctions:
         generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
         t = t + 1
-        padded = mx.concatenate([generated, mx.zeros(self._num_user, mx.int32)])
+        padded = mx.concatenate([generated, mx.zeros(cfg.num_user_codebooks, mx.int32)])
         tokens = _write_columns(
             tokens, mx.broadcast_to(t % width, rows.shape), padded, rows < first_user
         )
@@ -183,7 +182,6 @@ class LmGen:
         self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
-        self._num_user = lm.cfg.n_q - lm.cfg.dep_q
         self._functions = step_functions(lm, self.sampling, kv_quantization)
         self.reset()
 
@@ -206,9 +204,10 @@ class LmGen:
         if not isinstance(user_codes, mx.array):
             user_codes = mx.array(np.asarray(user_codes).astype(np.int32))
         codes = user_codes.reshape(-1)
-        if codes.shape != (self._num_user,):
+        expected = self.lm.cfg.num_user_codebooks
+        if codes.shape != (expected,):
             raise MoshiError(
-                f"LmGen.step expects {self._num_user} user codes, got shape {user_codes.shape}"
+                f"LmGen.step expects {expected} user codes, got shape {user_codes.shape}"
             )
         return codes.astype(mx.int32)
 

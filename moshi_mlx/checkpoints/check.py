@@ -93,7 +93,7 @@ def compare_generation(
     activations is far less precise than a dense one for wide layers).
     """
     rng = np.random.default_rng(seed)
-    user_codes = rng.integers(0, config.card, (config.n_q - config.dep_q, steps))
+    user_codes = rng.integers(0, config.card, (config.num_user_codebooks, steps))
     source_lm = load_source_lm(source_path, config)
     inputs, sampled = _greedy_stream(source_lm, user_codes)
     source = _logits(source_lm, inputs, sampled)

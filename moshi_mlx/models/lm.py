@@ -233,6 +233,11 @@ class LmConfig:
         return self.n_q + 1
 
     @property
+    def num_user_codebooks(self) -> int:
+        """The user's audio codebooks: the `n_q` audio streams past Moshi's `dep_q`."""
+        return self.n_q - self.dep_q
+
+    @property
     def start_tokens(self) -> tuple[int, ...]:
         """Each stream's start token, fed while its delay runs: text, then every audio
         codebook; each is its stream's largest id (one past its vocabulary)."""

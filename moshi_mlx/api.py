@@ -27,7 +27,7 @@ from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import read_lm_config
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
-from moshi_mlx.generate import LmGen
+from moshi_mlx.generate import LmGen, LmGenStep
 from moshi_mlx.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -187,6 +187,20 @@ def memory_plan(
     )
 
 
+def step_frame(
+    generator: LmGen, codec: Codec, pcm: np.ndarray
+) -> tuple[LmGenStep, mx.array | None]:
+    """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
+    Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
+    with the codec's state; returns the step and Moshi's pcm."""
+    out = generator.step(codec.encode_step(pcm))
+    reply = None
+    if out.moshi_codes_array is not None:
+        reply = codec.decode_step(out.moshi_codes_array)
+    mx.eval(out.text_token_array, out.moshi_codes_array, reply, codec.state)
+    return out, reply
+
+
 def _check_codec_fits(cfg: LmConfig) -> None:
     """Raise `ConfigError` unless the LM's audio streams match Mimi's codebooks."""
     if cfg.num_user_codebooks != cfg.dep_q:
@@ -253,12 +267,7 @@ class Conversation:
                     f"user's audio; got an array of shape {far.shape}"
                 )
             pcm = heard = self.echo_canceller.process(pcm, far)
-        # Encode, LM step and decode are one lazy graph, evaluated once with the codec state.
-        out = self._generator.step(self._codec.encode_step(pcm))
-        reply = None
-        if out.moshi_codes_array is not None:
-            reply = self._codec.decode_step(out.moshi_codes_array)
-        mx.eval(out.text_token_array, out.moshi_codes_array, reply, self._codec.state)
+        out, reply = step_frame(self._generator, self._codec, pcm)
         text = self._text.decode(out.text_token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)
         return StepResult(pcm_out, text, heard)

@@ -41,6 +41,7 @@ import numpy as np
 from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds, summarize
 from mlx.utils import tree_flatten
 
+from moshi_mlx.api import step_frame
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import load_codec
@@ -498,7 +499,7 @@ def bench_pipeline(
     dtype: mx.Dtype | None = None,
 ) -> dict:
     """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame, as
-    `Conversation.step` runs it (one evaluation per frame); host time outside evaluation,
+    `Conversation.step` runs it (`api.step_frame`: one evaluation per frame); host time outside evaluation,
     time in evaluation and syncs per frame (`SyncMeter`)."""
     _fresh_memory()
     lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]), dtype=dtype)
@@ -506,11 +507,7 @@ def bench_pipeline(
     gen = LmGen(lm, SamplingConfig(), seed=seed)
 
     def frame_step(pcm: np.ndarray) -> bool:
-        step = gen.step(codec.encode_step(pcm))
-        reply = None
-        if step.moshi_codes_array is not None:
-            reply = codec.decode_step(step.moshi_codes_array)
-        mx.eval(step.text_token_array, step.moshi_codes_array, reply, codec.state)
+        step, reply = step_frame(gen, codec, pcm)
         _ = step.text_token, None if reply is None else np.array(reply)
         return reply is not None
 

@@ -499,8 +499,8 @@ def bench_pipeline(
     dtype: mx.Dtype | None = None,
 ) -> dict:
     """Encode the user's frame, step the LM, decode Moshi's frame: ms per 80 ms frame, as
-    `Conversation.step` runs it (`api.step_frame`: one evaluation per frame); host time outside evaluation,
-    time in evaluation and syncs per frame (`SyncMeter`)."""
+    `Conversation.step` runs it (`api.step_frame`: one evaluation per frame); host time
+    outside evaluation, time in evaluation and syncs per frame (`SyncMeter`)."""
     _fresh_memory()
     lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]), dtype=dtype)
     codec = load_codec(mimi_file, backend=backend)

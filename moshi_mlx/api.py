@@ -24,7 +24,7 @@ import numpy as np
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
 from moshi_mlx.checkpoints.io import read_safetensors_header
 from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import read_lm_config
+from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
 from moshi_mlx.generate import LmGen, LmGenStep
@@ -76,7 +76,7 @@ class MoshiModel:
         self.files = files
         self.codec_backend = codec_backend
         _check_codec_fits(lm.cfg)
-        self._codec = load_codec(files.mimi, codec_backend, num_codebooks=lm.cfg.dep_q)
+        self._codec = load_codec(files.mimi, codec_backend, num_codebooks=lm.cfg.moshi_codebooks)
         self.tokenizer = load_tokenizer(files.tokenizer)
 
     @classmethod
@@ -115,7 +115,7 @@ class MoshiModel:
         try:
             lm = load_lm(files.moshi, config, dtype=plan.dtype)
         except WeightsMismatchError as exc:
-            used = files.lm_config or "the Moshi 7B preset"
+            used = files.lm_config or "the one its file carries or its layout says"
             raise WeightsMismatchError(
                 f"{exc}; these LM weights do not fit the LM config ({used}): "
                 "pass the config.json that belongs to them with --lm-config"
@@ -157,7 +157,9 @@ def find_model(
     """The files of a model and its LM config, as `MoshiModel.load` finds them."""
     config_path = None if isinstance(lm_config, LmConfig) else lm_config
     files = resolve_weights(hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path)
-    config = lm_config if isinstance(lm_config, LmConfig) else read_lm_config(files.lm_config)
+    config = (
+        lm_config if isinstance(lm_config, LmConfig) else lm_config_of(files.moshi, files.lm_config)
+    )
     if context is not None:
         if not 1 <= context <= config.context:
             raise ConfigError(
@@ -181,7 +183,7 @@ def memory_plan(
     if kv_quantization is not None:
         kv_quantization.check_head_dim(config.temporal_config().head_dim)
     layout, metadata = read_safetensors_header(files.moshi)
-    codec = codec_bytes(codec_backend, files.mimi, config.dep_q)
+    codec = codec_bytes(codec_backend, files.mimi, config.moshi_codebooks)
     return plan_memory(
         config, layout, codec, dtype, kv_quantization, lm_metadata=metadata, source=str(files.moshi)
     )
@@ -203,9 +205,10 @@ def step_frame(
 
 def _check_codec_fits(cfg: LmConfig) -> None:
     """Raise `ConfigError` unless the LM's audio streams match Mimi's codebooks."""
-    if cfg.num_user_codebooks != cfg.dep_q:
+    if cfg.num_user_codebooks != cfg.moshi_codebooks:
         raise ConfigError(
-            f"the LM config has {cfg.dep_q} Moshi and {cfg.num_user_codebooks} user codebooks; "
+            f"the LM config has {cfg.moshi_codebooks} Moshi and {cfg.num_user_codebooks} user "
+            "codebooks; "
             "the codec needs the same number of both"
         )
     codec_card = MimiConfig.moshi().quantizer.bins

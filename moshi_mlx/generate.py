@@ -8,6 +8,14 @@ at step t + 1, and codebook k's token of step t belongs to the audio frame t - d
 Once the delays are filled, each step returns Moshi's codes of one frame, realigned across
 codebooks. (`LmGenStep.input_tokens` shows what each step fed the model.)
 
+PersonaPlex (`LmConfig.generator` "personaplex") follows NVIDIA's `LMGen`, which is the same
+but for two things: a user frame is fed `user_input_lag` (1) step later, and a conversation
+starts from a prompt's state (`GenState`, made by `moshi_mlx.persona`) in which some of
+Moshi's tokens ahead are already given: where a token is given, the step returns it (and
+feeds it to the next depformer slice) instead of the sampled one. The depformer samples only
+Moshi's codebooks: PersonaPlex's slices for the user's codebooks would be sampled and thrown
+away (the user's stream is always given), and come after Moshi's, so they change nothing.
+
 A step is one `mx.compile`d function of arrays: the token ring with its delays, the
 temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
 slices. The step's position is an array, so the function is traced once per KV capacity
@@ -20,12 +28,13 @@ caller reads them with one evaluation per frame, with whatever it computes from 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.models.lm import Lm
+from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig, sample
@@ -39,12 +48,12 @@ MAX_STEP_FUNCTIONS = 4
 class LmGenStep:
     """What one step produced, as arrays the step's evaluation fills in.
 
-    text_token_array: () int32, the text token sampled at this step (ids 0 and 3: padding).
-    moshi_codes_array: (dep_q,) int32 codes of Moshi's audio frame, or None until the delays
-    are filled. `text_token` and `moshi_codes` read them on the host.
+    text_token_array: () int32, the text token of this step (ids 0 and 3: padding).
+    moshi_codes_array: (moshi_codebooks,) int32 codes of Moshi's audio frame, or None until
+    the delays are filled. `text_token` and `moshi_codes` read them on the host.
     input_tokens: (K,) int32, what the step fed the temporal transformer (delays applied).
-    sampled_tokens: (1 + dep_q,) int32, the text token and Moshi's codebooks sampled at this
-    step, before the delays realign them.
+    sampled_tokens: (1 + moshi_codebooks,) int32, the text token and Moshi's codebooks of
+    this step (sampled, or given by a prompt), before the delays realign them.
     """
 
     def __init__(
@@ -70,11 +79,28 @@ class LmGenStep:
 
     @property
     def moshi_codes(self) -> np.ndarray | None:
-        """Moshi's codes (dep_q,) int32 on the host, or None until the delays are filled."""
+        """Moshi's codes (moshi_codebooks,) int32 on the host, or None until the delays are filled."""
         if self.moshi_codes_array is None:
             return None
         mx.eval(self._arrays())
         return np.array(self.moshi_codes_array, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class GenState:
+    """Where a conversation stands, as arrays: a fresh one (`LmGen.reset`), or a prompt's
+    (`moshi_mlx.persona`), which every conversation of that prompt starts from.
+
+    tokens (K, width) int32: the token ring, column t % width for step t's inputs;
+    given (1 + moshi_codebooks, width) bool: the text and Moshi tokens ahead that are given,
+    not sampled; ring: the temporal transformer's `KVRing`; step_index: the next step.
+    MLX arrays are immutable: several conversations can start from one state.
+    """
+
+    tokens: mx.array
+    given: mx.array
+    ring: KVRing
+    step_index: int
 
 
 class StepFunctions:
@@ -90,28 +116,39 @@ class StepFunctions:
         cfg = lm.cfg
         self._delays = mx.array(cfg.delays, mx.int32)
         self._initial = mx.array(cfg.start_tokens, mx.int32)
-        self.width = cfg.max_delay + 2  # columns of the token ring
+        self.width = token_ring_width(cfg)
         self.compiled_step = mx.compile(self.step)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
 
     def sample_tokens(
-        self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
+        self,
+        temporal_out: mx.array,
+        text_logits: mx.array,
+        key: mx.array,
+        given_tokens: mx.array | None = None,
+        given: mx.array | None = None,
     ) -> tuple[mx.array, mx.array]:
         """Sample the text token, then Moshi's codebooks through the depformer.
 
-        temporal_out (1, dim), text_logits (1, text_card) -> the (1 + dep_q,) tokens and the
-        next random key, lazily.
+        temporal_out (1, dim), text_logits (1, text_card) -> the (1 + moshi_codebooks,) tokens
+        and the next random key, lazily. Where `given` (1 + moshi_codebooks,) bool is true,
+        the token of `given_tokens` is taken instead of the sampled one.
         """
-        sampling = self.sampling
+        sampling, cfg = self.sampling, self.lm.cfg
         key, text_key, audio_key = mx.random.split(key, 3)
-        audio_keys = mx.random.split(audio_key, self.lm.cfg.dep_q)
+        audio_keys = mx.random.split(audio_key, cfg.moshi_codebooks)
         text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
+        forced = None
+        if given is not None:
+            text = mx.where(given[0], given_tokens[0], text)
+            forced = (given_tokens[None, 1:], given[None, 1:])
         audio = self.lm.depformer.sample_step(
             temporal_out,
             text,
             lambda logits, k: sample(
                 logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
             ),
+            forced,
         )
         return mx.concatenate([text, audio[0]]), key
 
@@ -119,38 +156,56 @@ class StepFunctions:
         self,
         user_codes: mx.array,
         tokens: mx.array,
+        given: mx.array,
         key: mx.array,
         keys: list[mx.array],
         values: list[mx.array],
         position: mx.array,
     ) -> tuple:
-        """One step, arrays in, arrays out: the user's codes, the token ring, the random key
-        and the temporal `KVRing` -> the text token, Moshi's codes (valid once the delays are
-        filled), the next token ring, key and ring, and the step's inputs and sampled tokens."""
+        """One step, arrays in, arrays out: the user's codes, the token ring and its given
+        marks, the random key and the temporal `KVRing` -> the text token, Moshi's codes
+        (valid once the delays are filled), the next token ring, given marks, key and ring,
+        and the step's inputs and sampled tokens."""
         cfg = self.lm.cfg
         t, delays, width = position, self._delays, self.width
-        first_user = 1 + cfg.dep_q
+        first_user = 1 + cfg.moshi_codebooks
         rows = mx.arange(cfg.num_codebooks)
         user = mx.concatenate([mx.zeros(first_user, mx.int32), user_codes])
-        tokens = _write_columns(tokens, (t + delays) % width, user, rows >= first_user)
+        user_columns = (t + cfg.user_input_lag + delays) % width
+        tokens = _write_columns(tokens, user_columns, user, rows >= first_user)
         current = mx.take(tokens, t % width, axis=1)
         inputs = mx.where(t <= delays, self._initial, current)
 
         ring = KVRing(keys, values, position, cfg.context, self.kv_quantization)
         temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
-        generated, key = self.sample_tokens(temporal_out, text_logits, key)
+        target = (t + 1) % width
+        generated, key = self.sample_tokens(
+            temporal_out,
+            text_logits,
+            key,
+            mx.take(tokens[:first_user], target, axis=1),
+            mx.take(given, target, axis=1),
+        )
+        # The input column's marks are spent; it is written again `width` steps later.
+        given = mx.where(mx.arange(width) == t % width, False, given)
 
         t = t + 1
         padded = mx.concatenate([generated, mx.zeros(cfg.num_user_codebooks, mx.int32)])
         tokens = _write_columns(
-            tokens, mx.broadcast_to(t % width, rows.shape), padded, rows < first_user
+            tokens, mx.broadcast_to(target, rows.shape), padded, rows < first_user
         )
         moshi_delays = delays[1:first_user]
         columns = (t - cfg.max_delay + moshi_delays + width) % width
         moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
         ring = ring.advanced()
-        state = (tokens, key, ring.keys, ring.values, ring.position)
+        state = (tokens, given, key, ring.keys, ring.values, ring.position)
         return generated[0], moshi_codes, *state, inputs, generated
+
+
+def token_ring_width(cfg: LmConfig) -> int:
+    """Columns of a generator's token ring: from the oldest column a step reads (its output,
+    `max_delay` back) to the furthest it writes (a user frame, lag and delay ahead)."""
+    return cfg.max_delay + 2 + cfg.user_input_lag
 
 
 def step_functions(
@@ -168,8 +223,21 @@ def step_functions(
     return functions
 
 
+def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None) -> GenState:
+    """The state of a conversation that starts from nothing (Moshi's)."""
+    cfg = lm.cfg
+    width = token_ring_width(cfg)
+    return GenState(
+        tokens=mx.full((cfg.num_codebooks, width), UNGENERATED, mx.int32),
+        given=mx.zeros((1 + cfg.moshi_codebooks, width), mx.bool_),
+        ring=lm.make_ring(quantization=kv_quantization),
+        step_index=0,
+    )
+
+
 class LmGen:
-    """Stateful generator over an `Lm`; `reset()` starts a new conversation."""
+    """Stateful generator over an `Lm`; `reset()` starts a new conversation (from `start`,
+    a prompt's state, if given: its KV cache must be quantized as `kv_quantization` says)."""
 
     def __init__(
         self,
@@ -177,22 +245,24 @@ class LmGen:
         sampling: SamplingConfig | None = None,
         seed: int | None = None,
         kv_quantization: KVQuantization | None = None,
+        start: GenState | None = None,
     ):
         self.lm = lm
         self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
+        if start is not None and start.ring.quantization != kv_quantization:
+            raise MoshiError("the prompt's KV cache is not quantized as this generator's")
+        self.start = start
         self._functions = step_functions(lm, self.sampling, kv_quantization)
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation; the random stream restarts from the generator's seed."""
-        self._ring = self.lm.make_ring(quantization=self.kv_quantization)
+        state = self.start or fresh_state(self.lm, self.kv_quantization)
+        self._tokens, self._given, self._ring = state.tokens, state.given, state.ring
+        self.step_index = state.step_index
         self._key = mx.random.key(self.seed)
-        # Ring of token slots: row k holds stream k, column (t % width) step t's input.
-        width = self._functions.width
-        self._tokens = mx.full((self.lm.cfg.num_codebooks, width), UNGENERATED, mx.int32)
-        self.step_index = 0
 
     def reserve_full_context(self) -> None:
         """Allocate the KV ring at its full context now, as it is after `context` steps (it
@@ -218,18 +288,18 @@ class LmGen:
         return self._functions.compiled_sample_tokens(temporal_out, text_logits, key)
 
     def step(self, user_codes: np.ndarray | mx.array) -> LmGenStep:
-        """Advance one frame with the user's codes (n_q - dep_q,) (token -1: no input).
+        """Advance one frame with the user's codes (num_user_codebooks,) (token -1: no input).
 
         Returns at once: the step computes on the device while the caller goes on building
         (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
         """
         outputs = self._outputs(user_codes, self._functions.compiled_step)
-        text, moshi_codes, self._tokens, self._key, keys, values, position, *tokens = outputs
-        self._ring = self._ring.replaced(keys, values, position)
+        text, moshi_codes, self._tokens, self._given, self._key, *ring_state = outputs[:8]
+        self._ring = self._ring.replaced(*ring_state)
         mx.async_eval(outputs)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
-        return LmGenStep(text, moshi_codes if ready else None, *tokens)
+        return LmGenStep(text, moshi_codes if ready else None, *outputs[8:])
 
     def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> tuple:
         """The lazy outputs (tokens and next state) of the next step, without taking it: its
@@ -242,7 +312,9 @@ class LmGen:
         codes = self._user_array(user_codes)
         self._ring = self._ring.grown(self.step_index)
         ring = self._ring
-        return step_fn(codes, self._tokens, self._key, ring.keys, ring.values, ring.position)
+        return step_fn(
+            codes, self._tokens, self._given, self._key, ring.keys, ring.values, ring.position
+        )
 
 
 def _write_columns(

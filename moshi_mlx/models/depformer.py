@@ -60,29 +60,41 @@ class DepformerSlice(nn.Module):
 
 
 class Depformer(nn.Module):
-    def __init__(self, cfg: LmConfig):
+    """The depformer's first `num_slices` slices (default: Moshi's codebooks, the ones sampled;
+    PersonaPlex's `dep_q` also counts slices for the user's codebooks, never sampled)."""
+
+    def __init__(self, cfg: LmConfig, num_slices: int | None = None):
         super().__init__()
         tcfg = cfg.depformer_config()
         self.slices = [
             DepformerSlice(cfg.text_card + 1 if k == 0 else cfg.card + 1, cfg.dim, cfg.card, tcfg)
-            for k in range(cfg.dep_q)
+            for k in range(cfg.moshi_codebooks if num_slices is None else num_slices)
         ]
+        self.sampled_slices = cfg.moshi_codebooks
 
     def make_caches(self) -> list[KVCache]:
         """One KV cache per layer, shared by all slices of a step."""
         return self.slices[0].transformer.make_caches()
 
     def sample_step(
-        self, temporal_out: mx.array, text_token: mx.array, sample_fn: SampleFn
+        self,
+        temporal_out: mx.array,
+        text_token: mx.array,
+        sample_fn: SampleFn,
+        given: tuple[mx.array, mx.array] | None = None,
     ) -> mx.array:
         """Sample one step's codebooks, in `mx.compile`-able form: temporal_out (B, lm_dim),
-        text_token (B,) -> (B, dep_q). Each sampled token feeds the next slice inside one lazy
-        graph; the slices share a `KVRing` made for the step (slice k at position k)."""
+        text_token (B,) -> (B, moshi_codebooks). Each token feeds the next slice in one graph;
+        the slices share a `KVRing` made for the step (slice k at position k). `given`, tokens
+        and a mask (B, slices), forces codebooks (a prompt's): a given token is returned, and
+        fed to the next slice, in place of the sampled one."""
         ring = self.slices[0].transformer.make_ring(temporal_out.shape[0], temporal_out.dtype)
         prev = text_token
         tokens = []
-        for k, depformer_slice in enumerate(self.slices):
+        for k, depformer_slice in enumerate(self.slices[: self.sampled_slices]):
             prev = sample_fn(depformer_slice.step(temporal_out, prev, ring), k)
+            if given is not None:
+                prev = mx.where(given[1][:, k], given[0][:, k], prev)
             tokens.append(prev)
             ring = ring.advanced()
         return mx.stack(tokens, axis=1)
@@ -90,8 +102,8 @@ class Depformer(nn.Module):
     def logits(
         self, temporal_out: mx.array, prev_tokens: mx.array, caches: list[KVCache]
     ) -> mx.array:
-        """Teacher-forced logits: prev_tokens (B, dep_q) (text, then codebooks 0..dep_q-2)
-        -> (B, dep_q, card)."""
+        """Teacher-forced logits: prev_tokens (B, slices) (text, then the codebooks before the
+        last slice's) -> (B, slices, card)."""
         for cache in caches:
             cache.reset()
         out = [

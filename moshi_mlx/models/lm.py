@@ -7,7 +7,7 @@ depformer (`moshi_mlx.models.depformer`), which predicts Moshi's 8 audio codeboo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import mlx.core as mx
@@ -22,6 +22,7 @@ from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfi
 MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 _NORM_EPS = {"rms_norm_f32": 1e-8, "rms_norm": 1e-5}
 _POSITIONAL = ("rope", "none")
+_GENERATORS = ("moshi", "personaplex")
 
 # Keys of Kyutai's config.json that change the architecture in ways this model does not
 # implement, with the only value accepted for each.
@@ -93,6 +94,13 @@ class LmConfig:
     depformer_max_period: float = 10_000.0
     depformer_pos_emb: str = "none"
     existing_text_padding_id: int = 3
+    # PersonaPlex's layout: its depformer also predicts the user's codebooks (dep_q = n_q),
+    # which inference never samples; None: the audio streams past Moshi's dep_q are the
+    # user's. Not a key of Kyutai's config.json (ours writes it when set).
+    user_codebooks: int | None = None
+    # How conversations run: "moshi" (Kyutai's LMGen) or "personaplex" (NVIDIA's: voice and
+    # role prompts first, and each user frame fed one step later). Ours, like user_codebooks.
+    generator: str = "moshi"
     moshi_name: str = "model.safetensors"
     mimi_name: str = "tokenizer-e351c8d8-checkpoint125.safetensors"
     tokenizer_name: str = "tokenizer_spm_32k_3.model"
@@ -121,6 +129,12 @@ class LmConfig:
             dep_q=8,
             delays=MOSHI_DELAYS,
         )
+
+    @classmethod
+    def personaplex_7b(cls) -> LmConfig:
+        """NVIDIA's PersonaPlex 7B (nvidia/personaplex-7b-v1): Moshi 7B whose depformer has 16
+        slices, 8 for Moshi's codebooks and 8 for the user's, with voice and role prompts."""
+        return replace(cls.moshi_7b(), dep_q=16, user_codebooks=8, generator="personaplex")
 
     @classmethod
     def tiny(cls) -> LmConfig:
@@ -175,6 +189,10 @@ class LmConfig:
         """This config as Kyutai's `config.json` keys."""
         data = asdict(self)
         data["delays"] = list(self.delays)
+        if self.user_codebooks is None:  # our keys, written only where they say something
+            del data["user_codebooks"]
+        if self.generator == "moshi":
+            del data["generator"]
         data.update({key: _FIXED_KEYS[key] for key in _WRITTEN_FIXED_KEYS})
         return data
 
@@ -206,6 +224,15 @@ class LmConfig:
             raise ConfigError(f"LM config delays must be >= 0, got {list(self.delays)}")
         if self.dep_q > self.n_q:
             raise ConfigError(f"LM config dep_q = {self.dep_q} exceeds n_q = {self.n_q}")
+        if self.user_codebooks is not None and not (
+            0 < self.user_codebooks < self.n_q and self.n_q - self.user_codebooks <= self.dep_q
+        ):
+            raise ConfigError(
+                f"LM config user_codebooks = {self.user_codebooks} must leave the depformer's "
+                f"dep_q = {self.dep_q} at least the n_q - user_codebooks Moshi codebooks"
+            )
+        if self.generator not in _GENERATORS:
+            raise ConfigError(f"LM config generator must be one of {_GENERATORS}")
         for prefix, dim, heads in (
             ("", self.dim, self.num_heads),
             ("depformer_", self.depformer_dim, self.depformer_num_heads),
@@ -234,8 +261,26 @@ class LmConfig:
 
     @property
     def num_user_codebooks(self) -> int:
-        """The user's audio codebooks: the `n_q` audio streams past Moshi's `dep_q`."""
-        return self.n_q - self.dep_q
+        """The user's audio codebooks: the last audio streams (`user_codebooks`, else the
+        `n_q` streams past Moshi's `dep_q`)."""
+        return self.n_q - self.dep_q if self.user_codebooks is None else self.user_codebooks
+
+    @property
+    def moshi_codebooks(self) -> int:
+        """Moshi's own audio codebooks: the first audio streams, sampled by the depformer's
+        first slices and played (PersonaPlex's later slices predict the user's streams)."""
+        return self.n_q - self.num_user_codebooks
+
+    @property
+    def prompted(self) -> bool:
+        """Whether conversations start with PersonaPlex's voice and role prompts."""
+        return self.generator == "personaplex"
+
+    @property
+    def user_input_lag(self) -> int:
+        """Steps a user frame waits beyond its stream's delay: NVIDIA's generator writes each
+        frame one step further ahead than Kyutai's (its first call only fills the token ring)."""
+        return 1 if self.generator == "personaplex" else 0
 
     @property
     def start_tokens(self) -> tuple[int, ...]:
@@ -283,9 +328,14 @@ class LmConfig:
 
 
 class Lm(nn.Module):
-    """Moshi's LM. Parameter names equal Kyutai's MLX checkpoints (`moshiko_mlx_*.tsv`)."""
+    """Moshi's LM. Parameter names equal Kyutai's MLX checkpoints (`moshiko_mlx_*.tsv`).
 
-    def __init__(self, cfg: LmConfig):
+    The depformer has the slices inference samples (`LmConfig.moshi_codebooks`), or with
+    `full_depformer` all `dep_q` of the checkpoint (PersonaPlex's 8 more predict the user's
+    codebooks: for scoring and for converting files whole).
+    """
+
+    def __init__(self, cfg: LmConfig, full_depformer: bool = False):
         super().__init__()
         self.cfg = cfg
         self.text_emb = nn.Embedding(cfg.text_card + 1, cfg.dim)  # id text_card: start token
@@ -293,7 +343,7 @@ class Lm(nn.Module):
         self.transformer = Transformer(cfg.temporal_config())
         self.out_norm = RMSNorm(cfg.dim, _NORM_EPS[cfg.norm])
         self.text_linear = nn.Linear(cfg.dim, cfg.text_card, bias=False)
-        self.depformer = Depformer(cfg)
+        self.depformer = Depformer(cfg, cfg.dep_q if full_depformer else None)
 
     def make_caches(self) -> list[KVCache]:
         """Fresh streaming state of the temporal transformer."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from moshi_mlx.checkpoints.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
-from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, read_lm_config
+from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
 from moshi_mlx.cli import run_cli
 from moshi_mlx.errors import WeightsMismatchError
 
@@ -57,16 +57,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         type=Path,
-        help="Kyutai config.json for --check (default: config.json next to the input, else 7B)",
+        help="Kyutai config.json of the input (default: config.json next to it, else the "
+        "config its layout says: Moshi or PersonaPlex 7B); the output carries it",
     )
     return parser
 
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    config = None
+    config = lm_config_of(args.input, args.config or config_in(args.input.parent))
     if args.check:  # a config that does not fit the weights is found before converting
-        config = read_lm_config(args.config or config_in(args.input.parent))
         try:
             check_source(args.input, config)
         except WeightsMismatchError as exc:
@@ -74,11 +74,11 @@ def _run(argv: Sequence[str] | None) -> int:
                 f"{exc}; --check needs the config.json of these weights (--config)"
             ) from None
     result = quantize_checkpoint(
-        args.input, args.output, args.bits, args.group_size, args.force, args.progress
+        args.input, args.output, args.bits, args.group_size, args.force, args.progress, config
     )
     print(result.error_report(args.worst))
     print(result.summary())
-    if config is not None:
+    if args.check:
         check = compare_generation(args.input, result.output, config, args.check_steps)
         print(check.summary())
     return 0

@@ -46,7 +46,7 @@ class CheckResult:
 
 def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
     """What `LmGen` fed `lm` and what it sampled, greedily, on the user's codes
-    (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + dep_q)."""
+    (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + moshi_codebooks)."""
     generator = LmGen(lm, SamplingConfig.greedy(), seed=0)
     steps = [generator.step(mx.array(codes, mx.int32)) for codes in user_codes.T]
     inputs = mx.stack([step.input_tokens for step in steps])
@@ -56,25 +56,23 @@ def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
 
 
 def _logits(lm: Lm, inputs: mx.array, sampled: mx.array) -> dict[str, np.ndarray]:
-    text, audio = teacher_forced_logits(lm, inputs, sampled[:, : lm.cfg.dep_q])
+    text, audio = teacher_forced_logits(lm, inputs, sampled[:, : lm.cfg.moshi_codebooks])
     return {"text_logits": np.array(text), "audio_logits": np.array(audio)}
-
-
-def _source_tensors(path: str | Path) -> dict[str, mx.array]:
-    tensors, _ = read_safetensors(path)
-    return to_mlx_naming(tensors, str(path))
 
 
 def check_source(path: str | Path, config: LmConfig) -> None:
     """Raise `WeightsMismatchError` unless the unquantized checkpoint at `path` (Kyutai's MLX
     or PyTorch naming) fits `config`; from its tensors' shapes, no weight is read."""
-    check_fits_model(Lm(config), _source_tensors(path), str(path))
+    tensors, _ = read_safetensors(path)
+    converted = to_mlx_naming(tensors, str(path), config.dep_q)
+    check_fits_model(Lm(config, full_depformer=True), converted, str(path))
 
 
 def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
     """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, as `load_lm`
     builds it."""
-    return lm_from_tensors(_source_tensors(path), {}, config, str(path))
+    tensors, _ = read_safetensors(path)
+    return lm_from_tensors(tensors, {}, config, str(path))
 
 
 def compare_generation(
@@ -100,7 +98,7 @@ def compare_generation(
     del source_lm
     mx.clear_cache()
     converted = _logits(load_lm(converted_path, config), inputs, sampled)
-    tokens = np.array(sampled)  # (steps, 1 + dep_q)
+    tokens = np.array(sampled)  # (steps, 1 + moshi_codebooks)
     text_diff = converted["text_logits"] - source["text_logits"]
     audio_diff = converted["audio_logits"] - source["audio_logits"]
     diffs = np.concatenate([text_diff.ravel(), audio_diff.ravel()])

@@ -4,11 +4,17 @@ Every tensor of the PyTorch release (`kyutai/moshiko-pytorch-bf16`) is mapped by
 `NAME_RULES`; the same table gives the inverse mapping (`to_pytorch_naming`, used to build test
 fixtures). Conversion is planned from names and shapes only (`plan_conversion`), so the 7B layout
 can be checked without data, and applied tensor by tensor (`TensorRecipe.apply`) on lazy arrays.
+
+A plan can ask for a number of depformer slices: slices a checkpoint lacks are repaired as
+NVIDIA's PersonaPlex loader repairs a file stored for fewer steps:
+step s repeats step s - stored (its attention rows, projections, feed-forward, embedding),
+each kind of repair named in a one-line notice (logger `moshi_mlx.checkpoints`).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -108,6 +114,8 @@ NAME_RULES: tuple[NameRule, ...] = (
 )
 
 _FIELD_PATTERNS = {"io": "in|out", "norm": "1|2"}
+_SLICE_NAME = re.compile(r"depformer\.slices\.([0-9]+)\.")
+log = logging.getLogger("moshi_mlx.checkpoints")
 _MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}
 
 
@@ -139,6 +147,11 @@ class TensorRecipe:
         if self.rows is not None:
             source = source[self.rows[0] : self.rows[1]]
         return source.reshape(self.shape)
+
+
+def in_pytorch_naming(names: Iterable[str]) -> bool:
+    """Whether a checkpoint's tensor names are Kyutai's PyTorch naming (a quick look)."""
+    return _MARKERS["pytorch"] in set(names)
 
 
 def detect_format(names: Iterable[str], source: str = "checkpoint") -> CheckpointFormat:
@@ -264,9 +277,12 @@ def check_complete(names: Iterable[str], source: str = "checkpoint") -> None:
 
 
 def plan_conversion(
-    shapes: Mapping[str, Sequence[int]], source: str = "checkpoint"
+    shapes: Mapping[str, Sequence[int]],
+    source: str = "checkpoint",
+    num_slices: int | None = None,
 ) -> tuple[CheckpointFormat, list[TensorRecipe]]:
-    """Detect the naming of a bf16 Moshi LM checkpoint and plan its MLX tensors.
+    """Detect the naming of a bf16 Moshi LM checkpoint and plan its MLX tensors, with
+    `num_slices` depformer slices if given (see the module docstring), else the file's.
 
     `shapes` maps tensor names to shapes (arrays are not needed). Raises `WeightsError` for
     unknown, duplicated or missing tensors.
@@ -278,8 +294,62 @@ def plan_conversion(
     duplicated = [name for name, count in Counter(targets).items() if count > 1]
     if duplicated:
         raise WeightsError(f"{source}: several tensors give {name_list(duplicated)}")
-    check_complete(targets, source)
+    if num_slices is not None:
+        recipes = _with_slices(recipes, num_slices, fmt, source)
+    check_complete([r.target for r in recipes], source)
     return fmt, recipes
+
+
+def _slice_of(target: str) -> int | None:
+    found = _SLICE_NAME.match(target)
+    return None if found is None else int(found.group(1))
+
+
+def _with_slices(
+    recipes: list[TensorRecipe], num_slices: int, fmt: CheckpointFormat, source: str
+) -> list[TensorRecipe]:
+    """The recipes, with those of depformer slices up to num_slices - 1 that a file stored
+    for fewer steps lacks (repeated from earlier steps); slices past it are left to the
+    strict load to refuse."""
+    # Counted by input projections: an 8-step PyTorch file also embeds step 8's input.
+    stored = len({_slice_of(r.target) for r in recipes if r.target.endswith(".linear_in.weight")})
+    if stored >= num_slices:
+        return recipes
+    if num_slices > 2 * stored:
+        raise WeightsError(
+            f"{source}: the depformer is stored for {stored} steps; {num_slices} are needed"
+        )
+    present = {r.target for r in recipes}
+    copied, attention = [], False
+    for recipe in recipes:
+        slice_index = _slice_of(recipe.target)
+        if slice_index is None:
+            continue
+        prefix = f"depformer.slices.{slice_index}."
+        target = f"depformer.slices.{slice_index + stored}." + recipe.target[len(prefix) :]
+        if slice_index + stored < num_slices and target not in present:
+            copied.append(TensorRecipe(target, recipe.source, recipe.shape, recipe.rows))
+            attention = attention or ".self_attn." in target
+    steps = f"steps {stored}-{num_slices - 1}"
+    if attention:
+        log.warning(
+            "%s: depformer attention weights are stored for %d steps; %s repeat steps 0-%d "
+            "(as NVIDIA's loader extends them)",
+            source,
+            stored,
+            steps,
+            num_slices - stored - 1,
+        )
+    names = "gating, linears, depformer_in, depformer_emb" if fmt == "pytorch" else "slices"
+    log.warning(
+        "%s: depformer weights of %s (%s) are missing; copied from steps 0-%d (as NVIDIA's "
+        "loader copies them)",
+        source,
+        steps,
+        names,
+        num_slices - stored - 1,
+    )
+    return recipes + copied
 
 
 def convert_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
@@ -288,10 +358,12 @@ def convert_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
 
 
 def to_mlx_naming(
-    tensors: Mapping[str, mx.array], source: str = "checkpoint"
+    tensors: Mapping[str, mx.array], source: str = "checkpoint", num_slices: int | None = None
 ) -> dict[str, mx.array]:
-    """Lazily convert a Moshi LM state dict in either naming to MLX naming."""
-    _, recipes = plan_conversion({name: a.shape for name, a in tensors.items()}, source)
+    """Lazily convert a Moshi LM state dict in either naming to MLX naming (with
+    `num_slices` depformer slices, as `plan_conversion`)."""
+    shapes = {name: a.shape for name, a in tensors.items()}
+    _, recipes = plan_conversion(shapes, source, num_slices)
     return {r.target: r.apply(tensors[r.source]) for r in recipes}
 
 

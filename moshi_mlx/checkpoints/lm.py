@@ -1,9 +1,11 @@
-"""Moshi LM checkpoints in Kyutai's MLX format: building the model and loading it strictly.
+"""Moshi LM checkpoints: building the model and loading it strictly.
 
-Files hold `model.safetensors` (bf16) or `model.q8.safetensors` / `model.q4.safetensors`
-(MLX affine quantization: `X.weight` packed uint32, `X.scales`, `X.biases`). The quantization
-is read from the file: its metadata (`quantization_bits`, `quantization_group_size`) when
-present, else the widths of a quantized layer's tensors.
+Files hold `model.safetensors` (bf16, in Kyutai's MLX or PyTorch naming) or
+`model.q8.safetensors` / `model.q4.safetensors` (MLX affine quantization: `X.weight` packed
+uint32, `X.scales`, `X.biases`). The quantization is read from the file: its metadata
+(`quantization_bits`, `quantization_group_size`) when present, else the widths of a quantized
+layer's tensors. The model takes the depformer slices it samples (PersonaPlex's files also
+hold slices for the user's codebooks, left out unless `full_depformer`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
+from moshi_mlx.checkpoints.conversion import in_pytorch_naming, to_mlx_naming
 from moshi_mlx.checkpoints.io import (
     Layout,
     input_major,
@@ -31,7 +34,7 @@ from moshi_mlx.checkpoints.spec import (
     LOADABLE_BITS,
     config_in,
     is_quantized,
-    read_lm_config,
+    lm_config_of,
 )
 from moshi_mlx.errors import WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -152,18 +155,40 @@ def _store_input_major(model: Lm) -> None:
             module.weight = input_major(module.weight)
 
 
-def load_lm(path: str | Path, config: LmConfig | None = None, dtype: mx.Dtype | None = None) -> Lm:
+def load_lm(
+    path: str | Path,
+    config: LmConfig | None = None,
+    dtype: mx.Dtype | None = None,
+    full_depformer: bool = False,
+) -> Lm:
     """Load an LM checkpoint strictly (a file, or a directory holding one).
 
-    Without `config`, a `config.json` beside the file is read, else Moshi 7B is assumed.
-    Floating tensors are cast to `dtype` (default: `compute_dtype`); the quantization is
-    detected from the file. The file is read once and the model built once.
+    Without `config`, a `config.json` beside the file is read, else the config the file
+    carries or its layout says (`spec.lm_config_of`). Floating tensors are cast to `dtype`
+    (default: `compute_dtype`); the quantization is detected from the file. The file is read
+    once and the model built once.
     """
     file = _resolve_file(path)
     tensors, metadata = read_safetensors(file)
     if config is None:
-        config = read_lm_config(config_in(file.parent))
-    return lm_from_tensors(tensors, metadata, config, str(file), dtype)
+        config = lm_config_of(file, config_in(file.parent))
+    return lm_from_tensors(tensors, metadata, config, str(file), dtype, full_depformer)
+
+
+def depformer_slices(config: LmConfig, full_depformer: bool = False) -> int:
+    """The depformer slices an `Lm` of `config` holds (see `Lm`)."""
+    return config.dep_q if full_depformer else config.moshi_codebooks
+
+
+def _model_tensors(
+    tensors: dict[str, mx.array], config: LmConfig, full_depformer: bool, source: str
+) -> dict[str, mx.array]:
+    """A checkpoint's tensors in MLX naming, with the depformer slices the model holds."""
+    if in_pytorch_naming(tensors):
+        tensors = to_mlx_naming(tensors, source, config.dep_q)
+    num_slices = depformer_slices(config, full_depformer)
+    prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
+    return {name: a for name, a in tensors.items() if not name.startswith(prefixes)}
 
 
 def lm_from_tensors(
@@ -172,9 +197,11 @@ def lm_from_tensors(
     config: LmConfig,
     source: str,
     dtype: mx.Dtype | None = None,
+    full_depformer: bool = False,
 ) -> Lm:
-    """`load_lm` on a checkpoint's tensors (MLX naming) and metadata, read from `source`."""
-    model = Lm(config)  # lazy: its float parameters are never materialized
+    """`load_lm` on a checkpoint's tensors (either naming) and metadata, read from `source`."""
+    tensors = _model_tensors(tensors, config, full_depformer, source)
+    model = Lm(config, full_depformer)  # lazy: its float parameters are never materialized
     quantization = detect_quantization(layout_of(tensors), metadata, model, source)
     if dtype is None:
         dtype = compute_dtype(parameter_count(model), quantized=quantization is not None)

@@ -33,11 +33,15 @@ from moshi_mlx.checkpoints.spec import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     LM_FILES,
+    config_in,
+    config_metadata,
     is_quantized,
+    lm_config_of,
     output_layout,
     quantization_metadata,
 )
 from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.output_files import check_output, written_atomically
 
 _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
@@ -169,10 +173,14 @@ def quantize_checkpoint(
     group_size: int | None = None,
     force: bool = False,
     progress: bool | None = None,
+    config: LmConfig | None = None,
 ) -> QuantizeResult:
     """Convert a bf16 Moshi LM checkpoint to Kyutai's MLX format, quantized to `bits` (4, 8) or
-    kept bf16 (16). `group_size` defaults to 32 for 4 bits and 64 for 8 bits. Raises
-    `MoshiError` for user errors (bad input, existing output without `force`)."""
+    kept bf16 (16). `group_size` defaults to 32 for 4 bits and 64 for 8 bits. The output
+    carries `config` (default: `spec.lm_config_of` the input) in its metadata, so it loads
+    with no config file, and every depformer slice of it (a file stored for fewer steps is
+    repaired as `plan_conversion` says). Raises `MoshiError` for user errors (bad input,
+    existing output without `force`)."""
     input_path = Path(input_path)
     if bits not in LM_FILES:
         raise MoshiError(f"--bits must be 4, 8 or 16, got {bits}")
@@ -188,15 +196,17 @@ def quantize_checkpoint(
     start = time.monotonic()
     mx.reset_peak_memory()
     held_before = mx.get_active_memory()  # the caller's arrays: not the conversion's
+    if config is None:
+        config = lm_config_of(input_path, config_in(input_path.parent))
     tensors, _ = read_safetensors(input_path)
     source_format, recipes = plan_conversion(
-        {name: a.shape for name, a in tensors.items()}, str(input_path)
+        {name: a.shape for name, a in tensors.items()}, str(input_path), config.dep_q
     )
     not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
     if not_float:
         raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
     layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size)
-    metadata = quantization_metadata(bits, group_size)
+    metadata = quantization_metadata(bits, group_size) | config_metadata(config)
     by_source: dict[str, list[TensorRecipe]] = defaultdict(list)
     for recipe in recipes:
         by_source[recipe.source].append(recipe)

@@ -7,12 +7,16 @@ config belongs to a checkpoint.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import Layout, read_json
+from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors_header
+from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import LmConfig
 
 DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
@@ -33,6 +37,26 @@ DEFAULT_GROUP_SIZE = {4: 32, 8: 64}
 GROUP_SIZES = (32, 64, 128)
 LOADABLE_BITS = (2, 3, 4, 5, 6, 8)  # MLX's affine quantization
 BITS_KEY, GROUP_SIZE_KEY = "quantization_bits", "quantization_group_size"
+# Our LM files carry their config (Kyutai's config.json keys, as JSON) in this metadata key.
+CONFIG_KEY = "lm_config"
+
+
+@dataclass(frozen=True)
+class RepoFacts:
+    """What a known hub repo publishes where it differs from Kyutai's Moshi repos."""
+
+    lm_bits: tuple[int, ...]  # precisions of its LM files (16: bf16)
+    read_config: bool  # whether its config.json is Kyutai's schema (else: from the layout)
+    voices: str | None = None  # archive of voice prompts
+
+
+PERSONAPLEX_REPO = "nvidia/personaplex-7b-v1"
+KNOWN_REPOS = {
+    # bf16 PyTorch naming only; its config.json is NVIDIA's own, its layout says what it is.
+    PERSONAPLEX_REPO: RepoFacts(lm_bits=(16,), read_config=False, voices="voices.tgz"),
+}
+# Depformer input projections, counted in either naming: how many steps a file stores.
+_DEPFORMER_STEP = re.compile(r"(?:depformer_in\.|depformer\.slices\.)([0-9]+)[.]")
 
 
 def is_quantized(shape: tuple[int, ...], group_size: int | None) -> bool:
@@ -76,3 +100,25 @@ def config_in(folder: str | Path) -> Path | None:
 def read_lm_config(path: str | Path | None) -> LmConfig:
     """The LM config of a Kyutai `config.json`, or Moshi 7B's when there is none."""
     return LmConfig.from_dict(read_json(path)) if path is not None else LmConfig.moshi_7b()
+
+
+def lm_config_of(lm_file: str | Path, config_path: str | Path | None = None) -> LmConfig:
+    """The LM config of an LM file: a `config.json` if given, else the one our files carry
+    in their metadata (`CONFIG_KEY`), else the preset its layout says (a 16-step depformer:
+    PersonaPlex 7B; otherwise Moshi 7B)."""
+    if config_path is not None:
+        return read_lm_config(config_path)
+    layout, metadata = read_safetensors_header(lm_file)
+    if CONFIG_KEY in metadata:
+        try:
+            return LmConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+        except ValueError:
+            raise ConfigError(f"{lm_file}: its metadata's LM config is not JSON") from None
+    steps = {m.group(1) for name in layout if (m := _DEPFORMER_STEP.match(name))}
+    personaplex = LmConfig.personaplex_7b()
+    return personaplex if len(steps) == personaplex.dep_q else LmConfig.moshi_7b()
+
+
+def config_metadata(config: LmConfig) -> dict[str, str]:
+    """The metadata entry that makes an LM file carry its config."""
+    return {CONFIG_KEY: json.dumps(config.to_dict(), sort_keys=True)}

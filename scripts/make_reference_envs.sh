@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Builds the two reference environments that some tests and the bench compare against:
-#   /opt/venvs/ref     PyTorch (CPU) + Kyutai's `moshi` 0.2.13: the truth for numerics
-#   /opt/venvs/kyutai  Kyutai's `moshi_mlx` 0.3.0 on mlx 0.26.5: side-by-side speed
-# Tests that need one skip without it and name this script. Usage (as root, ~2 GB):
-#   ./scripts/make_reference_envs.sh [ref|kyutai]...   (default: both)
+# Builds the reference environments that some tests and the bench compare against:
+#   /opt/venvs/ref          PyTorch (CPU) + Kyutai's `moshi` 0.2.13: the truth for numerics
+#   /opt/venvs/kyutai       Kyutai's `moshi_mlx` 0.3.0 on mlx 0.26.5: side-by-side speed
+#   /opt/venvs/personaplex  PyTorch (CPU) + NVIDIA's PersonaPlex package (its `moshi/` folder,
+#                           not on PyPI: clone https://github.com/NVIDIA/personaplex and pass
+#                           the clone as PERSONAPLEX_SRC=/path/to/personaplex)
+# Tests that need one skip without it and name this script. Usage (as root, ~2 GB each):
+#   ./scripts/make_reference_envs.sh [ref|kyutai|personaplex]...   (default: ref and kyutai)
 set -euo pipefail
 root=${MOSHI_MLX_REFERENCE_ENVS:-/opt/venvs}
 targets=("$@")
@@ -34,6 +37,20 @@ for target in "${targets[@]}"; do
             sentencepiece==0.2 sounddevice==0.5 "huggingface_hub>=0.24,<0.29" \
             "aiohttp>=3.10.5,<3.12" rustymimi sphn
         ;;
-    *) echo "unknown environment '$target' (ref or kyutai)" >&2; exit 2 ;;
+    personaplex)
+        src=${PERSONAPLEX_SRC:?set PERSONAPLEX_SRC to a clone of github.com/NVIDIA/personaplex}
+        [ -f "$src/moshi/pyproject.toml" ] || { echo "no moshi/pyproject.toml in $src" >&2; exit 2; }
+        python3 -m venv "$root/personaplex"
+        "$root/personaplex/bin/pip" install "${pip_quiet[@]}" --retries 0 --timeout 10 torch \
+            --index-url https://download.pytorch.org/whl/cpu \
+            || "$root/personaplex/bin/pip" install "${pip_quiet[@]}" torch==2.13.0
+        # Its pins ask for torch < 2.5, which has no build for this Python: its code runs on
+        # the torch above. pyloudnorm (voice prompts) and tqdm are imported but not declared.
+        "$root/personaplex/bin/pip" install "${pip_quiet[@]}" --no-deps "$src/moshi"
+        "$root/personaplex/bin/pip" install "${pip_quiet[@]}" "numpy>=1.26,<2.2" \
+            "safetensors>=0.4,<0.5" einops sentencepiece "huggingface_hub>=0.24,<0.25" \
+            "sphn>=0.1.4,<0.2" "aiohttp>=3.10.5,<3.11" sounddevice pyloudnorm tqdm
+        ;;
+    *) echo "unknown environment '$target' (ref, kyutai or personaplex)" >&2; exit 2 ;;
     esac
 done

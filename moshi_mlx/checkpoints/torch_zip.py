@@ -218,7 +218,7 @@ class _TorchUnpickler(pickle.Unpickler):
         self.spend(numel * values.itemsize, "a tensor")
         strides = tuple(s * values.itemsize for s in stride)
         view = np.lib.stride_tricks.as_strided(values[offset:], tuple(size), strides)
-        return np.array(view, copy=True)
+        return view.copy()  # C order, owning its memory
 
 
 def _ordered_dict(*args: Any) -> dict:

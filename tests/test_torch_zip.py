@@ -175,6 +175,22 @@ def test_refuses_object_building_opcodes(tmp_path, program, opcode):
     assert not Path("/tmp/pwned_torch_zip").exists()
 
 
+def test_shared_and_cyclic_containers(tmp_path):
+    # 2**60 paths through 60 shared lists: checked once each, quickly.
+    levels = b"".join(
+        b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1]) for i in range(60)
+    )
+    program = b"\x80\x02]q\x00" + levels + b"."
+    assert len(read_torch_file(_write(tmp_path / "dag.pt", program))) == 2
+    program = b"\x80\x02]q\x00h\x00a."  # a list holding itself
+    _refused(_write(tmp_path / "cycle.pt", program), "hold themselves")
+
+
+def test_messages_stay_one_short_line(tmp_path):
+    program = b"\x80\x04" + _str("os\nsystem" * 1000) + _str("x\ny") + b"\x93."  # STACK_GLOBAL
+    assert len(_refused(_write(tmp_path / "long.pt", program), "asks for")) < 200
+
+
 def test_refuses_a_huge_memo_index(tmp_path):
     program = b"\x80\x02N" + b"r" + struct.pack("<I", 2**31) + b"."  # LONG_BINPUT 2**31
     _refused(_write(tmp_path / "memo.pt", program), "memo entry")
@@ -210,7 +226,7 @@ def test_tensor_metadata(tmp_path):
 @pytest.mark.parametrize(
     "entries, words",
     [
-        ({}, ["no voice/data/0"]),
+        ({}, ["no 'voice/data/0'"]),
         ({"0": b"\0" * 12}, ["holds 12 bytes", "4 x 4"]),  # truncated storage
         ({"0": b"\0" * 20}, ["declares 20 bytes"]),
     ],

@@ -21,6 +21,7 @@ import io
 import math
 import pickle
 import pickletools
+import reprlib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,7 @@ class _TorchUnpickler(pickle.Unpickler):
         self.big_endian = byteorder == b"big"
         self.budget = MAX_BYTES
         self.storages: dict[str, _Storage] = {}
+        self.checked: set[int] = set()
         program = self.entry_bytes("data.pkl", limit=MAX_PICKLE_BYTES)
         self.check_opcodes(program)
         super().__init__(io.BytesIO(program))
@@ -137,7 +139,7 @@ class _TorchUnpickler(pickle.Unpickler):
         except KeyError:
             if optional:
                 return None
-            raise self.refuse(f"the zip has no {self.top}/{name}") from None
+            raise self.refuse(f"the zip has no {_shown(f'{self.top}/{name}')}") from None
         if info.file_size > limit:
             raise self.refuse(f"{info.filename} declares {info.file_size} bytes, over {limit}")
         return self.archive.read(info)
@@ -166,23 +168,25 @@ class _TorchUnpickler(pickle.Unpickler):
             return self.rebuild_tensor
         if module == "collections" and name == "OrderedDict":
             return _ordered_dict
-        raise self.refuse(f"its pickle asks for {module}.{name}, which is not tensor data")
+        raise self.refuse(
+            f"its pickle asks for {_shown(f'{module}.{name}')}, which is not tensor data"
+        )
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise self.refuse(f"unknown persistent record {str(pid)[:80]}")
+            raise self.refuse(f"unknown persistent record {_shown(pid)}")
         _, storage_type, key, _location, numel = pid
         if not isinstance(storage_type, _StorageType) or not isinstance(key, str):
-            raise self.refuse(f"malformed storage record {str(pid)[:80]}")
+            raise self.refuse(f"malformed storage record {_shown(pid)}")
         if key not in self.storages:
             dtype = np.dtype(_STORAGE_DTYPES[storage_type.name])
             if type(numel) is not int or numel < 0:
-                raise self.refuse(f"storage {key} has a bad element count {numel!r}")
-            self.spend(numel * dtype.itemsize, f"storage {key}")
+                raise self.refuse(f"storage {_shown(key)} has a bad element count {_shown(numel)}")
+            self.spend(numel * dtype.itemsize, f"storage {_shown(key)}")
             data = self.entry_bytes(f"data/{key}", limit=numel * dtype.itemsize)
             if len(data) != numel * dtype.itemsize:
                 raise self.refuse(
-                    f"storage {key} holds {len(data)} bytes, its record says "
+                    f"storage {_shown(key)} holds {len(data)} bytes, its record says "
                     f"{numel} x {dtype.itemsize}"
                 )
             values = np.frombuffer(data, dtype.newbyteorder(">" if self.big_endian else "<"))
@@ -201,12 +205,16 @@ class _TorchUnpickler(pickle.Unpickler):
         if len(rest) not in (0, 2, 3) or not isinstance(storage, _Storage):
             raise self.refuse("a tensor record that is not (storage, offset, size, stride, ...)")
         if len(rest) == 3 and rest[2] and any(rest[2].values()):
-            raise self.refuse(f"tensor metadata {rest[2]} (conj/neg views) is not supported")
+            raise self.refuse(
+                f"tensor metadata {_shown(rest[2])} (conj/neg views) is not supported"
+            )
         shape_ok = isinstance(size, tuple | list) and isinstance(stride, tuple | list)
         if not (shape_ok and len(size) == len(stride) <= 32) or not all(
             type(v) is int and v >= 0 for v in (offset, *size, *stride)
         ):
-            raise self.refuse(f"a tensor with offset {offset}, size {size}, stride {stride}")
+            raise self.refuse(
+                f"a tensor with offset {_shown(offset)}, size {_shown(size)}, stride {_shown(stride)}"
+            )
         values = storage.values
         numel = math.prod(size)
         last = offset + sum((n - 1) * s for n, s in zip(size, stride)) if numel else offset - 1
@@ -227,17 +235,24 @@ def _ordered_dict(*args: Any) -> dict:
     return {}
 
 
-def _check_plain(value: Any, reader: _TorchUnpickler, depth: int = 0) -> None:
-    """Refuse anything in the result but containers, scalars and arrays."""
-    if depth > 100:
-        raise reader.refuse("containers nested over 100 deep")
-    if isinstance(value, dict):
-        items = [*value.keys(), *value.values()]
-    elif isinstance(value, list | tuple):
-        items = value
-    elif value is None or isinstance(value, bool | int | float | str | bytes | np.ndarray):
+def _shown(value: object) -> str:
+    """A short one-line repr of a value from the file (which may be long, deep or shared)."""
+    return reprlib.repr(value)
+
+
+def _check_plain(value: Any, reader: _TorchUnpickler, path: tuple[int, ...] = ()) -> None:
+    """Refuse anything in the result but containers, scalars and arrays, and cycles.
+
+    `reader.checked` holds the containers already seen, so shared ones are walked once."""
+    if value is None or isinstance(value, bool | int | float | str | bytes | np.ndarray):
         return
-    else:
+    if not isinstance(value, dict | list | tuple):
         raise reader.refuse(f"it holds a {type(value).__name__}, which is not tensor data")
+    if id(value) in path or len(path) > 100:
+        raise reader.refuse("its containers hold themselves or nest over 100 deep")
+    if id(value) in reader.checked:
+        return
+    reader.checked.add(id(value))
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
     for item in items:
-        _check_plain(item, reader, depth + 1)
+        _check_plain(item, reader, (*path, id(value)))

@@ -250,7 +250,7 @@ def test_refuses_what_is_not_a_torch_zip(tmp_path):
 def test_refuses_a_zip_bomb_by_its_declared_size(tmp_path, monkeypatch):
     monkeypatch.setattr(torch_zip, "MAX_PICKLE_BYTES", 1000)
     path = _write(tmp_path / "bomb.pt", _tensor() + b"." + b"\0" * 5000)
-    _refused(path, "voice/data.pkl declares", "over 1000")
+    _refused(path, "'voice/data.pkl' declares", "over 1000")
     # The central directory's declared size alone is enough; nothing is decompressed.
     data = bytearray(_write(tmp_path / "patched.pt", _tensor() + b".").read_bytes())
     header = data.index(b"PK\x01\x02")  # data.pkl's central directory record

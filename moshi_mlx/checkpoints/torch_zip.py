@@ -141,7 +141,9 @@ class _TorchUnpickler(pickle.Unpickler):
                 return None
             raise self.refuse(f"the zip has no {_shown(f'{self.top}/{name}')}") from None
         if info.file_size > limit:
-            raise self.refuse(f"{info.filename} declares {info.file_size} bytes, over {limit}")
+            raise self.refuse(
+                f"{_shown(info.filename)} declares {info.file_size} bytes, over {limit}"
+            )
         return self.archive.read(info)
 
     def check_opcodes(self, program: bytes) -> None:

@@ -32,6 +32,7 @@ from moshi_mlx.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memo
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.persona.prompts import Prompts
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 
@@ -78,6 +79,9 @@ class MoshiModel:
         _check_codec_fits(lm.cfg)
         self._codec = load_codec(files.mimi, codec_backend, num_codebooks=lm.cfg.moshi_codebooks)
         self.tokenizer = load_tokenizer(files.tokenizer)
+        self.prompts = None  # PersonaPlex: its voice and role prompts (`persona.prompts`)
+        if lm.cfg.prompted:
+            self.prompts = Prompts(lm, self._codec, self.tokenizer, files, kv_quantization)
 
     @classmethod
     def load(
@@ -127,12 +131,30 @@ class MoshiModel:
         sampling: SamplingConfig | None = None,
         seed: int | None = None,
         echo_canceller: EchoCanceller | None = None,
+        voice: str | Path | None = None,
+        role: str | None = None,
     ) -> Conversation:
         """Start a conversation; several may be open at once (each has its own streams over
         the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
-        the far end too and removes its echo from the user's audio."""
-        generator = LmGen(self.lm, sampling, seed, self.kv_quantization)
+        the far end too and removes its echo from the user's audio.
+
+        PersonaPlex models take who Moshi is: `voice`, a published voice's name (`NATF2`,
+        the default), a recording (up to 30 s) or NVIDIA's `.pt`, and `role`, a text
+        (default "You enjoy having a good conversation."; `@file` reads a file). The prompt is
+        computed on first use and cached (see `moshi_mlx.persona`). Moshi's own models
+        take neither."""
+        self.check_prompt_choice(voice, role)
+        start = self.prompts.state(voice, role) if self.prompts is not None else None
+        generator = LmGen(self.lm, sampling, seed, self.kv_quantization, start)
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
+
+    def check_prompt_choice(self, voice: str | Path | None, role: str | None) -> None:
+        """`ConfigError` for a voice or role given to a model without prompts."""
+        if self.prompts is None and (voice is not None or role is not None):
+            raise ConfigError(
+                "--voice and --role choose PersonaPlex's persona; this model is Moshi, whose "
+                "voice and character are in its weights (load nvidia/personaplex-7b-v1)"
+            )
 
     def warm_up(self, sampling: SamplingConfig | None = None) -> None:
         """Run a throwaway conversation of `sampling` for `WARMUP_STEPS` frames of silence, so
@@ -140,7 +162,8 @@ class MoshiModel:
         are shared by every conversation of this sampling) or for first-use costs. Call it
         on the thread that will run the conversations (MLX keeps compiled code per thread)."""
         silence = np.zeros(self.frame_size, np.float32)
-        with self.conversation(sampling, seed=0) as conversation:
+        generator = LmGen(self.lm, sampling, 0, self.kv_quantization)  # no prompt needed
+        with Conversation(self, self._codec.fresh(), generator) as conversation:
             for _ in range(WARMUP_STEPS):
                 conversation.step(silence)
 

@@ -63,7 +63,8 @@ def write_random_lm_checkpoint(
     seed: int = 0,
     write_config: bool = False,
 ) -> Path:
-    """Write a random checkpoint in Kyutai's MLX format (bf16, or quantized when `bits`).
+    """Write a random checkpoint in Kyutai's MLX format (bf16, or quantized when `bits`),
+    with every depformer slice of `config` (PersonaPlex's for the user's codebooks too).
 
     `path` is the file, or a directory that receives `model.safetensors` /
     `model.q{bits}.safetensors`. With `write_config`, Kyutai's `config.json` is written
@@ -73,7 +74,7 @@ def write_random_lm_checkpoint(
     if path.is_dir() or not path.suffix:
         path = path / LM_FILES[bits or 16][1]
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_lm(config, dtype=mx.float32)
+    model = build_lm(config, dtype=mx.float32, full_depformer=True)
     model.update(tree_unflatten(list(_random_weights(model, seed).items())))
     model.set_dtype(mx.bfloat16)
     if bits is not None:

@@ -39,6 +39,59 @@ def tiny_config():
     return replace(LmConfig.tiny(), card=2048)
 
 
+def tiny_personaplex_config():
+    """`tiny_config` in PersonaPlex's layout: 16 depformer slices, voice and role prompts, and
+    a context that holds a short prompt."""
+    return replace(tiny_config(), dep_q=16, user_codebooks=8, generator="personaplex", context=120)
+
+
+def write_voice(path: Path, seconds: float = 1.2, sample_rate: int = 16_000) -> Path:
+    """A short voice-like recording (harmonics under a syllable envelope), stereo at 16 kHz:
+    what the voice reader must mix, resample and normalize."""
+    import numpy as np
+    import soundfile
+
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    pitch = 140 + 30 * np.sin(2 * np.pi * 1.5 * t)
+    phase = 2 * np.pi * np.cumsum(pitch) / sample_rate
+    voice = sum(np.sin(k * phase) / k for k in range(1, 6))
+    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t)) * 0.2
+    mono = (voice * envelope).astype(np.float32)
+    soundfile.write(str(path), np.stack([mono, 0.5 * mono], axis=1), sample_rate)
+    return path
+
+
+def write_tiny_personaplex(root: Path) -> dict[str, Path]:
+    """Like `write_tiny_moshi` for PersonaPlex (bf16 LM in PyTorch naming), with a voice."""
+    import json
+
+    import mlx.core as mx
+
+    from moshi_mlx.checkpoints.conversion import to_pytorch_naming
+    from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE
+    from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    config = tiny_personaplex_config()
+    mlx_file = write_random_lm_checkpoint(root / "mlx.safetensors", config, seed=7)
+    moshi = root / "model.safetensors"
+    weights = mx.load(str(mlx_file))
+    for name in weights:  # PyTorch shares the depformer's norms between its steps
+        if ".norm" in name and name.startswith("depformer.slices."):
+            weights[name] = weights["depformer.slices.0." + name.split(".", 3)[3]]
+    mx.save_safetensors(str(moshi), to_pytorch_naming(weights))
+    mlx_file.unlink()
+    (root / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
+    return {
+        "moshi": moshi,
+        "lm_config": root / CONFIG_FILE,
+        "mimi": write_random_mimi_checkpoint(root / MIMI_FILE, seed=5),
+        "tokenizer": write_tokenizer(root / TOKENIZER_FILE),
+        "voice": write_voice(root / "voice.wav"),
+    }
+
+
 def write_tiny_moshi(root: Path) -> dict[str, Path]:
     """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE

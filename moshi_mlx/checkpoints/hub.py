@@ -15,8 +15,10 @@ from pathlib import Path
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
     DEFAULT_REPO,
+    KNOWN_REPOS,
     LM_FILES,
     MIMI_FILE,
+    PERSONAPLEX_REPO,
     TOKENIZER_FILE,
     config_in,
 )
@@ -34,6 +36,7 @@ class WeightFiles:
     mimi: Path
     tokenizer: Path
     lm_config: Path | None
+    repo: str = DEFAULT_REPO  # the hub repo files not found locally come (or would come) from
 
 
 def weights_dir() -> Path:
@@ -46,6 +49,17 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     if quantize is not None and quantize not in LM_FILES:
         raise ConfigError(f"-q/--quantize must be 4, 8 or 16 (bf16), got {quantize}")
     repo = hf_repo or DEFAULT_REPO
+    facts = KNOWN_REPOS.get(repo)
+    if facts is not None:
+        bits = max(facts.lm_bits) if quantize is None else quantize
+        if bits not in facts.lm_bits:
+            raise ConfigError(
+                f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
+                f"weights: make a "
+                f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it "
+                "with --moshi-weight"
+            )
+        return repo, LM_FILES[bits][1]
     if quantize is None:
         match = _REPO_SUFFIX.search(repo)
         suffix = match.group(1) if match else "q4"
@@ -110,13 +124,14 @@ def resolve_weights(
             from_hub = from_hub or field == "moshi"
     if lm_config is None:
         config = _optional_config(repo, found["moshi"], from_hub)
-    return WeightFiles(lm_config=config, **found)
+    return WeightFiles(lm_config=config, repo=repo, **found)
 
 
 def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:
     """Kyutai's config.json next to the LM weights, in the weights folder, or on the hub."""
     local = config_in(moshi.parent) or config_in(weights_dir())
-    if local is not None or not from_hub:
+    facts = KNOWN_REPOS.get(repo)
+    if local is not None or not from_hub or (facts is not None and not facts.read_config):
         return local
     from huggingface_hub import hf_hub_download
 
@@ -124,3 +139,17 @@ def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:
         return Path(hf_hub_download(repo, CONFIG_FILE))
     except Exception:  # noqa: BLE001 - no config.json in the repo: use the 7B preset
         return None
+
+
+VOICES_FILE = KNOWN_REPOS[PERSONAPLEX_REPO].voices
+
+
+def resolve_voices(files: WeightFiles) -> Path:
+    """PersonaPlex's voices archive: beside the LM weights, in the weights folder, else from
+    the hub (the files' repo if it publishes voices, else NVIDIA's)."""
+    for folder in (files.moshi.parent, weights_dir()):
+        if (folder / VOICES_FILE).is_file():
+            return folder / VOICES_FILE
+    facts = KNOWN_REPOS.get(files.repo)
+    repo = files.repo if facts is not None and facts.voices else PERSONAPLEX_REPO
+    return _download(repo, VOICES_FILE, "--voice FILE")

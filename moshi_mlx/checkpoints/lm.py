@@ -47,10 +47,11 @@ def build_lm(
     dtype: mx.Dtype = mx.bfloat16,
     bits: int | None = None,
     group_size: int | None = None,
+    full_depformer: bool = False,
 ) -> Lm:
     """An `Lm` with lazily initialized (unevaluated) weights, optionally quantized like
     Kyutai's files. Nothing is materialized until the weights are evaluated."""
-    model = Lm(config)
+    model = Lm(config, full_depformer)
     model.set_dtype(dtype)
     if bits is not None:
         quantize_lm(model, bits, group_size)

@@ -378,6 +378,11 @@ class Lm(nn.Module):
         x = self.out_norm(x)
         return x, self.text_linear(x)
 
+    def prefill(self, embeddings: mx.array, ring: KVRing) -> KVRing:
+        """The temporal transformer over the first T inputs at once, given as their summed
+        embeddings (B, T, dim) (`embed`): the `KVRing` as T `step_text`s leave it."""
+        return self.transformer.prefill(embeddings, ring)[1]
+
     def step_text(self, tokens: mx.array, ring: KVRing) -> tuple[mx.array, mx.array]:
         """`forward_text` of one position through a `KVRing`, in `mx.compile`-able form:
         tokens (B, n_q + 1, 1) -> the normed output (B, dim) and the text logits (B, text_card).

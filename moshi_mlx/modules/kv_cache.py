@@ -222,6 +222,30 @@ class KVRing:
         self.values[layer] = self._write(self.values[layer], values)
         return self.keys[layer], self.values[layer]
 
+    def fill(self, layer: int, keys: mx.array, values: mx.array) -> None:
+        """Write the first T positions' keys and values (B, H, T, D) of `layer` into a ring at
+        position 0 with room for them (`grown(T)`); `replaced(..., position + T)` follows
+        once every layer is written."""
+        self.keys[layer] = self._fill(self.keys[layer], keys)
+        self.values[layer] = self._fill(self.values[layer], values)
+
+    def _fill(self, buffer: Buffer, new: mx.array) -> Buffer:
+        start = mx.array([0], mx.int32)
+        if self.quantization is None:
+            return mx.slice_update(buffer, new, start, axes=(2,))
+        packed = [
+            mx.slice_update(part, value, start, axes=(2,))
+            for part, value in zip(buffer[:3], self.quantization.quantize(new))
+        ]
+        # The recent ring keeps the newest positions, position p at slot p % slots.
+        slots, steps = buffer[3].shape[2], new.shape[2]
+        if steps < slots:
+            recent = mx.slice_update(buffer[3], new, start, axes=(2,))
+        else:
+            by_slot = [steps - slots + (s - steps) % slots for s in range(slots)]
+            recent = new[:, :, mx.array(by_slot)]
+        return (*packed, recent)
+
     def advanced(self) -> KVRing:
         """This ring after its step: the updated buffers, at the next position."""
         return self.replaced(self.keys, self.values, self.position + 1)

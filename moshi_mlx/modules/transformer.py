@@ -86,7 +86,7 @@ class Attention(nn.Module):
             keys = self._rope(keys, offset)
         return queries, keys, values
 
-    def _attend(self, queries, keys, values, mask: mx.array | None) -> mx.array:
+    def _attend(self, queries, keys, values, mask: mx.array | str | None) -> mx.array:
         batch, _, steps, _ = queries.shape
         out = mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=self.scale, mask=mask
@@ -97,6 +97,13 @@ class Attention(nn.Module):
         queries, keys, values = self._project(x, cache.offset)
         keys, values, mask = cache.update_and_fetch(keys, values)
         return self._attend(queries, keys, values, mask)
+
+    def prefill(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
+        """The first T positions x (B, T, D) at once through layer `layer` of a `KVRing` at
+        position 0 (causal; T within the context): the same numbers as T `step`s."""
+        queries, keys, values = self._project(x, 0)
+        ring.fill(layer, keys, values)
+        return self._attend(queries, keys, values, "causal")
 
     def step(
         self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
@@ -191,6 +198,10 @@ class TransformerLayer(nn.Module):
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         return self._residuals(x, self.self_attn(self.norm1(x), cache))
 
+    def prefill(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
+        """The first T positions x (B, T, D) through layer `layer` (see `Attention.prefill`)."""
+        return self._residuals(x, self.self_attn.prefill(self.norm1(x), ring, layer))
+
     def step(
         self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
     ) -> mx.array:
@@ -231,6 +242,19 @@ class Transformer(nn.Module):
         cfg = self.cfg
         shape = (batch, cfg.num_heads, cfg.head_dim)
         return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
+
+    def prefill(self, x: mx.array, ring: KVRing) -> tuple[mx.array, KVRing]:
+        """The first T positions x (B, T, D) through all layers at once, from a `KVRing` at
+        position 0: the outputs (B, T, D) and the ring after them, as T `step`s leave them
+        (lazily; T must be less than the context, the ring's capacity is grown to fit)."""
+        steps = x.shape[1]
+        if steps >= self.cfg.context:
+            raise ValueError(f"a prefill of {steps} positions exceeds the context")
+        ring = ring.grown(steps)
+        ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists
+        for index, layer in enumerate(self.layers):
+            x = layer.prefill(x, ring, index)
+        return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
 
     def step(self, x: mx.array, ring: KVRing) -> mx.array:
         """One position x (B, D) through all layers, reading and updating `ring`: the same

@@ -280,9 +280,11 @@ def plan_conversion(
     shapes: Mapping[str, Sequence[int]],
     source: str = "checkpoint",
     num_slices: int | None = None,
+    used_slices: int | None = None,
 ) -> tuple[CheckpointFormat, list[TensorRecipe]]:
     """Detect the naming of a bf16 Moshi LM checkpoint and plan its MLX tensors, with
-    `num_slices` depformer slices if given (see the module docstring), else the file's.
+    `num_slices` depformer slices if given (see the module docstring), else the file's; a
+    repair is noticed only if the caller uses a repaired slice (`used_slices`, default all).
 
     `shapes` maps tensor names to shapes (arrays are not needed). Raises `WeightsError` for
     unknown, duplicated or missing tensors.
@@ -295,7 +297,8 @@ def plan_conversion(
     if duplicated:
         raise WeightsError(f"{source}: several tensors give {name_list(duplicated)}")
     if num_slices is not None:
-        recipes = _with_slices(recipes, num_slices, fmt, source)
+        used = num_slices if used_slices is None else used_slices
+        recipes = _with_slices(recipes, num_slices, fmt, source, used)
     check_complete([r.target for r in recipes], source)
     return fmt, recipes
 
@@ -306,13 +309,14 @@ def _slice_of(target: str) -> int | None:
 
 
 def _with_slices(
-    recipes: list[TensorRecipe], num_slices: int, fmt: CheckpointFormat, source: str
+    recipes: list[TensorRecipe], num_slices: int, fmt: CheckpointFormat, source: str, used: int
 ) -> list[TensorRecipe]:
     """The recipes, with those of depformer slices up to num_slices - 1 that a file stored
     for fewer steps lacks (repeated from earlier steps); slices past it are left to the
     strict load to refuse."""
     # Counted by input projections: an 8-step PyTorch file also embeds step 8's input.
-    stored = len({_slice_of(r.target) for r in recipes if r.target.endswith(".linear_in.weight")})
+    projected = [r.target for r in recipes if r.target.endswith(".linear_in.weight")]
+    stored = len({s for target in projected if (s := _slice_of(target)) is not None})
     if stored >= num_slices:
         return recipes
     if num_slices > 2 * stored:
@@ -331,6 +335,8 @@ def _with_slices(
             copied.append(TensorRecipe(target, recipe.source, recipe.shape, recipe.rows))
             attention = attention or ".self_attn." in target
     steps = f"steps {stored}-{num_slices - 1}"
+    if used <= stored:
+        return recipes + copied
     if attention:
         log.warning(
             "%s: depformer attention weights are stored for %d steps; %s repeat steps 0-%d "
@@ -358,12 +364,15 @@ def convert_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Shape]:
 
 
 def to_mlx_naming(
-    tensors: Mapping[str, mx.array], source: str = "checkpoint", num_slices: int | None = None
+    tensors: Mapping[str, mx.array],
+    source: str = "checkpoint",
+    num_slices: int | None = None,
+    used_slices: int | None = None,
 ) -> dict[str, mx.array]:
     """Lazily convert a Moshi LM state dict in either naming to MLX naming (with
     `num_slices` depformer slices, as `plan_conversion`)."""
     shapes = {name: a.shape for name, a in tensors.items()}
-    _, recipes = plan_conversion(shapes, source, num_slices)
+    _, recipes = plan_conversion(shapes, source, num_slices, used_slices)
     return {r.target: r.apply(tensors[r.source]) for r in recipes}
 
 

@@ -185,9 +185,9 @@ def _model_tensors(
     tensors: dict[str, mx.array], config: LmConfig, full_depformer: bool, source: str
 ) -> dict[str, mx.array]:
     """A checkpoint's tensors in MLX naming, with the depformer slices the model holds."""
-    if in_pytorch_naming(tensors):
-        tensors = to_mlx_naming(tensors, source, config.dep_q)
     num_slices = depformer_slices(config, full_depformer)
+    if in_pytorch_naming(tensors):
+        tensors = to_mlx_naming(tensors, source, config.dep_q, num_slices)
     prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
     return {name: a for name, a in tensors.items() if not name.startswith(prefixes)}
 

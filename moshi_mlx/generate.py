@@ -176,7 +176,7 @@ class StepFunctions:
         current = mx.take(tokens, t % width, axis=1)
         inputs = mx.where(t <= delays, self._initial, current)
 
-        ring = KVRing(keys, values, position, cfg.context, self.kv_quantization)
+        ring = KVRing(keys, values, position, cfg.attention_window, self.kv_quantization)
         temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
         target = (t + 1) % width
         generated, key = self.sample_tokens(
@@ -268,7 +268,7 @@ class LmGen:
         """Allocate the KV ring at its full context now, as it is after `context` steps (it
         otherwise grows in buckets): memory stays flat from the first step, and each step
         attends over the whole ring's slots as late in a conversation."""
-        self._ring = self._ring.grown(self.lm.cfg.context - 1)
+        self._ring = self._ring.grown(self.lm.cfg.attention_window - 1)
 
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
         if not isinstance(user_codes, mx.array):

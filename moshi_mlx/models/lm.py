@@ -277,6 +277,12 @@ class LmConfig:
         return self.generator == "personaplex"
 
     @property
+    def attention_window(self) -> int:
+        """Positions a temporal step attends to. NVIDIA's KV cache (Kyutai's before it was
+        fixed) masks its oldest slot once full, so PersonaPlex was run with `context - 1`."""
+        return self.context - 1 if self.generator == "personaplex" else self.context
+
+    @property
     def user_input_lag(self) -> int:
         """Steps a user frame waits beyond its stream's delay: NVIDIA's generator writes each
         frame one step further ahead than Kyutai's (its first call only fills the token ring)."""
@@ -306,7 +312,7 @@ class LmConfig:
             num_heads=self.num_heads,
             num_layers=self.num_layers,
             ffn_hidden=self.ffn_hidden,
-            context=self.context,
+            context=self.attention_window,
             norm_eps=_NORM_EPS[self.norm],
             positional_embedding=self.positional_embedding,
             max_period=self.max_period,

@@ -37,7 +37,7 @@ class VoicePrompt:
 
 def max_role_tokens(lm: Lm, voice: VoicePrompt) -> int:
     """How many role tokens fit in the context with this voice (the prompt must fit)."""
-    return lm.cfg.context - voice.frames - 2 * SILENCE_FRAMES
+    return lm.cfg.attention_window - voice.frames - 2 * SILENCE_FRAMES
 
 
 def prompt_state(
@@ -53,7 +53,7 @@ def prompt_state(
     if len(role_tokens) > room:
         raise ConfigError(
             f"the role is {len(role_tokens)} tokens long; with this voice ({voice.frames} "
-            f"frames) it may be at most {room} tokens (the model's context is {cfg.context})"
+            f"frames) it may be at most {room} tokens (the model's context is {cfg.attention_window})"
         )
     if voice.codes is not None:
         voice_codes, restored = voice.codes, None

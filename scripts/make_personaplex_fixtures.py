@@ -13,8 +13,8 @@ conversation steps over fixed user codes). It writes to tests/fixtures/personapl
 - config.json: the LM config in Kyutai's config.json keys, plus ours ("user_codebooks": 8,
   "generator": "personaplex"),
 - weights16.safetensors: the LM (bf16) under NVIDIA's PyTorch names, all 16 depformer steps,
-- weights8.safetensors: the same LM cut to 8 depformer steps, as NVIDIA's 8-step checkpoints
-  are (self_attn rows of steps 0-7; no gating/linears/depformer_in 8-15, depformer_emb 8-14);
+- (not kept: the tests cut weights8.safetensors from weights16 by the same rule) the same LM
+  cut to 8 depformer steps, as NVIDIA's 8-step checkpoints are (self_attn rows of steps 0-7; no gating/linears/depformer_in 8-15, depformer_emb 8-14);
   NVIDIA's loader repairs steps 8-15 from 0-7, so golden8's audio logits of steps 8-15 differ
   from golden16's (its tokens and text logits do not: those steps predict the user's codebooks,
   which the user's codes always override),
@@ -348,7 +348,8 @@ def main() -> None:
     model = build_lm()
     state = {name: tensor.to(torch.bfloat16) for name, tensor in model.state_dict().items()}
     save_file(state, str(OUT / "weights16.safetensors"))
-    save_file(eight_step_state(state), str(OUT / "weights8.safetensors"))
+    scratch = Path(tempfile.mkdtemp())
+    save_file(eight_step_state(state), str(scratch / "weights8.safetensors"))
     (OUT / "config.json").write_text(json.dumps(TINY_CONFIG | OUR_KEYS, indent=2) + "\n")
     write_voice(OUT / "voice.wav")
     mimi = load_mimi()
@@ -356,7 +357,7 @@ def main() -> None:
     user_codes = np.random.default_rng(0).integers(0, 64, (STEPS, 8))
 
     for steps in (16, 8):
-        lm, notices = load_lm(OUT / f"weights{steps}.safetensors")
+        lm, notices = load_lm((OUT if steps == 16 else scratch) / f"weights{steps}.safetensors")
         loaded, built = lm.state_dict(), model.state_dict()
         expected = built if steps == 16 else repaired_state(built)
         for name, tensor in expected.items():

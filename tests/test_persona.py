@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 from mlx.utils import tree_flatten
-from tiny_moshi import tiny_personaplex_config, write_tiny_personaplex
+from tiny_moshi import tiny_personaplex_config, write_eight_step_file, write_tiny_personaplex
 
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
@@ -153,31 +153,11 @@ def personaplex_files(tmp_path_factory):
     return write_tiny_personaplex(tmp_path_factory.mktemp("personaplex"))
 
 
-def _eight_step_file(files, folder: Path) -> Path:
-    """The 16-step PyTorch file cut down as NVIDIA's loader expects an 8-step one."""
-    tensors = mx.load(str(files["moshi"]))
-    kept = {}
-    for name, array in tensors.items():
-        parts = name.split(".")
-        if parts[0] in ("linears", "depformer_in") and int(parts[1]) >= 8:
-            continue
-        if parts[0] == "depformer_emb" and int(parts[1]) >= 8:
-            continue
-        if name.startswith("depformer.layers.") and ".gating." in name and int(parts[4]) >= 8:
-            continue
-        if name.startswith("depformer.layers.") and ".self_attn." in name:
-            array = array[: array.shape[0] // 2]
-        kept[name] = array
-    path = folder / "eight.safetensors"
-    mx.save_safetensors(str(path), kept)
-    return path
-
-
 def test_an_8_step_file_is_repaired_as_nvidia_does_with_notices(
     personaplex_files, tmp_path, caplog
 ):
     config = tiny_personaplex_config()
-    path = _eight_step_file(personaplex_files, tmp_path)
+    path = write_eight_step_file(personaplex_files["moshi"], tmp_path / "eight.safetensors")
     with caplog.at_level(logging.WARNING, logger="moshi_mlx.checkpoints"):
         lm = load_lm(path, config, mx.float32, full_depformer=True)
     notices = [r.getMessage() for r in caplog.records]

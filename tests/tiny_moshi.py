@@ -92,6 +92,26 @@ def write_tiny_personaplex(root: Path) -> dict[str, Path]:
     }
 
 
+def write_eight_step_file(sixteen_steps: Path, path: Path) -> Path:
+    """A PersonaPlex file in PyTorch naming cut down to the 8-step files NVIDIA's loader
+    repairs: the depformer's attention rows of steps 0-7, no gating, linears or depformer_in
+    of steps 8-15, no depformer_emb past 7."""
+    import mlx.core as mx
+
+    kept = {}
+    for name, array in mx.load(str(sixteen_steps)).items():
+        parts = name.split(".")
+        if parts[0] in ("linears", "depformer_in", "depformer_emb") and int(parts[1]) >= 8:
+            continue
+        if name.startswith("depformer.layers.") and parts[3] == "gating" and int(parts[4]) >= 8:
+            continue
+        if name.startswith("depformer.layers.") and parts[3] == "self_attn":
+            array = array[: array.shape[0] // 2]
+        kept[name] = array
+    mx.save_safetensors(str(path), kept)
+    return path
+
+
 def write_tiny_moshi(root: Path) -> dict[str, Path]:
     """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE

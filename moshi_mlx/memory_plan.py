@@ -1,7 +1,8 @@
 """How much memory a Moshi model will take, planned before any weight is read.
 
 From the LM config and the files' headers: the LM weights as they will sit in memory (packed
-quantized tensors as stored, floating tensors in the compute dtype), the temporal transformer's
+quantized tensors as stored, floating tensors in the compute dtype; of PersonaPlex's 16-step
+depformer, the 8 slices that are sampled), the temporal transformer's
 KV ring at the full context (optionally quantized), the Mimi codec with its streaming state,
 and the activations of one step. `check_fits` compares the total with what the device can
 hold (on Apple GPUs MLX's recommended working set, on the CPU the RAM the system has free)
@@ -21,7 +22,12 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from moshi_mlx.checkpoints.io import Layout
-from moshi_mlx.checkpoints.lm import compute_dtype, detect_quantization, parameter_count
+from moshi_mlx.checkpoints.lm import (
+    compute_dtype,
+    detect_quantization,
+    loaded_layout,
+    parameter_count,
+)
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -174,6 +180,7 @@ def plan_memory(
     file's header (`lm_layout`, `lm_metadata`, read from `source`); `dtype` defaults to the
     one `load_lm` would choose. `WeightsError` if the file's quantization cannot be read."""
     model = Lm(config)  # lazy: nothing is allocated
+    lm_layout = loaded_layout(lm_layout, config, source)  # e.g. PersonaPlex: 8 of 16 slices
     quantization = detect_quantization(lm_layout, lm_metadata or {}, model, source)
     lm_bits = quantization[0] if quantization else None
     if dtype is None:  # as `load_lm` chooses it

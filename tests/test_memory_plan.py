@@ -225,3 +225,45 @@ def test_kv_bits_flag(tmp_path, tmp_path_factory, capsys):
         LmConfig.moshi_7b(), _manifest_layout("q4"), 0, kv=KVQuantization.of(8)
     ).table()
     assert "KV cache (3000 steps, 8-bit)" in plan
+
+
+def _personaplex_layout() -> dict:
+    """PersonaPlex's published file (nvidia/personaplex-7b-v1) from Kyutai's PyTorch layout:
+    the depformer stored for 16 steps (8 more for the user's codebooks)."""
+    with (MANIFESTS / "moshiko_pytorch_bf16.tsv").open() as file:
+        rows = list(csv.DictReader(file, delimiter="\t"))
+    layout = {r["name"]: tuple(int(d) for d in r["shape"].split(",")) for r in rows}
+    for name, shape in list(layout.items()):
+        parts = name.split(".")
+        if parts[0] in ("depformer_in", "linears") and parts[1] == "0":
+            layout.update({f"{parts[0]}.{k}.weight": shape for k in range(8, 16)})
+        elif parts[0] == "depformer_emb" and parts[1] == "0":  # depformer_emb.k feeds step k + 1
+            layout.update({f"depformer_emb.{k}.weight": shape for k in range(7, 15)})
+        elif name.startswith("depformer.layers.") and parts[3] == "gating" and parts[4] == "0":
+            for k in range(8, 16):
+                layout[name.replace("gating.0.", f"gating.{k}.")] = shape
+        elif name.startswith("depformer.layers.") and parts[3] == "self_attn":
+            layout[name] = (2 * shape[0], *shape[1:])
+    return {name: (shape, mx.bfloat16) for name, shape in layout.items()}
+
+
+def test_personaplex_plans_the_slices_it_samples_and_fits_8_gb_as_moshi():
+    """q4 of group size 64 with a 4-bit KV cache: what the plan advises Moshi on 8 GB."""
+    layout = _personaplex_layout()
+    assert round(sum(np.prod(s) for s, _ in layout.values()) / 1e9, 2) == 8.37  # 16-step file
+    personaplex, moshi = LmConfig.personaplex_7b(), LmConfig.moshi_7b()
+    mimi = codec_bytes("mlx", "unused", 8)
+    plans = [
+        plan_memory(config, file_layout, mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
+        for config, file_layout in ((personaplex, layout), (moshi, _manifest_layout("bf16")))
+    ]
+    assert plans[0].weights == plans[1].weights  # the user's 8 slices are never loaded
+    kv4 = KVQuantization.of(4)
+    for config in (personaplex, moshi):
+        q4 = replace(
+            plans[0],
+            weights=quantized_lm_weight_bytes(config, 4, mx.bfloat16, group_size=64),
+            kv_cache=kv_cache_bytes(config, mx.bfloat16, kv4),
+            kv=kv4,
+        )
+        assert q4.fits, q4.table()

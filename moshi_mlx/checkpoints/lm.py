@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from moshi_mlx.checkpoints.conversion import in_pytorch_naming, to_mlx_naming
+from moshi_mlx.checkpoints.conversion import in_pytorch_naming, plan_conversion, to_mlx_naming
 from moshi_mlx.checkpoints.io import (
     Layout,
     input_major,
@@ -179,6 +179,18 @@ def load_lm(
 def depformer_slices(config: LmConfig, full_depformer: bool = False) -> int:
     """The depformer slices an `Lm` of `config` holds (see `Lm`)."""
     return config.dep_q if full_depformer else config.moshi_codebooks
+
+
+def loaded_layout(layout: Layout, config: LmConfig, source: str = "the LM file") -> Layout:
+    """The names, shapes and dtypes of a file's tensors as `load_lm` keeps them (MLX naming,
+    the depformer slices the model samples), from the file's layout alone."""
+    num_slices = depformer_slices(config)
+    if in_pytorch_naming(layout):
+        shapes = {name: shape for name, (shape, _) in layout.items()}
+        _, recipes = plan_conversion(shapes, source, config.dep_q, num_slices)
+        layout = {r.target: (r.shape, layout[r.source][1]) for r in recipes}
+    prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
+    return {name: entry for name, entry in layout.items() if not name.startswith(prefixes)}
 
 
 def _model_tensors(

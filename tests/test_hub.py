@@ -21,6 +21,8 @@ NAMES = (hub.MIMI_FILE, hub.TOKENIZER_FILE)
         ("kyutai/moshika-mlx-q4", 8, ("kyutai/moshika-mlx-q8", "model.q8.safetensors")),
         ("kyutai/moshika-mlx-bf16", None, ("kyutai/moshika-mlx-bf16", "model.safetensors")),
         ("me/my-moshi", 8, ("me/my-moshi", "model.q8.safetensors")),
+        ("nvidia/personaplex-7b-v1", None, ("nvidia/personaplex-7b-v1", "model.safetensors")),
+        ("nvidia/personaplex-7b-v1", 16, ("nvidia/personaplex-7b-v1", "model.safetensors")),
     ],
 )
 def test_repo_and_lm_file(repo, bits, expected):
@@ -30,6 +32,21 @@ def test_repo_and_lm_file(repo, bits, expected):
 def test_bad_quantize_is_a_config_error():
     with pytest.raises(ConfigError, match="must be 4, 8 or 16"):
         hub.repo_and_lm_file(None, 5)
+
+
+def test_personaplex_publishes_bf16_only():
+    with pytest.raises(ConfigError, match="publishes only bf16 weights: make a q4 file"):
+        hub.repo_and_lm_file("nvidia/personaplex-7b-v1", 4)
+
+
+def test_voices_are_found_beside_the_weights_then_in_the_weights_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(hub.WEIGHTS_ENV, str(tmp_path / "weights"))
+    beside = _touch(tmp_path / "model", ("model.safetensors", hub.VOICES_FILE))
+    files = hub.WeightFiles(beside / "model.safetensors", beside, beside, None)
+    assert hub.resolve_voices(files) == beside / hub.VOICES_FILE
+    (beside / hub.VOICES_FILE).unlink()
+    folder = _touch(tmp_path / "weights", (hub.VOICES_FILE,))
+    assert hub.resolve_voices(files) == folder / hub.VOICES_FILE
 
 
 def _touch(folder, names):

@@ -7,6 +7,7 @@ which uses (and fills) the usual Hugging Face cache.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ class WeightFiles:
     mimi: Path
     tokenizer: Path
     lm_config: Path | None
-    repo: str = DEFAULT_REPO  # the hub repo files not found locally come (or would come) from
+    # The hub repo files not found locally come (or would come) from: not part of equality.
+    repo: str = dataclasses.field(default=DEFAULT_REPO, compare=False)
 
 
 def weights_dir() -> Path:

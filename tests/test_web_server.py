@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -37,6 +42,7 @@ from moshi_mlx.generate import LmGen
 from moshi_mlx.local_web import ssl_context
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
+from moshi_mlx.web.guard import Limits
 from moshi_mlx.web.protocol import Kind
 from moshi_mlx.web.server import ServerConfig
 from moshi_mlx.web.worker import ModelWorker
@@ -75,7 +81,10 @@ def test_the_warm_up_compiles_the_servers_sampling(files):
 
 @pytest.fixture(scope="module")
 def url(server):
-    port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG))
+    # These clients send their audio at once and then wait, where a live one keeps streaming.
+    patient = Limits(client_silence_timeout=120.0)
+    config = ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG, limits=patient)
+    port = server.serve(config)
     return f"ws://127.0.0.1:{port}/api/chat"
 
 
@@ -451,3 +460,180 @@ def test_a_loopback_server_answers_only_loopback_names(server):
 
     # /api/chat without an upgrade is a 400 from the websocket handshake, i.e. it was reached.
     assert _talk(statuses()) == [200, 400, 200, 400, 200, 400, 200, 400, 403, 403]
+
+
+# --- liveness: a client that vanished or froze must not hold the conversation ---------------
+TALKER = Path(__file__).parent / "web_talker.py"
+HANDSHAKE_REQUEST = (
+    "GET /api/chat HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def _masked_frame(payload: bytes) -> bytes:
+    """A binary websocket frame as a client must send it (masked), payload under 64 KiB."""
+    mask = os.urandom(4)
+    length = (
+        bytes([0x80 | len(payload)])
+        if len(payload) < 126
+        else b"\xfe" + len(payload).to_bytes(2, "big")
+    )
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return b"\x82" + length + mask + masked
+
+
+def _next_visitor_converses(url: str, timeout: float = 20.0) -> float:
+    """Connect again and again (a busy server says so within about a second) until a
+    conversation starts; returns when that was (time.monotonic())."""
+
+    async def visit():
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                async with session.ws_connect(url) as ws:
+                    reply = await read_until(ws, Reply(), has_handshake)
+                    if has_handshake(reply):
+                        return time.monotonic()
+        raise AssertionError("no conversation for the next visitor")
+
+    return _talk(visit())
+
+
+def _ended(caplog, after: float) -> list[tuple[float, str]]:
+    """(time.time(), message) of the "conversation ended" lines logged after `after`."""
+    return [
+        (record.created, record.getMessage())
+        for record in caplog.records
+        if "conversation ended" in record.getMessage() and record.created > after
+    ]
+
+
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if text in line:
+            return
+        assert line or process.poll() is None, "the client ended"
+    raise AssertionError(f"no {text!r} from the client")
+
+
+def _lose_a_talker(caplog, url: str, lose, command_prefix=()) -> tuple[float, float, str]:
+    """Start `web_talker.py` on `url`, `lose()` it mid-conversation; returns (seconds until the
+    server logged the conversation's end, seconds until the next visitor conversed, reason)."""
+    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    talker = subprocess.Popen(
+        [*command_prefix, sys.executable, str(TALKER), url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_line(talker, "talking")
+        time.sleep(0.5)
+        lost_wall, lost = time.time(), time.monotonic()
+        lose(talker)
+        conversed = _next_visitor_converses(url) - lost
+        (ended, reason), *_ = _ended(caplog, lost_wall)
+    finally:
+        talker.kill()
+        talker.wait()
+    return ended - lost_wall, conversed, reason
+
+
+@pytest.fixture(scope="module")
+def live_url(server):
+    port = server.serve(ServerConfig(sampling=SamplingConfig()))  # the default limits
+    return f"ws://127.0.0.1:{port}/api/chat"
+
+
+def test_a_frozen_client_is_dropped_and_the_next_visitor_served(live_url, caplog):
+    """SIGSTOP: its kernel still acknowledges our packets, it answers nothing."""
+    detected, conversed, reason = _lose_a_talker(
+        caplog, live_url, lambda talker: talker.send_signal(signal.SIGSTOP)
+    )
+    print(f"\nfrozen client: dropped after {detected:.1f} s, next visitor in {conversed:.1f} s")
+    assert "no pong" in reason and detected < 5.0 and conversed < 10.0, (detected, reason)
+
+
+def test_a_client_that_stops_reading_and_answering_is_dropped(server, live_url, caplog):
+    """What a half-open peer looks like to the server: the handshake, audio, then nothing."""
+    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    host = live_url.split("/")[2]
+    pages = ogg_pages(np.zeros(FRAME * 10, np.float32))
+    with socket.create_connection(tuple(host.split(":"))) as peer:
+        peer.sendall(HANDSHAKE_REQUEST.format(host=host).encode())
+        assert b"101 Switching Protocols" in peer.recv(1024)
+        for page in pages:
+            peer.sendall(_masked_frame(protocol.audio(page)))
+            time.sleep(0.08)
+        lost_wall, lost = time.time(), time.monotonic()  # from now on: silence, no reads
+        conversed = _next_visitor_converses(live_url) - lost
+    (ended, reason), *_ = _ended(caplog, lost_wall)
+    print(
+        f"\nsilent peer: dropped after {ended - lost_wall:.1f} s, next visitor in {conversed:.1f} s"
+    )
+    assert "no pong" in reason and ended - lost_wall < 5.0 and conversed < 10.0, reason
+
+
+def _namespace_missing_reason() -> str | None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return "needs root and iproute2 (ip netns)"
+    name = f"moshi-probe-{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
+    if probe.returncode != 0:
+        return f"cannot make a network namespace: {probe.stderr.decode().strip()}"
+    subprocess.run(["ip", "netns", "del", name], check=False)
+    return None
+
+
+@pytest.fixture
+def namespace():
+    """A network namespace joined to ours by a veth pair: (name, our address, its link)."""
+    reason = _namespace_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    name, ours, theirs = f"moshi-{os.getpid()}", f"mh{os.getpid()}", f"mc{os.getpid()}"
+    subnet = f"10.213.{os.getpid() % 250}"
+
+    def ip(*args, inside=False):
+        prefix = ["ip", "netns", "exec", name] if inside else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True)
+
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", ours, "type", "veth", "peer", "name", theirs)
+        ip("link", "set", theirs, "netns", name)
+        ip("addr", "add", f"{subnet}.1/24", "dev", ours)
+        ip("link", "set", ours, "up")
+        ip("addr", "add", f"{subnet}.2/24", "dev", theirs, inside=True)
+        ip("link", "set", theirs, "up", inside=True)
+        ip("link", "set", "lo", "up", inside=True)
+        yield name, f"{subnet}.1", lambda: ip("link", "set", theirs, "down", inside=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)  # takes the veth pair along
+
+
+def test_a_client_whose_network_vanishes_is_dropped(server, namespace, caplog):
+    """A real half-open connection: the client's link goes down without a FIN or RST."""
+    name, address, pull_the_cable = namespace
+    port = server.serve(ServerConfig(sampling=SamplingConfig()), host=address)
+    url = f"ws://{address}:{port}/api/chat"
+    detected, conversed, reason = _lose_a_talker(
+        caplog, url, lambda _talker: pull_the_cable(), ("ip", "netns", "exec", name)
+    )
+    print(f"\nhalf-open client: dropped after {detected:.1f} s, next visitor in {conversed:.1f} s")
+    assert "no pong" in reason and detected < 5.0 and conversed < 10.0, (detected, reason)
+
+
+def test_a_client_that_answers_pings_but_sends_no_audio_is_told_why(server):
+    port = server.serve(
+        ServerConfig(sampling=SamplingConfig(), limits=Limits(client_silence_timeout=1.0))
+    )
+
+    async def silent():
+        url = f"ws://127.0.0.1:{port}/api/chat"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            return await read_until(ws, Reply(), lambda r: False, 10)
+
+    started = time.monotonic()
+    reply = _talk(silent())
+    assert reply.closed and reply.error == "no audio from the client for 1 s", reply.error
+    assert time.monotonic() - started < 4.0

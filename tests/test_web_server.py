@@ -4,6 +4,7 @@ protocol, equality with the offline API, bad inputs, busy, disconnects, origin, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -351,6 +352,27 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
         assert status in (403, 404) and "do not serve" not in body, path
 
 
+def test_static_symlinks_are_served_only_when_they_point_inside_the_folder(server, tmp_path):
+    static = tmp_path / "dist"
+    static.mkdir()
+    (static / "app.js").write_text("// js")
+    (static / "alias.js").symlink_to(static / "app.js")
+    (tmp_path / "secret.txt").write_text("do not serve")
+    (static / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (static / "index.html").symlink_to(tmp_path / "secret.txt")
+    port = server.serve(ServerConfig(sampling=SamplingConfig(), static_dir=static))
+
+    async def fetch(path):
+        page = f"http://127.0.0.1:{port}{path}"
+        async with aiohttp.ClientSession() as session, session.get(page) as response:
+            return response.status, await response.text()
+
+    assert _talk(fetch("/alias.js")) == (200, "// js")
+    for path in ("/leak.txt", "/", "/index.html"):
+        status, body = _talk(fetch(path))
+        assert status == 404 and "do not serve" not in body, path
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
     subprocess.run(
@@ -386,29 +408,37 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
     assert "Moshi" in page and has_handshake(reply)
 
 
-def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
+@contextlib.contextmanager
+def _local_web(files, tmp_path, *flags, descriptors: int | None = None):
+    """`python -m moshi_mlx.local_web` on 127.0.0.1 (with `descriptors` as its `ulimit -n`),
+    once ready; yields (process, port, log path)."""
     port = free_port()
     log = tmp_path / "server.log"
+    command = tiny_moshi_command(
+        "moshi_mlx.local_web", files, "--host", "127.0.0.1", "--port", port, "--no-browser", *flags
+    )
+    if descriptors is not None:
+        command = ["prlimit", f"--nofile={descriptors}:{descriptors}", *command]
     with open(log, "wb") as out:
-        command = subprocess.Popen(
-            tiny_moshi_command(
-                "moshi_mlx.local_web",
-                files,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--no-browser",
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        command = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while "ready: open" not in log.read_text():
             assert command.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        pages = ogg_pages(_speech(tmp_path, 3.0))
+        yield command, port, log
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_mid_conversation_ends_the_command_promptly(files, tmp_path, stop):
+    """SIGTERM (launchd's and systemd's way to stop a service) acts as Ctrl-C: the client's
+    websocket is closed with 1001 (going away), the command says so and exits 130."""
+    pages = ogg_pages(_speech(tmp_path, 3.0))
+    with _local_web(files, tmp_path) as (command, port, log):
 
         async def talk_then_interrupt():
             url = f"ws://127.0.0.1:{port}/api/chat"
@@ -419,18 +449,19 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
                     await asyncio.sleep(0.08)  # one page holds 80 ms
                 await read_until(ws, reply, lambda r: len(r.audio) >= 2)
                 interrupted = time.monotonic()
-                command.send_signal(signal.SIGINT)  # while steps are queued or running
-                await asyncio.get_running_loop().run_in_executor(None, command.wait, 30)
-                return time.monotonic() - interrupted
+                command.send_signal(stop)  # while steps are queued or running
+                exited = asyncio.get_running_loop().run_in_executor(None, command.wait, 30)
+                await asyncio.gather(read_until(ws, reply, lambda r: False), exited)
+                return time.monotonic() - interrupted, reply.closed, ws.close_code
 
-        seconds = _talk(talk_then_interrupt())
-    finally:
-        if command.poll() is None:
-            command.kill()
-            command.wait()
+        seconds, closed, close_code = _talk(talk_then_interrupt())
     output = log.read_text()
     assert command.returncode == 130 and "interrupted" in output, output
     assert "Traceback" not in output and seconds < 3.0, (seconds, output)
+    assert closed and close_code == aiohttp.WSCloseCode.GOING_AWAY, close_code
+    assert "conversation ended: the server is stopping" in output, output
+    if stop == signal.SIGTERM:
+        assert "SIGTERM: stopping as on Ctrl-C" in output
 
 
 def test_a_loopback_server_answers_only_loopback_names(server):
@@ -637,3 +668,75 @@ def test_a_client_that_answers_pings_but_sends_no_audio_is_told_why(server):
     reply = _talk(silent())
     assert reply.closed and reply.error == "no audio from the client for 1 s", reply.error
     assert time.monotonic() - started < 4.0
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
+def test_under_ulimit_256_hundreds_of_idle_connections_and_a_flood_leave_room_and_a_small_log(
+    files, tmp_path
+):
+    """300 idle connections (held: a long --header-timeout), then 1000 malformed requests and
+    300 more connections, against a server whose descriptor limit is 256: a visitor still
+    gets the page and a conversation, the log stays a few summary lines."""
+    with _local_web(files, tmp_path, "--header-timeout", "60", descriptors=256) as (
+        command,
+        port,
+        log,
+    ):
+        assert "at most 192 connections" in log.read_text()
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        time.sleep(0.5)
+        descriptors = len(os.listdir(f"/proc/{command.pid}/fd"))
+
+        async def visit():
+            base = f"127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as session:
+                started = time.monotonic()
+                async with session.get(f"http://{base}/") as response:
+                    page = response.status, time.monotonic() - started
+                async with session.ws_connect(f"ws://{base}/api/chat") as ws:
+                    reply = await read_until(ws, Reply(), has_handshake, 10)
+                    for page_bytes in ogg_pages(np.zeros(FRAME * 6, np.float32)):
+                        await ws.send_bytes(protocol.audio(page_bytes))
+                    await read_until(ws, reply, lambda r: len(r.audio) >= 2, 20)
+            return page, reply
+
+        (status, seconds), reply = _talk(visit())
+        held = sum(_still_open(sock) for sock in idle)
+
+        async def flood():
+            for n in range(1000):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET / HTTP/1.1\r\nBad Header %d\r\n\r\n" % n)
+                await reader.read()
+                writer.close()
+
+        _talk(flood())
+        idle += [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        time.sleep(0.5)
+        command.send_signal(signal.SIGTERM)
+        command.wait(30)
+        for sock in idle:
+            sock.close()
+    output = log.read_text()
+    print(
+        f"\nulimit -n 256: {held} of 300 idle connections held while GET / took {seconds:.3f} s "
+        f"and a conversation ran; {descriptors} descriptors open; log {len(output)} bytes:\n"
+        + output
+    )
+    assert status == 200 and has_handshake(reply) and len(reply.audio) >= 2
+    assert 150 < held < 192 and descriptors < 256, (held, descriptors)
+    assert "1000 malformed requests from 1 address" in output, output
+    assert "idle connections closed to make room (at most 192 connections)" in output
+    assert "Traceback" not in output and len(output) < 4000, output
+    assert command.returncode == 130
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """The server has not closed `sock` (nothing to read, no end of stream)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionError:
+        return False

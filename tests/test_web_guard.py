@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import socket
 import subprocess
 import sys
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -232,3 +234,48 @@ def test_the_connection_cap_fits_the_descriptor_limit():
 
     assert run(256, 256) == ["192", "256", "256"]
     assert run(256, 4096) == ["256", "320", "320"]
+
+
+SERVE_AT_64_DESCRIPTORS = """
+import asyncio, resource, sys
+from test_web_guard import guarded
+from moshi_mlx.web.guard import Limits
+
+async def main():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    async with guarded(Limits(max_connections=1000)) as (port, _guard, summary):
+        print(port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    print(summary.getvalue(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_out_of_descriptors_the_accept_loop_waits_and_counts():
+    """A cap above the descriptor limit (as if other files took them): accepting fails with
+    EMFILE; the guard counts it, retries each second and serves again once some close."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE_AT_64_DESCRIPTORS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
+    try:
+        port = int(server.stdout.readline())
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+        time.sleep(1.5)
+        for client in clients[:60]:
+            client.close()
+        status = asyncio.run(asyncio.wait_for(_get(port), 10))
+        for client in clients[60:]:
+            client.close()
+        out, err = server.communicate("stop\n", timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert status == 200
+    assert "failed accepts (EMFILE)" in out, out
+    assert "Traceback" not in err and len(err) < 1000, err

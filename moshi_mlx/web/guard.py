@@ -198,13 +198,14 @@ class _TallyFilter(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, HttpProcessingError):
             # aiohttp's "Error handling request from %s": the client's bytes were not HTTP.
-            address = str(record.args[0]) if isinstance(record.args, tuple) else None
-            self._tally.count("malformed requests", address)
+            args = record.args if isinstance(record.args, tuple) else ()
+            self._tally.count("malformed requests", str(args[0]) if args else None)
             return False
         if isinstance(error, OSError):
             self._tally.count(f"connection errors ({type(error).__name__})")
             return False
-        return self._tally.first(f"more log messages like {str(record.msg).splitlines()[0]!r}")
+        first_line = next(iter(str(record.msg).splitlines()), "")
+        return self._tally.first(f"more log messages like {first_line!r}")
 
 
 class _GuardedConnection(asyncio.Protocol):
@@ -223,7 +224,7 @@ class _GuardedConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.opened_at = time.monotonic()
-        self._guard._connections[transport] = self
+        self._guard._connections[transport] = self  # the newest is the last to be evicted
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -306,12 +307,11 @@ class ConnectionGuard:
         self.tally.quiet_noisy_loggers()
         return listeners
 
-    async def _stop(self, listeners: list[socket.socket]) -> None:
+    async def _stop(self) -> None:
+        """Stop accepting (the site closes the listening sockets) and log the last summary."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for listener in listeners:
-            listener.close()
         self.tally.flush()
         self.tally.restore_noisy_loggers()
 
@@ -431,7 +431,7 @@ class GuardedSite(web.BaseSite):
 
     async def stop(self) -> None:
         if self._server is not None:
-            await self._guard._stop(self._server.sockets)
+            await self._guard._stop()
         await super().stop()
 
 

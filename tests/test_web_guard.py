@@ -93,7 +93,7 @@ def test_requests_must_arrive_within_the_header_timeout():
         return closed, status, summary.getvalue()
 
     closed, status, summary = asyncio.run(scenario())
-    assert all(1.0 <= seconds < 2.0 for seconds in closed), closed
+    assert all(1.0 <= seconds < 3.0 for seconds in closed), closed
     assert status == 200
     assert "2 connections closed for sending no request within 1 s from 1 address" in summary
 
@@ -110,7 +110,7 @@ def test_idle_keep_alive_connections_close_after_the_idle_timeout():
             writer.write(b"GET / HTTP/1.1\r\n")  # a second request that never completes
             return await _closed_after(reader, served, 5)
 
-    assert 1.0 <= asyncio.run(scenario()) < 2.5
+    assert 1.0 <= asyncio.run(scenario()) < 3.5
 
 
 def test_at_the_cap_the_longest_idle_connection_makes_room():

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -725,7 +726,9 @@ def test_under_ulimit_256_hundreds_of_idle_connections_and_a_flood_leave_room_an
     )
     assert status == 200 and has_handshake(reply) and len(reply.audio) >= 2
     assert 150 < held < 192 and descriptors < 256, (held, descriptors)
-    assert "1000 malformed requests from 1 address" in output, output
+    # The summaries come every 10 s: on a busy machine the flood spans two of them.
+    malformed = re.findall(r"(\d+) malformed requests from 1 address", output)
+    assert sum(map(int, malformed)) == 1000, output
     assert "idle connections closed to make room (at most 192 connections)" in output
     assert "Traceback" not in output and len(output) < 4000, output
     assert command.returncode == 130

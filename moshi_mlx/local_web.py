@@ -17,9 +17,8 @@ import sys
 import threading
 import webbrowser
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-
-from aiohttp import web
 
 from moshi_mlx.cli import (
     add_max_lag_arg,
@@ -32,7 +31,15 @@ from moshi_mlx.cli import (
     sampling_from_args,
 )
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.web.server import PAGE_DIR, ServerConfig, create_app, is_loopback
+from moshi_mlx.web.guard import (
+    ConnectionGuard,
+    EventTally,
+    add_limit_args,
+    fit_to_descriptor_limit,
+    limits_from_args,
+    stop_on_sigterm,
+)
+from moshi_mlx.web.server import PAGE_DIR, ServerConfig, create_app, is_loopback, log
 from moshi_mlx.web.worker import ModelWorker
 
 
@@ -63,6 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="conversations at once; more connections are told the server is busy",
     )
+    add_limit_args(server)
     add_model_args(parser)
     return parser.parse_args(argv)
 
@@ -101,6 +109,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_conversations=args.max_conversations,
         static_dir=static_dir.resolve(),
         loopback_only=is_loopback(args.host),
+        limits=limits_from_args(args),
     )
 
 
@@ -109,13 +118,24 @@ def _say(message: str) -> None:
 
 
 async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
+    stop_on_sigterm()
     config = server_config(args)
     context = ssl_context(args.ssl) if args.ssl else None
+    limits, descriptors = fit_to_descriptor_limit(config.limits)
+    if limits.max_connections < config.limits.max_connections:
+        _say(
+            f"at most {limits.max_connections} connections: the process may open "
+            f"{descriptors} files (ulimit -n)"
+        )
+    config = replace(config, limits=limits)
     worker = ModelWorker(lambda: load_model(args), config.sampling)
-    runner = web.AppRunner(create_app(worker, config), access_log=None, shutdown_timeout=0.5)
+    guard = ConnectionGuard(limits, EventTally(log))
+    runner = guard.app_runner(
+        create_app(worker, config, guard), access_log=None, shutdown_timeout=0.5
+    )
     await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port, ssl_context=context).start()
+        await guard.site(runner, args.host, args.port, context).start()
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None

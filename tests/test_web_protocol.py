@@ -134,6 +134,10 @@ def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         (["--static", "{tmp}"], "no index.html in that folder"),
         (["--max-lag", "0"], "--max-lag must be > 0"),
         (["--max-conversations", "0"], "--max-conversations must be >= 1"),
+        (["--max-connections", "0"], "--max-connections must be >= 1"),
+        (["--header-timeout", "0"], "--header-timeout must be > 0 seconds"),
+        (["--idle-timeout", "-1"], "--idle-timeout must be > 0 seconds"),
+        (["--client-silence-timeout", "nan"], "--client-silence-timeout must be > 0 seconds"),
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path, flags, message):

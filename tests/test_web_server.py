@@ -4,12 +4,19 @@ protocol, equality with the offline API, bad inputs, busy, disconnects, origin, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -37,6 +44,7 @@ from moshi_mlx.generate import LmGen
 from moshi_mlx.local_web import ssl_context
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
+from moshi_mlx.web.guard import Limits
 from moshi_mlx.web.protocol import Kind
 from moshi_mlx.web.server import ServerConfig
 from moshi_mlx.web.worker import ModelWorker
@@ -75,7 +83,10 @@ def test_the_warm_up_compiles_the_servers_sampling(files):
 
 @pytest.fixture(scope="module")
 def url(server):
-    port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG))
+    # These clients send their audio at once and then wait, where a live one keeps streaming.
+    patient = Limits(client_silence_timeout=120.0)
+    config = ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG, limits=patient)
+    port = server.serve(config)
     return f"ws://127.0.0.1:{port}/api/chat"
 
 
@@ -342,6 +353,27 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
         assert status in (403, 404) and "do not serve" not in body, path
 
 
+def test_static_symlinks_are_served_only_when_they_point_inside_the_folder(server, tmp_path):
+    static = tmp_path / "dist"
+    static.mkdir()
+    (static / "app.js").write_text("// js")
+    (static / "alias.js").symlink_to(static / "app.js")
+    (tmp_path / "secret.txt").write_text("do not serve")
+    (static / "leak.txt").symlink_to(tmp_path / "secret.txt")
+    (static / "index.html").symlink_to(tmp_path / "secret.txt")
+    port = server.serve(ServerConfig(sampling=SamplingConfig(), static_dir=static))
+
+    async def fetch(path):
+        page = f"http://127.0.0.1:{port}{path}"
+        async with aiohttp.ClientSession() as session, session.get(page) as response:
+            return response.status, await response.text()
+
+    assert _talk(fetch("/alias.js")) == (200, "// js")
+    for path in ("/leak.txt", "/", "/index.html"):
+        status, body = _talk(fetch(path))
+        assert status == 404 and "do not serve" not in body, path
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
     subprocess.run(
@@ -377,29 +409,37 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
     assert "Moshi" in page and has_handshake(reply)
 
 
-def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
+@contextlib.contextmanager
+def _local_web(files, tmp_path, *flags, descriptors: int | None = None):
+    """`python -m moshi_mlx.local_web` on 127.0.0.1 (with `descriptors` as its `ulimit -n`),
+    once ready; yields (process, port, log path)."""
     port = free_port()
     log = tmp_path / "server.log"
+    command = tiny_moshi_command(
+        "moshi_mlx.local_web", files, "--host", "127.0.0.1", "--port", port, "--no-browser", *flags
+    )
+    if descriptors is not None:
+        command = ["prlimit", f"--nofile={descriptors}:{descriptors}", *command]
     with open(log, "wb") as out:
-        command = subprocess.Popen(
-            tiny_moshi_command(
-                "moshi_mlx.local_web",
-                files,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--no-browser",
-            ),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        command = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while "ready: open" not in log.read_text():
             assert command.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        pages = ogg_pages(_speech(tmp_path, 3.0))
+        yield command, port, log
+    finally:
+        if command.poll() is None:
+            command.kill()
+            command.wait()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_mid_conversation_ends_the_command_promptly(files, tmp_path, stop):
+    """SIGTERM (launchd's and systemd's way to stop a service) acts as Ctrl-C: the client's
+    websocket is closed with 1001 (going away), the command says so and exits 130."""
+    pages = ogg_pages(_speech(tmp_path, 3.0))
+    with _local_web(files, tmp_path) as (command, port, log):
 
         async def talk_then_interrupt():
             url = f"ws://127.0.0.1:{port}/api/chat"
@@ -410,18 +450,19 @@ def test_ctrl_c_mid_conversation_ends_the_command_promptly(files, tmp_path):
                     await asyncio.sleep(0.08)  # one page holds 80 ms
                 await read_until(ws, reply, lambda r: len(r.audio) >= 2)
                 interrupted = time.monotonic()
-                command.send_signal(signal.SIGINT)  # while steps are queued or running
-                await asyncio.get_running_loop().run_in_executor(None, command.wait, 30)
-                return time.monotonic() - interrupted
+                command.send_signal(stop)  # while steps are queued or running
+                exited = asyncio.get_running_loop().run_in_executor(None, command.wait, 30)
+                await asyncio.gather(read_until(ws, reply, lambda r: False), exited)
+                return time.monotonic() - interrupted, reply.closed, ws.close_code
 
-        seconds = _talk(talk_then_interrupt())
-    finally:
-        if command.poll() is None:
-            command.kill()
-            command.wait()
+        seconds, closed, close_code = _talk(talk_then_interrupt())
     output = log.read_text()
     assert command.returncode == 130 and "interrupted" in output, output
     assert "Traceback" not in output and seconds < 3.0, (seconds, output)
+    assert closed and close_code == aiohttp.WSCloseCode.GOING_AWAY, close_code
+    assert "conversation ended: the server is stopping" in output, output
+    if stop == signal.SIGTERM:
+        assert "SIGTERM: stopping as on Ctrl-C" in output
 
 
 def test_a_loopback_server_answers_only_loopback_names(server):
@@ -451,3 +492,254 @@ def test_a_loopback_server_answers_only_loopback_names(server):
 
     # /api/chat without an upgrade is a 400 from the websocket handshake, i.e. it was reached.
     assert _talk(statuses()) == [200, 400, 200, 400, 200, 400, 200, 400, 403, 403]
+
+
+# --- liveness: a client that vanished or froze must not hold the conversation ---------------
+TALKER = Path(__file__).parent / "web_talker.py"
+HANDSHAKE_REQUEST = (
+    "GET /api/chat HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def _masked_frame(payload: bytes) -> bytes:
+    """A binary websocket frame as a client must send it (masked), payload under 64 KiB."""
+    mask = os.urandom(4)
+    length = (
+        bytes([0x80 | len(payload)])
+        if len(payload) < 126
+        else b"\xfe" + len(payload).to_bytes(2, "big")
+    )
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return b"\x82" + length + mask + masked
+
+
+def _next_visitor_converses(url: str, timeout: float = 20.0) -> float:
+    """Connect again and again (a busy server says so within about a second) until a
+    conversation starts; returns when that was (time.monotonic())."""
+
+    async def visit():
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                async with session.ws_connect(url) as ws:
+                    reply = await read_until(ws, Reply(), has_handshake)
+                    if has_handshake(reply):
+                        return time.monotonic()
+        raise AssertionError("no conversation for the next visitor")
+
+    return _talk(visit())
+
+
+def _ended(caplog, after: float) -> list[tuple[float, str]]:
+    """(time.time(), message) of the "conversation ended" lines logged after `after`."""
+    return [
+        (record.created, record.getMessage())
+        for record in caplog.records
+        if "conversation ended" in record.getMessage() and record.created > after
+    ]
+
+
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if text in line:
+            return
+        assert line or process.poll() is None, "the client ended"
+    raise AssertionError(f"no {text!r} from the client")
+
+
+def _lose_a_talker(caplog, url: str, lose, command_prefix=()) -> tuple[float, float, str]:
+    """Start `web_talker.py` on `url`, `lose()` it mid-conversation; returns (seconds until the
+    server logged the conversation's end, seconds until the next visitor conversed, reason)."""
+    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    talker = subprocess.Popen(
+        [*command_prefix, sys.executable, str(TALKER), url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_line(talker, "talking")
+        time.sleep(0.5)
+        lost_wall, lost = time.time(), time.monotonic()
+        lose(talker)
+        conversed = _next_visitor_converses(url) - lost
+        (ended, reason), *_ = _ended(caplog, lost_wall)
+    finally:
+        talker.kill()
+        talker.wait()
+    return ended - lost_wall, conversed, reason
+
+
+@pytest.fixture(scope="module")
+def live_url(server):
+    port = server.serve(ServerConfig(sampling=SamplingConfig()))  # the default limits
+    return f"ws://127.0.0.1:{port}/api/chat"
+
+
+def test_a_frozen_client_is_dropped_and_the_next_visitor_served(live_url, caplog):
+    """SIGSTOP: its kernel still acknowledges our packets, it answers nothing."""
+    detected, conversed, reason = _lose_a_talker(
+        caplog, live_url, lambda talker: talker.send_signal(signal.SIGSTOP)
+    )
+    print(f"\nfrozen client: dropped after {detected:.1f} s, next visitor in {conversed:.1f} s")
+    assert "no pong" in reason and detected < 5.0 and conversed < 10.0, (detected, reason)
+
+
+def test_a_client_that_stops_reading_and_answering_is_dropped(server, live_url, caplog):
+    """What a half-open peer looks like to the server: the handshake, audio, then nothing."""
+    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    host = live_url.split("/")[2]
+    pages = ogg_pages(np.zeros(FRAME * 10, np.float32))
+    with socket.create_connection(tuple(host.split(":"))) as peer:
+        peer.sendall(HANDSHAKE_REQUEST.format(host=host).encode())
+        assert b"101 Switching Protocols" in peer.recv(1024)
+        for page in pages:
+            peer.sendall(_masked_frame(protocol.audio(page)))
+            time.sleep(0.08)
+        lost_wall, lost = time.time(), time.monotonic()  # from now on: silence, no reads
+        conversed = _next_visitor_converses(live_url) - lost
+    (ended, reason), *_ = _ended(caplog, lost_wall)
+    print(
+        f"\nsilent peer: dropped after {ended - lost_wall:.1f} s, next visitor in {conversed:.1f} s"
+    )
+    assert "no pong" in reason and ended - lost_wall < 5.0 and conversed < 10.0, reason
+
+
+def _namespace_missing_reason() -> str | None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return "needs root and iproute2 (ip netns)"
+    name = f"moshi-probe-{os.getpid()}"
+    probe = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
+    if probe.returncode != 0:
+        return f"cannot make a network namespace: {probe.stderr.decode().strip()}"
+    subprocess.run(["ip", "netns", "del", name], check=False)
+    return None
+
+
+@pytest.fixture
+def namespace():
+    """A network namespace joined to ours by a veth pair: (name, our address, its link)."""
+    reason = _namespace_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    name, ours, theirs = f"moshi-{os.getpid()}", f"mh{os.getpid()}", f"mc{os.getpid()}"
+    subnet = f"10.213.{os.getpid() % 250}"
+
+    def ip(*args, inside=False):
+        prefix = ["ip", "netns", "exec", name] if inside else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True)
+
+    ip("netns", "add", name)
+    try:
+        ip("link", "add", ours, "type", "veth", "peer", "name", theirs)
+        ip("link", "set", theirs, "netns", name)
+        ip("addr", "add", f"{subnet}.1/24", "dev", ours)
+        ip("link", "set", ours, "up")
+        ip("addr", "add", f"{subnet}.2/24", "dev", theirs, inside=True)
+        ip("link", "set", theirs, "up", inside=True)
+        ip("link", "set", "lo", "up", inside=True)
+        yield name, f"{subnet}.1", lambda: ip("link", "set", theirs, "down", inside=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)  # takes the veth pair along
+
+
+def test_a_client_whose_network_vanishes_is_dropped(server, namespace, caplog):
+    """A real half-open connection: the client's link goes down without a FIN or RST."""
+    name, address, pull_the_cable = namespace
+    port = server.serve(ServerConfig(sampling=SamplingConfig()), host=address)
+    url = f"ws://{address}:{port}/api/chat"
+    detected, conversed, reason = _lose_a_talker(
+        caplog, url, lambda _talker: pull_the_cable(), ("ip", "netns", "exec", name)
+    )
+    print(f"\nhalf-open client: dropped after {detected:.1f} s, next visitor in {conversed:.1f} s")
+    assert "no pong" in reason and detected < 5.0 and conversed < 10.0, (detected, reason)
+
+
+def test_a_client_that_answers_pings_but_sends_no_audio_is_told_why(server):
+    port = server.serve(
+        ServerConfig(sampling=SamplingConfig(), limits=Limits(client_silence_timeout=1.0))
+    )
+
+    async def silent():
+        url = f"ws://127.0.0.1:{port}/api/chat"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            return await read_until(ws, Reply(), lambda r: False, 10)
+
+    started = time.monotonic()
+    reply = _talk(silent())
+    assert reply.closed and reply.error == "no audio from the client for 1 s", reply.error
+    assert time.monotonic() - started < 4.0
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
+def test_under_ulimit_256_hundreds_of_idle_connections_and_a_flood_leave_room_and_a_small_log(
+    files, tmp_path
+):
+    """300 idle connections (held: a long --header-timeout), then 1000 malformed requests and
+    300 more connections, against a server whose descriptor limit is 256: a visitor still
+    gets the page and a conversation, the log stays a few summary lines."""
+    with _local_web(files, tmp_path, "--header-timeout", "60", descriptors=256) as (
+        command,
+        port,
+        log,
+    ):
+        assert "at most 192 connections" in log.read_text()
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        time.sleep(0.5)
+        descriptors = len(os.listdir(f"/proc/{command.pid}/fd"))
+
+        async def visit():
+            base = f"127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as session:
+                started = time.monotonic()
+                async with session.get(f"http://{base}/") as response:
+                    page = response.status, time.monotonic() - started
+                async with session.ws_connect(f"ws://{base}/api/chat") as ws:
+                    reply = await read_until(ws, Reply(), has_handshake, 10)
+                    for page_bytes in ogg_pages(np.zeros(FRAME * 6, np.float32)):
+                        await ws.send_bytes(protocol.audio(page_bytes))
+                    await read_until(ws, reply, lambda r: len(r.audio) >= 2, 20)
+            return page, reply
+
+        (status, seconds), reply = _talk(visit())
+        held = sum(_still_open(sock) for sock in idle)
+
+        async def flood():
+            for n in range(1000):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET / HTTP/1.1\r\nBad Header %d\r\n\r\n" % n)
+                await reader.read()
+                writer.close()
+
+        _talk(flood())
+        idle += [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        time.sleep(0.5)
+        command.send_signal(signal.SIGTERM)
+        command.wait(30)
+        for sock in idle:
+            sock.close()
+    output = log.read_text()
+    print(
+        f"\nulimit -n 256: {held} of 300 idle connections held while GET / took {seconds:.3f} s "
+        f"and a conversation ran; {descriptors} descriptors open; log {len(output)} bytes:\n"
+        + output
+    )
+    assert status == 200 and has_handshake(reply) and len(reply.audio) >= 2
+    assert 150 < held < 192 and descriptors < 256, (held, descriptors)
+    # The summaries come every 10 s: on a busy machine the flood spans two of them.
+    malformed = re.findall(r"(\d+) malformed requests from 1 address", output)
+    assert sum(map(int, malformed)) == 1000, output
+    assert "idle connections closed to make room (at most 192 connections)" in output
+    assert "Traceback" not in output and len(output) < 4000, output
+    assert command.returncode == 130
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """The server has not closed `sock` (nothing to read, no end of stream)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionError:
+        return False

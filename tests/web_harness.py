@@ -12,7 +12,8 @@ import sphn
 from aiohttp import web
 
 from moshi_mlx.web import protocol
-from moshi_mlx.web.server import ServerConfig, create_app
+from moshi_mlx.web.guard import ConnectionGuard, EventTally
+from moshi_mlx.web.server import ServerConfig, create_app, log
 from moshi_mlx.web.worker import ModelWorker
 
 FRAME = 1920
@@ -34,20 +35,23 @@ class ServerThread:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._runners: list[web.AppRunner] = []
+        self.guards: dict[int, ConnectionGuard] = {}  # by port
 
-    def serve(self, config: ServerConfig, ssl_context=None) -> int:
-        """Start a site with `config` on a free localhost port; returns the port."""
+    def serve(self, config: ServerConfig, ssl_context=None, host: str = "127.0.0.1") -> int:
+        """Start a site with `config` on a free port of `host`; returns the port."""
         return asyncio.run_coroutine_threadsafe(
-            self._serve(config, ssl_context), self._loop
+            self._serve(config, ssl_context, host), self._loop
         ).result(30)
 
-    async def _serve(self, config: ServerConfig, ssl_context) -> int:
-        runner = web.AppRunner(create_app(self.worker, config), access_log=None)
+    async def _serve(self, config: ServerConfig, ssl_context, host: str) -> int:
+        guard = ConnectionGuard(config.limits, EventTally(log))
+        runner = guard.app_runner(create_app(self.worker, config, guard), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
+        await guard.site(runner, host, 0, ssl_context).start()
         self._runners.append(runner)
-        return runner.addresses[0][1]
+        port = runner.addresses[0][1]
+        self.guards[port] = guard
+        return port
 
     def close(self) -> None:
         async def cleanup():

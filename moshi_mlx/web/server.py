@@ -1,7 +1,8 @@
 """The HTTP side: our page (or `--static`), and `/api/chat`, one conversation per websocket.
 
 Everything here runs on the asyncio event loop and never touches MLX: mic frames go to the
-`ModelWorker` thread, its events come back through an `asyncio.Queue` per connection.
+`ModelWorker` thread, its events come back through an `asyncio.Queue` per connection. Caps,
+deadlines and liveness checks come from `guard.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,6 +23,14 @@ from aiohttp import web
 from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
+from moshi_mlx.web.guard import (
+    CLOSE_SECONDS,
+    ConnectionGuard,
+    EventTally,
+    Limits,
+    SilenceWatchdog,
+    live_websocket,
+)
 from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
 from moshi_mlx.web.protocol import Kind, ProtocolError
 from moshi_mlx.web.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
@@ -49,6 +58,7 @@ class ServerConfig:
     # Bound to a loopback address: answer only requests for a loopback name, so a web page
     # whose domain was re-pointed at 127.0.0.1 (DNS rebinding) cannot reach the server.
     loopback_only: bool = False
+    limits: Limits = field(default_factory=Limits)
 
 
 def is_loopback(host: str) -> bool:
@@ -61,31 +71,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def create_app(worker: ModelWorker, config: ServerConfig) -> web.Application:
-    """The aiohttp application: `/` and static files from `config.static_dir`, `/api/chat`."""
-    chat = _ChatHandler(worker, config)
-    app = web.Application(middlewares=[_loopback_guard] if config.loopback_only else [])
+def create_app(
+    worker: ModelWorker, config: ServerConfig, guard: ConnectionGuard
+) -> web.Application:
+    """The aiohttp application: `/` and static files from `config.static_dir`, `/api/chat`;
+    served through `guard` (its runner and site), which also counts what is refused."""
+    chat = _ChatHandler(worker, config, guard.tally)
+    middlewares = [guard.middleware]
+    if config.loopback_only:
+        middlewares.append(_loopback_only(guard.tally))
+    app = web.Application(middlewares=middlewares)
     app.router.add_get("/api/chat", chat.handle)
-    index = config.static_dir / "index.html"
+    app.on_shutdown.append(chat.close_all)
+    static_dir = config.static_dir.resolve()
+    index = static_dir / "index.html"
 
     async def root(_request: web.Request) -> web.StreamResponse:
-        if not index.is_file():
-            raise web.HTTPNotFound(text=f"no index.html in {config.static_dir}")
+        # The static route's rule for `/index.html` too: resolved, it must lie in the folder.
+        if not index.is_file() or not index.resolve().is_relative_to(static_dir):
+            raise web.HTTPNotFound(text=f"no index.html in {static_dir}")
         return web.FileResponse(index)
 
     app.router.add_get("/", root)
-    # aiohttp's static resource resolves each path and refuses anything outside the folder.
-    app.router.add_static("/", config.static_dir, follow_symlinks=False)
+    # aiohttp resolves each path (symlinks too) and refuses any whose target is outside.
+    app.router.add_static("/", static_dir, follow_symlinks=False)
     return app
 
 
-@web.middleware
-async def _loopback_guard(request: web.Request, handler) -> web.StreamResponse:
-    name = _host_port(request.host or "", 80)[0]
-    if not is_loopback(name):
-        log.warning("refused a request for host %s", request.host)
-        raise web.HTTPForbidden(text=f"this server answers only for localhost, not {name}")
-    return await handler(request)
+def _loopback_only(tally: EventTally):
+    @web.middleware
+    async def refuse_other_hosts(request: web.Request, handler) -> web.StreamResponse:
+        name = _host_port(request.host or "", 80)[0]
+        if not is_loopback(name):
+            tally.count("requests refused for a host that is not localhost", request.remote)
+            raise web.HTTPForbidden(text=f"this server answers only for localhost, not {name}")
+        return await handler(request)
+
+    return refuse_other_hosts
 
 
 def origin_allowed(origin: str | None, host: str | None) -> bool:
@@ -114,33 +136,43 @@ def _host_port(netloc: str, default_port: int) -> tuple[str, int]:
 class _ChatHandler:
     """`/api/chat`: the protocol of one connection, and the limit on open conversations."""
 
-    def __init__(self, worker: ModelWorker, config: ServerConfig):
+    def __init__(self, worker: ModelWorker, config: ServerConfig, tally: EventTally):
         self._worker = worker
         self._config = config
+        self._tally = tally
         self._active = 0
         self._slots = asyncio.Condition()
+        self._connections: set[_Connection] = set()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         origin = request.headers.get("Origin")
         if not origin_allowed(origin, request.host):
-            log.warning("refused a websocket from origin %s (host %s)", origin, request.host)
+            self._tally.count("websockets refused for their origin", request.remote)
             raise web.HTTPForbidden(text=f"websocket origin {origin} is not this server")
-        ws = web.WebSocketResponse(max_msg_size=_WEBSOCKET_MAX_BYTES)
+        ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         peer = request.remote
         if not await self._take_slot():
-            log.info("%s: refused, busy", peer)
+            self._tally.count("websockets told the server is busy", peer)
             await _fail(ws, "busy: Moshi is talking with someone else; try again later")
             return ws
+        connection = _Connection(ws, self._worker, self._config, request.query)
+        self._connections.add(connection)
+        reason = "the server stopped"
         try:
             log.info("%s: conversation started", peer)
-            await _Connection(ws, self._worker, self._config, request.query).run()
+            reason = await connection.run()
         finally:
+            self._connections.discard(connection)
             async with self._slots:
                 self._active -= 1
                 self._slots.notify_all()
-            log.info("%s: connection closed", peer)
+            log.info("%s: conversation ended: %s", peer, reason)
         return ws
+
+    async def close_all(self, _app: web.Application) -> None:
+        """Server shutdown: close every conversation's websocket with 1001 (going away)."""
+        await asyncio.gather(*(connection.stop() for connection in self._connections))
 
     async def _take_slot(self) -> bool:
         """A free conversation slot, waiting a moment for one that is being freed (a client
@@ -162,10 +194,12 @@ class _ConversationEnded(Exception):
 
 
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send 0x05 with the reason and close; a client that already left is fine."""
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await ws.send_bytes(protocol.error(reason))
-    await ws.close()
+    """Send 0x05 with the reason and close; a client that left or stopped reading is fine (a
+    close that cannot finish leaves the transport to the guard, which cuts it)."""
+    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+        await asyncio.wait_for(ws.send_bytes(protocol.error(reason)), CLOSE_SECONDS)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
 
 
 class _Connection:
@@ -187,25 +221,40 @@ class _Connection:
         self._opus_in = OpusFrameReader(SAMPLE_RATE, FRAME_SIZE)
         self._opus_out = OpusFrameWriter(SAMPLE_RATE)
         self._session: Session | None = None
+        self._conversing = asyncio.Event()
+        self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
+        self._stopping = False
         self._unreported_drops = 0
         self._total_dropped = 0
         self._last_lag_notice = -LAG_NOTICE_EVERY_SECONDS
 
-    async def run(self) -> None:
+    async def run(self) -> str:
+        """Converse until the client leaves or something ends it; returns why, for the log."""
         keepalive = asyncio.create_task(self._keep_alive())
         try:
-            await self._converse()
+            reason = await self._converse()
         except (ProtocolError, _ConversationEnded) as exc:
-            log.info("closing a connection: %s", exc)
-            await _fail(self._ws, str(exc))
+            reason = str(exc)
+            await _fail(self._ws, reason)
         except ConnectionError:
-            pass  # the client left
+            reason = "the client left"
         finally:
             keepalive.cancel()
             if self._session is not None:
                 self._worker.release(self._session)
             if not self._ws.closed:
-                await self._ws.close()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._ws.close(), CLOSE_SECONDS)
+        return "the server is stopping" if self._stopping else reason
+
+    async def stop(self) -> None:
+        """Close with 1001 (going away): the server is shutting down."""
+        self._stopping = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                self._ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
+                CLOSE_SECONDS,
+            )
 
     async def _send(self, message: bytes) -> None:
         self._last_sent = time.monotonic()
@@ -219,7 +268,7 @@ class _Connection:
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     await self._send(protocol.ping())
 
-    async def _converse(self) -> None:
+    async def _converse(self) -> str:
         params = protocol.session_params(self._query, self._config.sampling, self._config.seed)
         loop = asyncio.get_running_loop()
         events = self._events
@@ -233,8 +282,7 @@ class _Connection:
             while not self._worker.ready.is_set():  # the model is loading; pings keep going
                 await asyncio.wait((receiving,), timeout=0.1)
                 if receiving.done():
-                    receiving.result()
-                    return
+                    return receiving.result()
         except BaseException:
             receiving.cancel()
             raise
@@ -242,20 +290,24 @@ class _Connection:
             receiving.cancel()
             raise _ConversationEnded("the server could not load the model")
         self._worker.open(self._session)
-        replying = asyncio.create_task(self._reply())
-        done, pending = await asyncio.wait(
-            (receiving, replying), return_when=asyncio.FIRST_COMPLETED
-        )
+        tasks = (receiving, asyncio.create_task(self._reply()), asyncio.create_task(self._watch()))
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
-        for task in done:
-            task.result()  # a ProtocolError or _ConversationEnded: the reason goes to the client
+        # result() raises a ProtocolError or _ConversationEnded: the reason goes to the client.
+        reasons = [task.result() for task in done]
+        return reasons[0]
 
-    async def _receive(self) -> None:
+    async def _receive(self) -> str:
         """Client messages until it leaves; audio before the handshake is kept for the model."""
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.ERROR:
-                return
+                if isinstance(self._ws.exception(), asyncio.TimeoutError):
+                    return (
+                        f"no pong within {self._config.limits.client_silence_timeout / 4:g} s of "
+                        "a ping (the client froze or its network went away)"
+                    )
+                return f"the connection failed: {self._ws.exception()}"
             if message.type != aiohttp.WSMsgType.BINARY:
                 raise ProtocolError(
                     f"{message.type.name.lower()} messages are not part of the protocol; "
@@ -263,9 +315,20 @@ class _Connection:
                 )
             kind, payload = protocol.parse(message.data)
             if kind == Kind.AUDIO:
+                self._silence.heard()
                 for frame in self._opus_in.feed(payload):
                     self._worker.submit(self._session, frame)
             # Other known kinds (handshake, ping, control, ...) carry nothing for us.
+        return "the client left"
+
+    async def _watch(self) -> None:
+        """End a conversation whose client sends no audio (from the handshake on)."""
+        await self._conversing.wait()
+        self._silence.heard()
+        await self._silence.expired()
+        raise _ConversationEnded(
+            f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
+        )
 
     async def _reply(self) -> None:
         """Worker events out to the client: handshake, audio, text, lag notices."""
@@ -279,6 +342,7 @@ class _Connection:
                     await self._send(protocol.text(event.text))
                 await self._report_lag()
             elif isinstance(event, Ready):
+                self._conversing.set()
                 await self._send(protocol.handshake())
                 await self._send(protocol.metadata(self._metadata(event.seed)))
             elif isinstance(event, Lag):

@@ -12,7 +12,12 @@ temporal transformer + text sampling / depformer + audio sampling / the 9 sample
 room with double talk; the canceller comparison is `scripts/echo_compare.py`),
 `web` (`python -m moshi_mlx.local_web`'s own work per 80 ms frame, the model aside: decoding
 the client's Ogg Opus, encoding Moshi's frame, and a websocket round trip of the two audio
-messages on localhost; target <= 5 ms).
+messages on localhost; target <= 5 ms),
+`persona` (PersonaPlex on the same weights: its prompt phase as one batched prefill against
+a conversation step and against replaying the prompt step by step, a conversation's start
+from a prompt state cached in memory or on disk, and PersonaPlex's step against Moshi's,
+stepped alternately; `--prompt-steps`, `--prefill-steps`, `--replay-steps`,
+`--persona-rounds`; its ratio column is each figure in PersonaPlex's steps).
 Peak memory is MLX's (`mx.get_peak_memory`), reset before every case. Percentiles are over
 the measured steps, after `--warmup` steps. Weights are random, written in the published
 formats into `--weights-dir` (default: a temporary folder), never fetched.
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,15 +48,25 @@ from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds,
 from mlx.utils import tree_flatten
 
 from moshi_mlx.api import step_frame
-from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.io import read_safetensors
+from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import load_codec
-from moshi_mlx.generate import LmGen, teacher_forced_logits
+from moshi_mlx.generate import (
+    GenState,
+    LmGen,
+    fresh_state,
+    teacher_forced_logits,
+    token_ring_width,
+)
 from moshi_mlx.memory_plan import kv_cache_bytes
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
+from moshi_mlx.persona.cache import load_state, prompt_key, save_state
+from moshi_mlx.persona.prompt import VoicePrompt, prompt_state
+from moshi_mlx.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.sampling import SamplingConfig, sample
 from moshi_mlx.testing import (
     logit_fidelity,
@@ -110,13 +126,11 @@ def _user_codes(card: int, count: int, seed: int) -> np.ndarray:
 
 
 # LM ---------------------------------------------------------------------------------------
-def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
-    """Per step, each part evaluated on its own (so the two add up to a step plus one host
-    sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
-    step), then `LmGen.sample_tokens` (text sampling and the depformer's 8 slices with audio
-    sampling, compiled as in a step)."""
+def _compiled_temporal_step(lm: Lm):
+    """The temporal transformer with the text head over a `KVRing`, compiled as in a step:
+    (tokens (1, K, 1), ring keys, values, position) -> (out, text logits, next keys, values,
+    position)."""
     cfg = lm.cfg
-    gen = LmGen(lm, sampling, seed=seed)
 
     def temporal_step(tokens: mx.array, keys: list, values: list, position: mx.array):
         ring = KVRing(keys, values, position, cfg.context)
@@ -124,7 +138,17 @@ def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dic
         ring = ring.advanced()
         return out, text_logits, ring.keys, ring.values, ring.position
 
-    compiled_temporal = mx.compile(temporal_step)
+    return mx.compile(temporal_step)
+
+
+def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
+    """Per step, each part evaluated on its own (so the two add up to a step plus one host
+    sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
+    step), then `LmGen.sample_tokens` (text sampling and the depformer's 8 slices with audio
+    sampling, compiled as in a step)."""
+    cfg = lm.cfg
+    gen = LmGen(lm, sampling, seed=seed)
+    compiled_temporal = _compiled_temporal_step(lm)
     ring = lm.make_ring()
     rng = np.random.default_rng(seed)
     key = mx.random.key(seed)
@@ -548,6 +572,255 @@ def bench_pipeline(
     }
 
 
+# PersonaPlex ------------------------------------------------------------------------------
+# Rows of the `persona` part; the ratio column is PersonaPlex's step over Moshi's (the median
+# of the alternated pairs), then each figure over PersonaPlex's median step.
+PERSONA_METRICS = (
+    "step_ms",
+    "moshi_step_ms",
+    "prefill_ms",
+    "replay_ms",
+    "replay_step_ms",
+    "start_mem_ms",
+    "start_disk_ms",
+    "load_ms",
+)
+
+
+def personaplex_config(config: LmConfig) -> LmConfig:
+    """PersonaPlex's structure over a Moshi shape: a depformer of `n_q` slices (the user's 8
+    never sampled) and NVIDIA's generator (`LmConfig.personaplex_7b` for the 7B shape)."""
+    user = config.n_q - config.dep_q
+    return replace(config, dep_q=config.n_q, user_codebooks=user, generator="personaplex")
+
+
+def persona_prompt(cfg: LmConfig, runs: int, seed: int) -> tuple[VoicePrompt, list[int]]:
+    """A prompt of `runs` steps shaped as PersonaPlex's: a voice of random Mimi codes, 0.5 s
+    of silence, about one role token per 15 frames, 0.5 s of silence (for 300 runs: a voice
+    of 270 frames and 19 role tokens)."""
+    free = runs + 1 - 2 * SILENCE_FRAMES  # the prompt's first frame only fills the token ring
+    if free < 1:
+        raise ValueError(f"a prompt takes at least {2 * SILENCE_FRAMES} runs")
+    role = free // 15
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, cfg.card, size=(free - role, cfg.moshi_codebooks))
+    return VoicePrompt(codes=codes), rng.integers(0, cfg.text_card, role).tolist()
+
+
+def _evaluated(state: GenState) -> GenState:
+    ring = state.ring
+    mx.eval(state.tokens, state.given, ring.keys, ring.values, ring.position)
+    return state
+
+
+def _timed_prompt_state(
+    lm: Lm, voice: VoicePrompt, role: list[int], prefilled: int | None = None
+) -> tuple[float, GenState]:
+    """Seconds to build and evaluate the prompt's state (`prompt_state`), and the state.
+
+    With `prefilled`, the prefill covers the prompt's first `prefilled` runs only
+    (`prompt_state`'s work on fewer inputs) and the ring's later prompt positions stay zero:
+    the state has the whole prompt's shapes, positions and bytes for what follows.
+    """
+    started = time.perf_counter()
+    if prefilled is None:
+        state = _evaluated(prompt_state(lm, voice, role))
+        return time.perf_counter() - started, state
+    cfg = lm.cfg
+    plan = plan_prompt(cfg, prompt_frames(voice.codes, role), token_ring_width(cfg))
+    embeddings = lm.embed(mx.array(plan.inputs[:prefilled].T[None], mx.int32))
+    ring = lm.prefill(embeddings, lm.make_ring())
+    mx.eval(ring.keys, ring.values, ring.position)
+    seconds = time.perf_counter() - started
+    ring = ring.grown(plan.runs)
+    ring = ring.replaced(ring.keys, ring.values, mx.array(plan.runs, mx.int32))
+    columns, given = mx.array(plan.columns, mx.int32), mx.array(plan.given)
+    return seconds, _evaluated(GenState(columns, given, ring, plan.runs))
+
+
+def _replay_times(lm: Lm, inputs: np.ndarray) -> list[float]:
+    """The prompt's inputs (runs, K) fed one by one through `Lm.step_text` over a `KVRing`
+    (compiled as in a step), as NVIDIA's generator replays a prompt, its depformer aside:
+    seconds per step, the ring growing in its buckets as in a conversation."""
+    compiled_temporal = _compiled_temporal_step(lm)
+    ring = lm.make_ring()
+    times = []
+    for index, column in enumerate(inputs):
+        tokens = mx.array(column.astype(np.int32))[None, :, None]
+        ring = ring.grown(index)
+        mx.eval(tokens, ring.keys, ring.values)
+        start = time.perf_counter()
+        out, text_logits, keys, values, position = compiled_temporal(
+            tokens, ring.keys, ring.values, ring.position
+        )
+        ring = ring.replaced(keys, values, position)
+        mx.eval(out, text_logits, keys, values, position)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _timed_step(gen: LmGen, codes: np.ndarray) -> float:
+    """Seconds of one `LmGen.step` with its text token and Moshi's codes read on the host."""
+    start = time.perf_counter()
+    result = gen.step(codes)
+    _ = result.text_token, result.moshi_codes
+    return time.perf_counter() - start
+
+
+def _persona_and_moshi(weights: Path, shape: str, dtype: mx.Dtype | None) -> tuple[Lm, Lm, float]:
+    """PersonaPlex's `Lm` (`personaplex_config`) and Moshi's over one load of a Moshi file,
+    sharing every array, and the seconds the load took."""
+    moshi_config = LmConfig.from_dict(LM_SHAPES[shape])
+    tensors, metadata = read_safetensors(weights)
+    started = time.perf_counter()
+    moshi_lm = lm_from_tensors(tensors, metadata, moshi_config, str(weights), dtype)
+    lm = lm_from_tensors(tensors, metadata, personaplex_config(moshi_config), str(weights), dtype)
+    lm.update(moshi_lm.parameters())
+    return lm, moshi_lm, time.perf_counter() - started
+
+
+def _alternated_steps(gens: dict[str, LmGen], user: np.ndarray) -> dict[str, list[float]]:
+    """Seconds per step of each generator, stepped in turn on the same user codes, the order
+    swapped every round (A B, B A, ...) so that the machine's load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in gens}
+    for index, codes in enumerate(user):
+        for name in list(gens) if index % 2 == 0 else list(gens)[::-1]:
+            times[name].append(_timed_step(gens[name], codes))
+    return times
+
+
+def _cached_starts(
+    lm: Lm, state: GenState, user_codes: np.ndarray, rounds: int, seed: int
+) -> dict[str, Any]:
+    """A conversation's start from `state`, up to its first step done: held in memory, or
+    saved with `persona.cache.save_state` and read back with `load_state` (from the page
+    cache: the file was just written), alternated `rounds` times."""
+    sampling = SamplingConfig()
+    memory, disk, load = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, key = Path(tmp), prompt_key(bench="persona", seed=seed)
+        started = time.perf_counter()
+        saved = save_state(folder, key, state)
+        save_s = time.perf_counter() - started
+        for _ in range(rounds):
+            started = time.perf_counter()
+            _timed_step(LmGen(lm, sampling, seed=seed, start=state), user_codes)
+            memory.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            loaded = _evaluated(load_state(folder, key))
+            load.append(time.perf_counter() - started)
+            _timed_step(LmGen(lm, sampling, seed=seed, start=loaded), user_codes)
+            disk.append(time.perf_counter() - started)
+            del loaded
+        state_mb = saved.stat().st_size / 1e6
+    return {"memory": memory, "disk": disk, "load": load, "save_s": save_s, "state_mb": state_mb}
+
+
+def bench_persona(
+    weights: Path,
+    shape: str,
+    steps: int,
+    warmup: int,
+    seed: int,
+    dtype: mx.Dtype | None,
+    prompt_steps: int,
+    prefill_steps: int = 0,
+    replay_steps: int = 0,
+    rounds: int = 3,
+) -> dict:
+    """PersonaPlex on a Moshi file's weights (`_persona_and_moshi`), each figure against its
+    conversation step:
+
+    - the prompt phase: `prompt_state` of a `prompt_steps`-run prompt (`persona_prompt`), one
+      batched prefill, built and evaluated (`rounds` times, after a 2-position warm-up);
+      against replaying its inputs step by step (`_replay_times`). Where a whole prompt
+      costs too much (7B on a CPU), the prefill covers its first `prefill_steps` runs and
+      the replay its first `replay_steps` (0: all), each extrapolated to the whole prompt in
+      proportion (the prefill from each round, the replay from its median step);
+    - a cached start (`_cached_starts`, `rounds` of each);
+    - the step: PersonaPlex's `LmGen.step` from the prompt's state against Moshi's from the
+      same KV ring and position (same weights, tokens and user codes), alternated
+      (`_alternated_steps`, `warmup` + `steps` rounds); and each step's graph operations.
+    """
+    _fresh_memory()
+    lm, moshi_lm, load_s = _persona_and_moshi(weights, shape, dtype)
+    _fresh_memory()
+    cfg = lm.cfg
+    voice, role = persona_prompt(cfg, prompt_steps, seed)
+    inputs = plan_prompt(cfg, prompt_frames(voice.codes, role), token_ring_width(cfg)).inputs
+    runs = len(inputs)
+
+    # Prompt phase: one batched prefill, and the step-by-step replay it replaces.
+    warm = mx.array(inputs[:2].T[None].astype(np.int32))
+    mx.eval(lm.prefill(lm.embed(warm), lm.make_ring()).keys)
+    prefilled = prefill_steps if 0 < prefill_steps < runs else None
+    prefill, state = [], None
+    for _ in range(rounds):
+        state = None  # the previous round's state freed first
+        seconds, state = _timed_prompt_state(lm, voice, role, prefilled)
+        prefill.append(seconds)
+    replayed = inputs[: replay_steps or runs]
+    replay = _replay_times(lm, replayed)[min(warmup, len(replayed) - 1) :]
+
+    # Steps: PersonaPlex from the prompt, Moshi from the same KV ring and position.
+    sampling = SamplingConfig()
+    moshi_start = replace(fresh_state(moshi_lm), ring=state.ring, step_index=state.step_index)
+    gens = {
+        "personaplex": LmGen(lm, sampling, seed=seed, start=state),
+        "moshi": LmGen(moshi_lm, sampling, seed=seed, start=moshi_start),
+    }
+    user = _user_codes(cfg.card, warmup + steps, seed)
+    step_s = {name: t[warmup:] for name, t in _alternated_steps(gens, user).items()}
+    graph_ops = {
+        name: {
+            "eager": count_graph_ops(gen.step_graph(user[0], compiled=False)),
+            "compiled": count_graph_ops(gen.step_graph(user[0], compiled=True)),
+        }
+        for name, gen in gens.items()
+    }
+    del gens
+    starts = _cached_starts(lm, state, user[0], rounds, seed)
+
+    scale = runs / (prefilled or runs)
+    stats = {
+        "step_ms": summarize(step_s["personaplex"]),
+        "moshi_step_ms": summarize(step_s["moshi"]),
+        "prefill_ms": summarize([t * scale for t in prefill]),
+        "replay_ms": summarize([t * runs for t in replay]),
+        "replay_step_ms": summarize(replay),
+        "start_mem_ms": summarize(starts["memory"]),
+        "start_disk_ms": summarize(starts["disk"]),
+        "load_ms": summarize(starts["load"]),
+    }
+    step_ms = stats["step_ms"]["p50"]
+    ratios = {name: stats[name]["p50"] / step_ms for name in PERSONA_METRICS[2:]}
+    pairs = zip(step_s["personaplex"], step_s["moshi"])
+    ratios["step_ms"] = float(np.median([ours / moshi for ours, moshi in pairs]))
+    return {
+        "impl": "ours",
+        "dtype": _dtype_label(dtype, lm),
+        "mlx": mx.__version__,
+        "load_s": load_s,
+        **stats,
+        "ratios": ratios,
+        "prompt": {
+            "runs": runs,
+            "voice_frames": voice.frames,
+            "role_tokens": len(role),
+            "prefill_steps": prefilled or runs,
+            "prefill_measured_ms": [1000 * t for t in prefill],
+            "replay_steps": len(replayed),
+            "replay_measured": len(replay),
+            "replay_total_ms": 1000 * sum(replay) if len(replayed) == runs else None,
+        },
+        "save_ms": 1000 * starts["save_s"],
+        "state_mb": starts["state_mb"],
+        "graph_ops": graph_ops,
+        "samples_ms": {name: [1000 * t for t in times] for name, times in step_s.items()},
+        "peak_memory_gb": _peak_gb(),
+    }
+
+
 # Echo canceller ---------------------------------------------------------------------------
 def bench_echo(frames: int, warmup: int, seed: int) -> dict:
     """Time of the live app's echo canceller per 80 ms mic frame (8 sub-frames of 10 ms) on
@@ -739,8 +1012,40 @@ def format_floor(formats_dir: Path) -> str:
 
 
 # Report -----------------------------------------------------------------------------------
+def _ms(value: float) -> str:
+    """A table cell of milliseconds: 2 decimals, none from 100 s (the persona part's 7B
+    prompts run to an hour here)."""
+    return f"{value:>10.2f}" if value < 1e5 else f"{value:>10.0f}"
+
+
 def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, float]]:
     return [(n, case[n]["p50"], case[n]["p95"]) for n in names if case.get(n) is not None]
+
+
+def _persona_lines(data: dict) -> list[str]:
+    """The `persona` case's figures in steps of PersonaPlex's conversation."""
+    prompt, ops, ratios = data["prompt"], data["graph_ops"], data["ratios"]
+    replay = f"{prompt['replay_measured']} of its {prompt['replay_steps']} steps timed"
+    if prompt["replay_steps"] < prompt["runs"]:
+        replay += ", extrapolated"
+    prefilled = ""
+    if prompt["prefill_steps"] < prompt["runs"]:
+        prefilled = f" (its first {prompt['prefill_steps']} steps timed, extrapolated)"
+    voice = f"voice {prompt['voice_frames']} frames, role {prompt['role_tokens']} tokens"
+    state = f"state {data['state_mb']:.0f} MB, saved in {data['save_ms']:.0f} ms"
+    graphs = "; ".join(
+        f"{name} {ops[name]['eager']} eager, {ops[name]['compiled']} compiled" for name in ops
+    )
+    prefill, replay_steps = ratios["prefill_ms"], ratios["replay_ms"]
+    memory, disk, load = ratios["start_mem_ms"], ratios["start_disk_ms"], ratios["load_ms"]
+    prompt_line = f"  prompt of {prompt['runs']} steps ({voice}): prefill {prefill:.1f} steps"
+    prompt_line += prefilled
+    prompt_line += f", replay {replay_steps:.1f} steps ({replay}); {state}"
+    start_line = f"  cached start: from memory {memory:.2f} steps, from disk {disk:.2f} steps"
+    start_line += f" (its load {load:.2f})"
+    step_line = f"  PersonaPlex / Moshi step {ratios['step_ms']:.3f} (median of alternated"
+    step_line += f" pairs); graph ops per step: {graphs}"
+    return [prompt_line, start_line, step_line]
 
 
 def format_table(results: list[dict]) -> str:
@@ -756,6 +1061,7 @@ def format_table(results: list[dict]) -> str:
         "web": ("decode_ms", "encode_ms", "websocket_ms", "overhead_ms"),
         "kv": ("step_ms",),
         "kv-fidelity": (),
+        "persona": PERSONA_METRICS,
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
@@ -766,7 +1072,7 @@ def format_table(results: list[dict]) -> str:
             shown.add(id(data))
             if impl == "kyutai":
                 label = "kyutai"
-            elif case["part"] == "lm":
+            elif case["part"] in ("lm", "persona"):
                 label = f"ours-{data['dtype']}"
             elif case["part"] in ("kv", "kv-fidelity"):
                 label = f"{data['kv']}-{data['dtype']}"
@@ -781,8 +1087,10 @@ def format_table(results: list[dict]) -> str:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
                 elif case["part"] == "kv":  # against the unquantized cache, stepped in turn
                     ratio = f"{data['ratio']:.2f}"
+                elif case["part"] == "persona" and name in data["ratios"]:
+                    ratio = f"{data['ratios'][name]:.2f}"
                 row = f"{case['part']:<9}{case.get('shape', '-'):<13}{case.get('quant', '-'):<6}"
-                row += f"{label:<18}{name:<14}{p50:>10.2f}{p95:>10.2f}{ratio:>8}"
+                row += f"{label:<18}{name:<14}{_ms(p50)}{_ms(p95)}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)
             if data.get("syncs_per_step") is not None:
@@ -800,6 +1108,8 @@ def format_table(results: list[dict]) -> str:
                         f"{fig['text_error']:.2e}, depformer {fig['audio_error']:.2e}; greedy "
                         f"agreement {text:.1%} / {audio:.1%}"
                     )
+            if case["part"] == "persona":
+                lines.extend(_persona_lines(data))
             if "real_time_factor" in data:
                 extra = f"  real-time factor {data['real_time_factor']:.3f}"
                 if data.get("first_audio_ms") is not None:
@@ -826,7 +1136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity",
+        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona",
     )
     parser.add_argument(
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
@@ -844,6 +1154,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
         "--batch-seconds", type=float, default=10.0, help="batch Mimi encode/decode (0: skip)"
+    )
+    parser.add_argument(
+        "--prompt-steps", type=int, default=300, help="persona: the prompt's steps (runs)"
+    )
+    parser.add_argument(
+        "--prefill-steps", type=int, default=0, help="persona: prompt steps prefilled (0: all)"
+    )
+    parser.add_argument(
+        "--replay-steps", type=int, default=0, help="persona: prompt steps replayed (0: all)"
+    )
+    parser.add_argument(
+        "--persona-rounds", type=int, default=3, help="persona: prefills and cached starts timed"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights-dir", type=Path, help="keep/reuse random weights here")
@@ -863,7 +1185,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, allowed in (
         ("shapes", LM_SHAPES),
         ("quant", QUANT_BITS),
-        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity")),
+        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona")),
         ("kv_bits", ("none", "8", "4")),
         ("codec", ("mlx", "rustymimi")),
         ("dtype", DTYPES),
@@ -871,6 +1193,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
             parser.error(f"--{name}: unknown {', '.join(sorted(unknown))}")
+    context = min(LM_SHAPES[shape]["context"] for shape in args.shapes)
+    if not 2 * SILENCE_FRAMES <= args.prompt_steps < context:
+        parser.error(f"--prompt-steps: from {2 * SILENCE_FRAMES} to {context - 1}")
+    if args.persona_rounds < 1 or min(args.prefill_steps, args.replay_steps) < 0:
+        parser.error("--persona-rounds must be >= 1, --prefill-steps and --replay-steps >= 0")
     return args
 
 
@@ -959,6 +1286,24 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                     ):
                         case = {"part": part, "shape": shape, "quant": quant, "ours": ours}
                         report(case)
+    if "persona" in args.parts:
+        for shape in args.shapes:
+            for quant in args.quant:
+                weights = lm_weights(folder, shape, quant)
+                for dtype in args.dtype:
+                    ours = bench_persona(
+                        weights,
+                        shape,
+                        args.steps,
+                        args.warmup,
+                        args.seed,
+                        DTYPES[dtype],
+                        args.prompt_steps,
+                        args.prefill_steps,
+                        args.replay_steps,
+                        args.persona_rounds,
+                    )
+                    report({"part": "persona", "shape": shape, "quant": quant, "ours": ours})
     if "web" in args.parts:
         frames = max(args.frames, 10)
         case = {"part": "web", "ours": bench_web(frames, args.warmup, args.seed)}

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import MANIFESTS
+
+from moshi_mlx.models.lm import Lm, LmConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -100,12 +103,18 @@ def test_echo_case(report):
     assert case["ours"]["frame_ms"]["p50"] < 40  # far below real time
 
 
-def test_bandwidth_floor_from_manifests():
+def _bench_module():
+    """scripts/bench.py as a module."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         import bench
     finally:
         sys.path.remove(str(SCRIPTS))
+    return bench
+
+
+def test_bandwidth_floor_from_manifests():
+    bench = _bench_module()
     read = {}
     for quant in ("bf16", "q8", "q4"):
         total, read[quant] = bench.weight_bytes_per_step(MANIFESTS / f"moshiko_mlx_{quant}.tsv")
@@ -147,3 +156,69 @@ def test_kv_case(report):
     assert data["kv"] == "unquantized" and data["ratio"] == 1.0
     _check_timing(data["step_ms"], STEPS)
     assert 0 < data["planned_kv_gb"] < data["peak_memory_gb"]
+
+
+def test_persona_case(tmp_path):
+    """The PersonaPlex part: prompt phase, cached starts and PersonaPlex's step against
+    Moshi's, on the tiny shape (a 40-step prompt, 10 of its steps replayed)."""
+    flags = (
+        "--shapes tiny --quant q4 --parts persona --steps 3 --warmup 1 --prompt-steps 40 "
+        "--replay-steps 10 --persona-rounds 2"
+    )
+    done, report = _run_bench(flags, tmp_path / "persona.json", timeout=120)
+    (case,) = report["results"]
+    ours = case["ours"]
+    for metric in ("step_ms", "moshi_step_ms"):
+        _check_timing(ours[metric], 3)
+    for metric in ("prefill_ms", "start_mem_ms", "start_disk_ms", "load_ms"):
+        _check_timing(ours[metric], 2)
+    _check_timing(ours["replay_step_ms"], 9)  # after the warm-up step
+    # The replay extrapolated to the whole prompt from its median step.
+    assert ours["replay_ms"]["p50"] == pytest.approx(40 * ours["replay_step_ms"]["p50"])
+    prompt = dict(ours["prompt"])
+    assert len(prompt.pop("prefill_measured_ms")) == 2
+    assert prompt == {
+        "runs": 40,
+        "voice_frames": 28,
+        "role_tokens": 1,
+        "prefill_steps": 40,  # the whole prompt prefilled
+        "replay_steps": 10,
+        "replay_measured": 9,
+        "replay_total_ms": None,
+    }
+    assert ours["start_disk_ms"]["p50"] > ours["load_ms"]["p50"] > 0
+    assert ours["ratios"]["prefill_ms"] == pytest.approx(
+        ours["prefill_ms"]["p50"] / ours["step_ms"]["p50"]
+    )
+    for name in ("personaplex", "moshi"):
+        assert 0 < ours["graph_ops"][name]["compiled"] < ours["graph_ops"][name]["eager"]
+        assert len(ours["samples_ms"][name]) == 3  # the alternated pairs, for re-analysis
+    assert "prefill_ms" in done.stdout and "cached start" in done.stdout
+
+
+def test_personaplex_config_of_the_7b_shape():
+    bench = _bench_module()
+    moshi = LmConfig.from_dict(bench.LM_SHAPES["7b"])
+    assert moshi == LmConfig.moshi_7b()
+    assert bench.personaplex_config(moshi) == LmConfig.personaplex_7b()
+
+
+def test_partly_prefilled_prompt_state_has_the_whole_prompts_layout():
+    """What `--prefill-steps` times (7B on a CPU): the prefill of the prompt's first runs,
+    in a state with the whole prompt's tokens, positions and KV ring, as what follows needs."""
+    bench = _bench_module()
+    cfg = bench.personaplex_config(LmConfig.from_dict(bench.LM_SHAPES["tiny"]))
+    lm = Lm(cfg)
+    voice, role = bench.persona_prompt(cfg, 40, seed=0)
+    _, whole = bench._timed_prompt_state(lm, voice, role)
+    _, partial = bench._timed_prompt_state(lm, voice, role, prefilled=8)
+    assert partial.step_index == whole.step_index == 40
+    assert int(partial.ring.position) == int(whole.ring.position) == 40
+    assert partial.ring.capacity == whole.ring.capacity
+    np.testing.assert_array_equal(np.array(partial.tokens), np.array(whole.tokens))
+    np.testing.assert_array_equal(np.array(partial.given), np.array(whole.given))
+    for ours, reference in zip(partial.ring.keys, whole.ring.keys):
+        np.testing.assert_allclose(
+            np.array(ours[:, :, :8]), np.array(reference[:, :, :8]), rtol=1e-4, atol=1e-5
+        )
+        assert not np.array(ours[:, :, 8:40]).any()  # not computed: left zero

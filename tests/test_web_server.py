@@ -770,11 +770,11 @@ def persona_server(tmp_path_factory):
         worker.stop(10)
 
 
-def _get_json(port: int, path: str) -> dict:
+def _get_json(port: int, path: str, status: int = 200) -> dict:
     async def fetch():
         page = f"http://127.0.0.1:{port}{path}"
         async with aiohttp.ClientSession() as session, session.get(page) as response:
-            assert response.status == 200
+            assert response.status == status
             return await response.json()
 
     return _talk(fetch())
@@ -801,6 +801,27 @@ def test_the_persona_endpoint(server, persona_server):
     }
     moshi_port = server.serve(ServerConfig(sampling=SamplingConfig()))
     assert _get_json(moshi_port, "/api/persona") == {"prompted": False, "voices": []}
+
+
+def test_the_persona_endpoint_while_the_model_loads_and_after_a_failure():
+    gate = threading.Event()
+
+    def slow_failing_load():
+        gate.wait(30)
+        raise WeightsError("no weights here")
+
+    worker = ModelWorker(slow_failing_load)
+    worker.start()
+    running = ServerThread(worker)
+    try:
+        port = running.serve(ServerConfig(sampling=SamplingConfig()))
+        assert _get_json(port, "/api/persona", 503) == {"loading": True}
+        gate.set()
+        assert worker.ready.wait(10)
+        assert "could not load" in _get_json(port, "/api/persona", 503)["error"]
+    finally:
+        gate.set()
+        running.close()
 
 
 def test_a_client_chooses_a_published_voice_and_a_role(persona_server, monkeypatch):

@@ -87,8 +87,8 @@ def create_app(
     app.on_shutdown.append(chat.close_all)
 
     async def persona(_request: web.Request) -> web.StreamResponse:
-        while not worker.ready.is_set():  # the model is loading
-            await asyncio.sleep(0.1)
+        if not worker.ready.is_set():
+            return web.json_response({"loading": True}, status=503, headers={"Retry-After": "1"})
         if worker.error is not None:
             return web.json_response({"error": "the server could not load the model"}, status=503)
         return web.json_response(worker.persona.as_json())

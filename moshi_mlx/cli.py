@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
@@ -18,6 +20,8 @@ from moshi_mlx.modules.kv_quant import (
     KV_GROUP_SIZES,
     KVQuantization,
 )
+from moshi_mlx.persona.role import DEFAULT_ROLE, read_role
+from moshi_mlx.persona.voice import DEFAULT_VOICE, MAX_VOICE_SECONDS, is_voice_name
 from moshi_mlx.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
@@ -110,6 +114,37 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_persona_args(parser: argparse.ArgumentParser) -> None:
+    """`--voice`, `--role` and `--list-voices`: PersonaPlex's persona (Moshi takes none)."""
+    persona = parser.add_argument_group(
+        "persona", "PersonaPlex only: who Moshi is (its prompt is computed once, then cached)"
+    )
+    persona.add_argument(
+        "--voice",
+        metavar="NAME|FILE",
+        help=f"a published voice's name (default {DEFAULT_VOICE}; see --list-voices), a "
+        f"recording of up to {MAX_VOICE_SECONDS:.0f} s (.wav, .flac, ...) or NVIDIA's voice .pt",
+    )
+    persona.add_argument(
+        "--role",
+        metavar="TEXT|@FILE",
+        help=f"the role, as text or @file.txt to read a file (default: {DEFAULT_ROLE!r})",
+    )
+    persona.add_argument(
+        "--list-voices", action="store_true", help="print the published voices' names and exit"
+    )
+
+
+def check_persona_args(args: argparse.Namespace) -> None:
+    """Before the model loads: `ConfigError` for a role file or voice file that is not there."""
+    if args.role is not None:
+        read_role(args.role)
+    if args.voice is not None and not is_voice_name(args.voice):
+        path = Path(args.voice).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"voice file not found: {path}")
+
+
 def add_max_lag_arg(group: argparse._ArgumentGroup) -> None:
     """`--max-lag`: how far a live conversation may fall behind the user's audio."""
     group.add_argument(
@@ -161,6 +196,44 @@ def print_memory_plan(args: argparse.Namespace) -> int:
     plan = memory_plan(files, config, args.codec, kv_quantization=kv_quantization)
     print(plan.table())
     return 0
+
+
+def print_voice_names(args: argparse.Namespace) -> int:
+    """`--list-voices`: the published voices of the PersonaPlex model the flags describe, one
+    name a line (no weight is read)."""
+    from moshi_mlx.api import find_model
+    from moshi_mlx.checkpoints.hub import resolve_voices
+    from moshi_mlx.persona.voice import voice_names
+
+    files, config = find_model(**_model_choices(args))
+    if not config.prompted:
+        raise ConfigError(
+            "--list-voices lists PersonaPlex's voices; this model is Moshi, whose voice is in "
+            "its weights (load nvidia/personaplex-7b-v1)"
+        )
+    print("\n".join(voice_names(resolve_voices(files))))
+    return 0
+
+
+def log_to_stderr() -> None:
+    """Show the package's log messages (how long a prompt took, checkpoint notices) on
+    stderr as `[name] message`."""
+    logger = logging.getLogger("moshi_mlx")
+    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to the `sys.stderr` of the moment (tests and apps may replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging must never break the app
+            self.handleError(record)
 
 
 def load_model(args: argparse.Namespace):

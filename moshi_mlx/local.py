@@ -2,7 +2,7 @@
 
     python -m moshi_mlx.local [--input-device NAME] [--output-device NAME] [weight flags]
 
-Moshi's words are printed as it says them. Ctrl-C ends the conversation. Echo cancellation
+PersonaPlex takes a voice and a role (`--voice NATF2 --role "You are ..."`). Moshi's words are printed as it says them. Ctrl-C ends the conversation. Echo cancellation
 (WebRTC AEC3) is on, so laptop speakers work; `--no-echo-cancel` turns it off for headphones.
 """
 
@@ -26,10 +26,14 @@ from moshi_mlx.cli import (
     INTERRUPTED_EXIT,
     add_max_lag_arg,
     add_model_args,
+    add_persona_args,
+    check_persona_args,
     exit_at_once,
     load_model,
+    log_to_stderr,
     max_lag_frames,
     print_memory_plan,
+    print_voice_names,
     run_cli,
     sampling_from_args,
 )
@@ -76,6 +80,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--stats", metavar="FILE.json", help="write measured cadence, latency and lag as JSON"
     )
     add_model_args(parser)
+    add_persona_args(parser)
     return parser.parse_args(argv)
 
 
@@ -173,12 +178,17 @@ class LiveSession:
 
     # --- worker thread ------------------------------------------------------------------
     def _work(self) -> None:
-        """Load and warm up the model, then run the live loop, all on this thread."""
+        """Load and warm up the model, compute PersonaPlex's prompt, then run the live loop,
+        all on this thread."""
+        args = self.args
         try:
-            model = load_model(self.args)
-            sampling = sampling_from_args(self.args)
+            model = load_model(args)
+            model.check_prompt_choice(args.voice, args.role)  # before the warm-up's seconds
+            sampling = sampling_from_args(args)
             model.warm_up(sampling)
-            conversation = model.conversation(sampling=sampling, seed=self.args.seed)
+            conversation = model.conversation(
+                sampling=sampling, seed=args.seed, voice=args.voice, role=args.role
+            )
         except Exception as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
             self._load_error = exc
             self.loop.stop_event.set()
@@ -232,6 +242,10 @@ class LiveSession:
             return 0
         if args.memory_plan:
             return print_memory_plan(args)
+        if args.list_voices:
+            return print_voice_names(args)
+        check_persona_args(args)
+        log_to_stderr()  # PersonaPlex: how long its prompt took, or that it was cached
         sd = import_sounddevice()
         input_device = resolve_device(args.input_device, "input")
         output_device = resolve_device(args.output_device, "output")

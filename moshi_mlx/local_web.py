@@ -2,6 +2,9 @@
 
     python -m moshi_mlx.local_web [--host HOST] [--port 8998] [--ssl DIR] [weight flags]
 
+With PersonaPlex, `--voice` and `--role` are the default persona; the page (or NVIDIA's
+client, through `voice_prompt` and `text_prompt` on `/api/chat`) may choose another.
+
 The browser's echo cancellation keeps Moshi from hearing itself, so this is the way to talk
 without headphones. Kyutai's clients (its web client served with `--static`,
 `python -m moshi.client`) work against it unchanged.
@@ -23,10 +26,13 @@ from pathlib import Path
 from moshi_mlx.cli import (
     add_max_lag_arg,
     add_model_args,
+    add_persona_args,
+    check_persona_args,
     exit_at_once,
     load_model,
     max_lag_frames,
     print_memory_plan,
+    print_voice_names,
     run_cli,
     sampling_from_args,
 )
@@ -72,6 +78,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_limit_args(server)
     add_model_args(parser)
+    add_persona_args(parser)
     return parser.parse_args(argv)
 
 
@@ -128,7 +135,7 @@ async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
             f"{descriptors} files (ulimit -n)"
         )
     config = replace(config, limits=limits)
-    worker = ModelWorker(lambda: load_model(args), config.sampling)
+    worker = ModelWorker(lambda: load_model(args), config.sampling, args.voice, args.role)
     guard = ConnectionGuard(limits, EventTally(log))
     runner = guard.app_runner(
         create_app(worker, config, guard), access_log=None, shutdown_timeout=0.5
@@ -168,6 +175,9 @@ def _run(argv: Sequence[str] | None, started: threading.Event) -> int:
     args = parse_args(argv)
     if args.memory_plan:
         return print_memory_plan(args)
+    if args.list_voices:
+        return print_voice_names(args)
+    check_persona_args(args)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     asyncio.run(_serve(args, started))
     return 0

@@ -1,6 +1,6 @@
 """Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
 
-python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [weight flags]
+python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [--voice V --role R] [weight flags]
 """
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ import soundfile as sf
 from moshi_mlx.audio.wav import read_audio, write_audio
 from moshi_mlx.cli import (
     add_model_args,
+    add_persona_args,
+    check_persona_args,
     load_model,
+    log_to_stderr,
     print_memory_plan,
+    print_voice_names,
     run_cli,
     sampling_from_args,
 )
@@ -33,11 +37,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
         "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
     )
-    parser.add_argument("input", help="the user's audio (wav, flac, ogg)")
-    parser.add_argument("output", help="where to write Moshi's audio (wav, flac, ogg)")
+    # Optional only for --list-voices and --memory-plan, which read no audio.
+    parser.add_argument("input", nargs="?", help="the user's audio (wav, flac, ogg)")
+    parser.add_argument("output", nargs="?", help="where to write Moshi's audio (wav, flac, ogg)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     add_model_args(parser)
-    return parser.parse_args(argv)
+    add_persona_args(parser)
+    args = parser.parse_args(argv)
+    if args.output is None and not (args.list_voices or args.memory_plan):
+        parser.error("the following arguments are required: input, output")
+    return args
 
 
 def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) -> np.ndarray:
@@ -66,17 +75,24 @@ def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.memory_plan:
         return print_memory_plan(args)
+    if args.list_voices:
+        return print_voice_names(args)
     output = Path(args.output)
     check_audio_output(Path(args.input), output, args.force)  # before minutes of inference
     user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
+    check_persona_args(args)
+    log_to_stderr()  # PersonaPlex: how long its prompt took
     model = load_model(args)
 
     def show(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
+        sampling=sampling_from_args(args), seed=args.seed, voice=args.voice, role=args.role
+    )
     started = time.monotonic()
-    with model.conversation(sampling=sampling_from_args(args), seed=args.seed) as conversation:
+    with conversation:
         moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
         seed = conversation.seed
     elapsed = time.monotonic() - started

@@ -28,6 +28,16 @@ def voice(generator: torch.Generator) -> dict:
     return {"embeddings": embeddings.to(torch.bfloat16), "cache": cache}
 
 
+def persona_voice(generator: torch.Generator) -> dict:
+    """A voice that the tests' tiny PersonaPlex model (tests/tiny_moshi.py: dim 64, 17 streams,
+    max delay 1) takes: embeddings (4, 1, 1, 64) in bf16, a token ring (1, 17, 4) of valid
+    tokens (text below 100, audio below 2048)."""
+    embeddings = 0.1 * torch.randn(4, 1, 1, 64, generator=generator)
+    cache = torch.randint(0, 2048, (1, 17, 4), generator=generator)
+    cache[:, 0] = torch.randint(0, 100, (1, 4), generator=generator)
+    return {"embeddings": embeddings.to(torch.bfloat16), "cache": cache}
+
+
 def dtypes(generator: torch.Generator) -> dict:
     values = torch.randn(2, 3, generator=generator) * 100
     kinds = [torch.float32, torch.float16, torch.float64, torch.int32, torch.int16, torch.int8]
@@ -75,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(0)
-    for make in (voice, dtypes, views, nested):
+    for make in (voice, dtypes, views, nested, persona_voice):  # new ones last: same files
         value = make(generator)
         path = args.out / f"{make.__name__}.pt"
         if make is nested:

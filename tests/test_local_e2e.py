@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 from pulse import PulseServer, pulseaudio_missing_reason
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from tiny_moshi import (
+    cached_tiny_moshi,
+    cached_tiny_personaplex,
+    espeak_speech,
+    fast_codec,
+    weight_flags,
+)
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.persona.cache import CACHE_ENV
 
 pytestmark = [
     pytest.mark.audio,
@@ -32,9 +39,11 @@ def pulse(tmp_path_factory):
         yield server
 
 
-def _local(pulse, *args, **kwargs):
+def _local(pulse, *args, env: dict | None = None, **kwargs):
     return subprocess.Popen(
-        [sys.executable, "-m", "moshi_mlx.local", *map(str, args)], env=pulse.env(), **kwargs
+        [sys.executable, "-m", "moshi_mlx.local", *map(str, args)],
+        env={**pulse.env(), **(env or {})},
+        **kwargs,
     )
 
 
@@ -187,6 +196,46 @@ def test_a_load_error_is_one_line_with_exit_code_2(pulse, tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "none.safetensors" in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factory):
+    """PersonaPlex: the prompt of --voice and --role is computed (and said so) before the
+    streams start; a Moshi model refuses both in one line."""
+    files = cached_tiny_personaplex(tmp_path_factory)
+    devices = ["--input-device", "pulse", "--output-device", "pulse"]
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = _local(
+            pulse,
+            *weight_flags(files),
+            "--codec",
+            fast_codec(),
+            *devices,
+            "--voice",
+            "NATM1",
+            "--role",
+            "You are a tutor.",
+            env={CACHE_ENV: str(tmp_path / "prompts")},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = stderr_path.read_text()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    prompt = err.index("[moshi_mlx.persona] prompt (voice NATM1, role of")
+    assert prompt < err.index("talking: mic"), err
+
+    moshi = cached_tiny_moshi(tmp_path_factory)
+    done = _run_local(pulse, *weight_flags(moshi), *devices, "--voice", "NATF2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "this model is Moshi" in lines[0], done.stderr
 
 
 def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_path_factory):

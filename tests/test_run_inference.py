@@ -3,8 +3,17 @@
 import numpy as np
 import pytest
 import soundfile as sf
-from tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, weight_flags
+from tiny_moshi import (
+    VOICE_NAMES,
+    cached_tiny_moshi,
+    cached_tiny_personaplex,
+    espeak_speech,
+    fast_codec,
+    weight_flags,
+    write_voice,
+)
 
+from moshi_mlx.persona.cache import CACHE_ENV
 from moshi_mlx.run_inference import main
 
 FRAME = 1920
@@ -81,3 +90,79 @@ def test_never_overwrites_the_input_or_an_existing_file(tmp_path, capsys, speech
     assert main([str(recording), str(existing), "--seed", "1", "--force", *flags]) == 0
     assert sf.info(str(existing)).samplerate == 24000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.wav", "me.wav", "reply.wav"]
+
+
+# --- PersonaPlex: --voice, --role, --list-voices ----------------------------------------------
+@pytest.fixture(scope="module")
+def persona(tmp_path_factory):
+    """The tiny PersonaPlex model (voices NATF2, NATM1 beside it) and a user turn of 0.5 s."""
+    files = cached_tiny_personaplex(tmp_path_factory)
+    user = write_voice(tmp_path_factory.mktemp("persona") / "user.wav", seconds=0.5)
+    return files, user, [*weight_flags(files), "--codec", fast_codec()]
+
+
+@pytest.fixture
+def prompt_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "prompts"))
+    return tmp_path / "prompts"
+
+
+def _persona_run(capsys, persona, out, *flags):
+    _, user, weights = persona
+    code = main([str(user), str(out), "--seed", "3", *weights, *map(str, flags)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    audio, _ = sf.read(out, dtype="int16")
+    return audio, captured.err
+
+
+def test_voice_and_role_choose_the_prompt(tmp_path, capsys, persona, prompt_cache):
+    files = persona[0]
+    tutor, err = _persona_run(capsys, persona, tmp_path / "a.wav", "--role", "You are a tutor.")
+    assert "[moshi_mlx.persona] prompt (voice NATF2, role of" in err and "computed" in err, err
+    again, err = _persona_run(capsys, persona, tmp_path / "b.wav", "--role", "You are a tutor.")
+    assert "read from the prompt cache" in err, err
+    role_file = tmp_path / "role.txt"
+    role_file.write_text("You sell bicycles.")
+    seller, _ = _persona_run(capsys, persona, tmp_path / "c.wav", "--role", f"@{role_file}")
+    recorded, err = _persona_run(
+        capsys, persona, tmp_path / "d.wav", "--voice", files["voice"], "--role", "You are a tutor."
+    )
+    assert f"prompt (voice {files['voice']}" in err, err
+    np.testing.assert_array_equal(tutor, again)  # the cached prompt is the computed one
+    assert np.abs(tutor).max() > 30
+    assert not np.array_equal(tutor, seller)  # the role matters
+    assert not np.array_equal(tutor, recorded)  # the voice matters
+
+
+def test_list_voices(capsys, persona):
+    assert main(["--list-voices", *persona[2]]) == 0
+    assert capsys.readouterr().out.split() == list(VOICE_NAMES)
+
+
+def _one_line_error(capsys, code: int) -> str:
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_persona_errors_are_one_line(tmp_path, capsys, persona, prompt_cache, flags):
+    _, user, weights = persona
+    out = tmp_path / "out.wav"
+    long_voice = tmp_path / "long.wav"
+    sf.write(long_voice, np.full(31 * 8000, 0.1, np.float32), 8000)
+    for choice, words in (
+        (["--voice", "NOPE"], ["unknown voice 'NOPE'", "NATF2, NATM1"]),
+        (["--voice", long_voice], ["31.0 s long", "at most 30 s"]),
+        (["--voice", tmp_path / "missing.wav"], ["voice file not found", "missing.wav"]),
+        (["--role", f"@{tmp_path / 'missing.txt'}"], ["role file not found", "missing.txt"]),
+    ):
+        err = _one_line_error(capsys, main([str(user), str(out), *weights, *map(str, choice)]))
+        assert all(word in err for word in words), err
+    moshi = [str(user), str(out), *flags]  # Moshi's tiny model
+    for choice in (["--voice", "NATF2"], ["--role", "You are a tutor."]):
+        err = _one_line_error(capsys, main([*moshi, *choice]))
+        assert "this model is Moshi" in err, err
+    err = _one_line_error(capsys, main(["--list-voices", *flags]))
+    assert "this model is Moshi" in err, err
+    assert not out.exists()

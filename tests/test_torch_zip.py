@@ -29,7 +29,7 @@ def _flat(value, prefix=""):
     return {k: v for key, item in items for k, v in _flat(item, f"{prefix}{key}/").items()}
 
 
-@pytest.mark.parametrize("name", ["voice", "dtypes", "views", "nested"])
+@pytest.mark.parametrize("name", ["voice", "dtypes", "views", "nested", "persona_voice"])
 def test_reads_torch_files_exactly(name):
     value = read_torch_file(FIXTURES / f"{name}.pt")
     arrays = _flat(value)

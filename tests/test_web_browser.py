@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import numpy as np
@@ -20,11 +21,15 @@ import soundfile as sf
 from chromium import Chromium, chromium_binary
 from tiny_moshi import (
     cached_tiny_moshi,
+    cached_tiny_personaplex,
     espeak_speech,
+    load_tiny_model,
     tiny_moshi_command,
 )
 from web_harness import ServerThread, free_port
 
+from moshi_mlx.persona.cache import CACHE_ENV
+from moshi_mlx.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web.server import ServerConfig
 from moshi_mlx.web.worker import ModelWorker
@@ -34,6 +39,7 @@ pytestmark = pytest.mark.skipif(
     reason="chromium not installed (Debian: apt install chromium; scripts/run_tests.sh does it)",
 )
 STATS = "window.moshiStats ? JSON.stringify(window.moshiStats) : null"
+PERSONA_HIDDEN = "document.getElementById('persona').hidden"
 CLICK_START = "document.getElementById('start').click()"
 
 
@@ -106,6 +112,7 @@ def test_page_talks_with_moshi_in_chromium(local_web, tmp_path):
             async with aiohttp.ClientSession() as session:
                 page = await browser.open(session, url)
                 await _poll(page, lambda s: True, 10)  # the module has loaded
+                no_persona = await page.evaluate(PERSONA_HIDDEN)  # Moshi: nothing to choose
                 await page.evaluate(CLICK_START, user_gesture=True)
                 talking = await _poll(page, _talking, 60)
                 await page.screenshot(tmp_path / "talking.png")
@@ -121,9 +128,13 @@ def test_page_talks_with_moshi_in_chromium(local_web, tmp_path):
                 server.terminate()  # the page must say that the connection closed
                 closed = await _poll(page, lambda s: s["error"], 20)
                 await page.screenshot(tmp_path / "closed.png")
-                return talking, shown, busy, closed, page.console
+                return talking, shown, busy, closed, page.console, no_persona
 
-    talking, shown, busy, closed, console = asyncio.run(asyncio.wait_for(scenario(), 180))
+    talking, shown, busy, closed, console, no_persona = asyncio.run(
+        asyncio.wait_for(scenario(), 180)
+    )
+    assert no_persona and talking["voices"] is None
+    assert talking["chatUrl"] == f"{url.replace('http', 'ws')}api/chat"
     assert _talking(talking), (talking, console[-20:], log.read_text()[-2000:])
     assert talking["sentSeconds"] > 1.0 and talking["receivedSeconds"] > 0.3  # both ways
     assert talking["latencyMs"] is not None and talking["latencyMs"] > 0
@@ -156,3 +167,60 @@ def test_page_explains_a_denied_microphone(tmp_path):
     finally:
         running.close()
     assert "Microphone access was denied" in stats["error"], stats
+
+
+PICK_PERSONA = """(() => {
+  const voice = document.getElementById('voice'), examples = document.getElementById('examples');
+  const shown = {
+    hidden: document.getElementById('persona').hidden,
+    voices: [...voice.options].map(o => o.value),
+    voice: voice.value,
+    role: document.getElementById('role').value,
+    examples: [...examples.options].slice(1).map(o => o.value),
+  };
+  voice.value = 'NATM1';
+  examples.value = examples.options[3].value;
+  examples.dispatchEvent(new Event('change'));
+  shown.picked = document.getElementById('role').value;
+  document.getElementById('role').value = ' You are\\n a tutor. ';  // the tiny model's context is short
+  return JSON.stringify(shown);
+})()"""
+
+
+def test_page_chooses_a_persona(tmp_path, tmp_path_factory, monkeypatch):
+    """PersonaPlex: the page shows the voices and roles of /api/persona and connects with
+    the chosen ones."""
+    files = cached_tiny_personaplex(tmp_path_factory)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "prompts"))
+    worker = ModelWorker(lambda: load_tiny_model(files))
+    worker.start()
+    running = ServerThread(worker)
+    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+
+    async def scenario():
+        with Chromium(tmp_path, fake_mic_wav=_mic_wav(tmp_path)) as browser:
+            async with aiohttp.ClientSession() as session:
+                page = await browser.open(session, f"http://localhost:{port}/")
+                await _poll(page, lambda s: s["voices"], 60)  # after the model's warm-up
+                shown = json.loads(await page.evaluate(PICK_PERSONA))
+                await page.evaluate(CLICK_START, user_gesture=True)
+                live = await _poll(page, lambda s: s["state"] == "live" or s["error"], 30)
+                await page.screenshot(tmp_path / "persona.png")
+                return shown, live, page.console
+
+    try:
+        shown, live, console = asyncio.run(asyncio.wait_for(scenario(), 120))
+    finally:
+        running.close()
+        worker.stop(10)
+    assert shown == {
+        "hidden": False,
+        "voices": ["NATF2", "NATM1"],
+        "voice": "NATF2",
+        "role": DEFAULT_ROLE,
+        "examples": [DEFAULT_ROLE, *EXAMPLE_ROLES],
+        "picked": EXAMPLE_ROLES[1],
+    }
+    assert live["state"] == "live" and not live["error"], (live["error"], live, console[-20:])
+    query = parse_qs(urlsplit(live["chatUrl"]).query)
+    assert query == {"voice_prompt": ["NATM1"], "text_prompt": ["You are a tutor."]}

@@ -138,6 +138,8 @@ def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         (["--header-timeout", "0"], "--header-timeout must be > 0 seconds"),
         (["--idle-timeout", "-1"], "--idle-timeout must be > 0 seconds"),
         (["--client-silence-timeout", "nan"], "--client-silence-timeout must be > 0 seconds"),
+        (["--role", "@{tmp}/role.txt"], "role file not found"),
+        (["--voice", "{tmp}/voice.wav"], "voice file not found"),
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path, flags, message):

@@ -17,12 +17,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import numpy as np
 import pytest
 from tiny_moshi import (
     cached_tiny_moshi,
+    cached_tiny_personaplex,
     espeak_speech,
     load_tiny_model,
     tiny_moshi_command,
@@ -39,12 +41,15 @@ from web_harness import (
 )
 
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.errors import WeightsError
+from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.generate import LmGen
 from moshi_mlx.local_web import ssl_context
+from moshi_mlx.persona.cache import CACHE_ENV
+from moshi_mlx.persona.role import EXAMPLE_ROLES
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
 from moshi_mlx.web.guard import Limits
+from moshi_mlx.web.persona import MAX_ROLE_CHARS
 from moshi_mlx.web.protocol import Kind
 from moshi_mlx.web.server import ServerConfig
 from moshi_mlx.web.worker import ModelWorker
@@ -743,3 +748,134 @@ def _still_open(sock: socket.socket) -> bool:
         return True
     except ConnectionError:
         return False
+
+
+# --- PersonaPlex: /api/persona, voice_prompt and text_prompt ---------------------------------
+@pytest.fixture(scope="module")
+def persona_server(tmp_path_factory):
+    """A server of the tiny PersonaPlex model (voices NATF2 and NATM1) whose default role is
+    a file's (`--role @file`); the prompt cache in a fresh folder."""
+    files = cached_tiny_personaplex(tmp_path_factory)
+    folder = tmp_path_factory.mktemp("persona_server")
+    (folder / "role.txt").write_text("You are a tutor.")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(folder / "prompts"))
+        worker = ModelWorker(lambda: load_tiny_model(files), role=f"@{folder / 'role.txt'}")
+        worker.start()
+        assert worker.ready.wait(120) and worker.error is None, worker.error
+        running = ServerThread(worker)
+        port = running.serve(ServerConfig(sampling=SamplingConfig()))
+        yield running, port
+        running.close()
+        worker.stop(10)
+
+
+def _get_json(port: int, path: str, status: int = 200) -> dict:
+    async def fetch():
+        page = f"http://127.0.0.1:{port}{path}"
+        async with aiohttp.ClientSession() as session, session.get(page) as response:
+            assert response.status == status
+            return await response.json()
+
+    return _talk(fetch())
+
+
+def _connect(port: int, query: str) -> Reply:
+    async def connect():
+        chat = f"ws://127.0.0.1:{port}/api/chat?{query}"
+        async with aiohttp.ClientSession() as session, session.ws_connect(chat) as ws:
+            return await read_until(ws, Reply(), lambda r: has_handshake(r) or r.closed)
+
+    return _talk(connect())
+
+
+def test_the_persona_endpoint(server, persona_server):
+    _, port = persona_server
+    assert _get_json(port, "/api/persona") == {
+        "prompted": True,
+        "voices": ["NATF2", "NATM1"],
+        "default_voice": "NATF2",
+        "default_role": "You are a tutor.",
+        "example_roles": list(EXAMPLE_ROLES),
+        "max_role_chars": MAX_ROLE_CHARS,
+    }
+    moshi_port = server.serve(ServerConfig(sampling=SamplingConfig()))
+    assert _get_json(moshi_port, "/api/persona") == {"prompted": False, "voices": []}
+
+
+def test_the_persona_endpoint_while_the_model_loads_and_after_a_failure():
+    gate = threading.Event()
+
+    def slow_failing_load():
+        gate.wait(30)
+        raise WeightsError("no weights here")
+
+    worker = ModelWorker(slow_failing_load)
+    worker.start()
+    running = ServerThread(worker)
+    try:
+        port = running.serve(ServerConfig(sampling=SamplingConfig()))
+        assert _get_json(port, "/api/persona", 503) == {"loading": True}
+        gate.set()
+        assert worker.ready.wait(10)
+        assert "could not load" in _get_json(port, "/api/persona", 503)["error"]
+    finally:
+        gate.set()
+        running.close()
+
+
+def test_a_client_chooses_a_published_voice_and_a_role(persona_server, monkeypatch):
+    running, port = persona_server
+    model = running.worker.model
+    chosen = []
+    conversation = model.conversation
+
+    def recording(**kwargs):
+        chosen.append((kwargs["voice"], kwargs["role"]))
+        return conversation(**kwargs)
+
+    monkeypatch.setattr(model, "conversation", recording)
+    role = "You sell bicycles. Be brief."
+    for query in (
+        f"voice_prompt=NATM1.pt&text_prompt={quote(role)}",  # NVIDIA's client
+        "voice_prompt=NATM1",
+        "text_prompt=",
+        "",
+    ):
+        reply = _connect(port, query)
+        assert has_handshake(reply) and not reply.error, (query, reply.error)
+    role_file = f"@{running.worker.role[1:]}"
+    assert chosen == [("NATM1", role), ("NATM1", role_file), (None, ""), (None, role_file)]
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ("voice_prompt=../x", "voice_prompt must name a voice (NATF2, NATM1), got '../x'"),
+        ("voice_prompt=/etc/passwd", "voice_prompt must name a voice"),
+        ("voice_prompt=NATF2/../../x", "voice_prompt must name a voice"),
+        ("voice_prompt=%2E%2E%2Fx.pt", "voice_prompt must name a voice"),
+        ("voice_prompt=NOPE.pt", "voice_prompt must name a voice (NATF2, NATM1), got 'NOPE.pt'"),
+        (f"text_prompt={'x' * (MAX_ROLE_CHARS + 1)}", "the limit is 2000"),
+        ("text_prompt=a%0Ab", "control characters"),
+        ("text_prompt=%40role.txt", "may not start with @"),
+    ],
+)
+def test_a_bad_persona_is_refused(persona_server, query, reason):
+    reply = _connect(persona_server[1], query)
+    assert reply.closed and reason in (reply.error or ""), reply.messages
+    assert not has_handshake(reply)
+
+
+def test_moshi_refuses_a_persona(url):
+    port = int(url.split(":")[2].split("/")[0])
+    reply = _connect(port, "voice_prompt=NATF2.pt&text_prompt=hi")
+    assert reply.closed and "this server's model is Moshi" in reply.error
+    assert not has_handshake(reply)
+
+
+def test_a_voice_flag_for_moshi_stops_the_server(files):
+    worker = ModelWorker(lambda: load_tiny_model(files), voice="NATF2")
+    worker.start()
+    assert worker.ready.wait(120)
+    assert isinstance(worker.error, ConfigError) and "this model is Moshi" in str(worker.error)

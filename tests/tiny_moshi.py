@@ -112,6 +112,41 @@ def write_eight_step_file(sixteen_steps: Path, path: Path) -> Path:
     return path
 
 
+VOICE_NAMES = ("NATF2", "NATM1")
+
+
+def write_voices_archive(path: Path, names: tuple[str, ...] = VOICE_NAMES) -> Path:
+    """A `voices.tgz` like NVIDIA's whose voices are all `persona_voice.pt`, a voice that the
+    tiny PersonaPlex model takes (tests/fixtures/torch_zip)."""
+    import tarfile
+
+    voice = Path(__file__).parent / "fixtures" / "torch_zip" / "persona_voice.pt"
+    with tarfile.open(path, "w:gz") as archive:
+        for name in names:
+            archive.add(voice, f"voices/{name}.pt")
+    return path
+
+
+def cached_tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
+    """`write_tiny_personaplex` with a `write_voices_archive` beside the weights, once per
+    pytest session."""
+    from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE
+
+    root = tmp_path_factory.getbasetemp() / "tiny_personaplex"
+    files = {
+        "moshi": root / "model.safetensors",
+        "lm_config": root / CONFIG_FILE,
+        "mimi": root / MIMI_FILE,
+        "tokenizer": root / TOKENIZER_FILE,
+        "voice": root / "voice.wav",
+        "voices": root / "voices.tgz",
+    }
+    if not all(path.is_file() for path in files.values()):
+        files = write_tiny_personaplex(root)
+        files["voices"] = write_voices_archive(root / "voices.tgz")
+    return files
+
+
 def write_tiny_moshi(root: Path) -> dict[str, Path]:
     """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE

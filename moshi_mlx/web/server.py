@@ -1,4 +1,5 @@
-"""The HTTP side: our page (or `--static`), and `/api/chat`, one conversation per websocket.
+"""The HTTP side: our page (or `--static`), `/api/chat`, one conversation per websocket, and
+`/api/persona`, what a PersonaPlex model lets a client choose (`web.persona`).
 
 Everything here runs on the asyncio event loop and never touches MLX: mic frames go to the
 `ModelWorker` thread, its events come back through an `asyncio.Queue` per connection. Caps,
@@ -32,6 +33,7 @@ from moshi_mlx.web.guard import (
     live_websocket,
 )
 from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
+from moshi_mlx.web.persona import prompt_choice
 from moshi_mlx.web.protocol import Kind, ProtocolError
 from moshi_mlx.web.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 
@@ -83,6 +85,15 @@ def create_app(
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/api/chat", chat.handle)
     app.on_shutdown.append(chat.close_all)
+
+    async def persona(_request: web.Request) -> web.StreamResponse:
+        if not worker.ready.is_set():
+            return web.json_response({"loading": True}, status=503, headers={"Retry-After": "1"})
+        if worker.error is not None:
+            return web.json_response({"error": "the server could not load the model"}, status=503)
+        return web.json_response(worker.persona.as_json())
+
+    app.router.add_get("/api/persona", persona)
     static_dir = config.static_dir.resolve()
     index = static_dir / "index.html"
 
@@ -289,6 +300,13 @@ class _Connection:
         if self._worker.error is not None:
             receiving.cancel()
             raise _ConversationEnded("the server could not load the model")
+        try:
+            self._session.voice, self._session.role = prompt_choice(
+                self._query, self._worker.persona
+            )
+        except ProtocolError:
+            receiving.cancel()
+            raise
         self._worker.open(self._session)
         tasks = (receiving, asyncio.create_task(self._reply()), asyncio.create_task(self._watch()))
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -1,4 +1,4 @@
-"""The model worker: one thread that does all MLX work (load, warm-up, every step).
+"""The model worker: one thread that does all MLX work (load, warm-up, prompts, every step).
 
 MLX keeps streams and compiled kernels per thread, and a model step takes tens of
 milliseconds, so the event loop never touches the model. The loop hands each client's audio
@@ -12,6 +12,7 @@ the session is told how many were dropped.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -23,11 +24,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moshi_mlx.audio.live import frames_to_drop
+from moshi_mlx.errors import MoshiError
 from moshi_mlx.memory_plan import wired_memory
 from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.web.persona import PersonaOptions, persona_options
 
 if TYPE_CHECKING:
     from moshi_mlx.api import Conversation, MoshiModel
+
+log = logging.getLogger("moshi_mlx.web")
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,8 @@ class Session:
     """One client's conversation, shared between the event loop and the worker thread.
 
     At most one step job per session waits in the worker's queue (`_scheduled`), so open
-    sessions take turns frame by frame.
+    sessions take turns frame by frame. `voice` and `role` (PersonaPlex) are the client's
+    choice, None for the server's default; set before `ModelWorker.open`.
     """
 
     def __init__(
@@ -79,6 +85,8 @@ class Session:
     ):
         self.sampling = sampling
         self.seed = seed
+        self.voice: str | None = None
+        self.role: str | None = None
         self.deliver = deliver
         self.max_lag_frames = max(1, max_lag_frames)
         # Bound on queued frames even while a step stalls (a flooding client costs no memory).
@@ -135,13 +143,24 @@ class ModelWorker:
 
     `load` is called on the worker thread and returns a `moshi_mlx.api.MoshiModel`; the
     warm-up compiles the step of `sampling` (the server's default: a session with other
-    sampling compiles its own step when it starts). `ready` is set once the model can take
-    sessions (or `error` says why it cannot).
+    sampling compiles its own step when it starts). For PersonaPlex, the prompt of the
+    server's `voice` and `role` (`--voice`, `--role`) is computed then too; a session with
+    another voice or role waits for its own on its first connection. `ready` is set once the
+    model can take sessions (or `error` says why it cannot); `persona` says then what a
+    client may choose.
     """
 
-    def __init__(self, load: Callable[[], MoshiModel], sampling: SamplingConfig | None = None):
+    def __init__(
+        self,
+        load: Callable[[], MoshiModel],
+        sampling: SamplingConfig | None = None,
+        voice: str | None = None,
+        role: str | None = None,
+    ):
         self._load = load
         self._warmup_sampling = sampling
+        self.voice, self.role = voice, role
+        self.persona = PersonaOptions()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -178,10 +197,12 @@ class ModelWorker:
         try:
             started = time.monotonic()
             self.model = self._load()
+            self.model.check_prompt_choice(self.voice, self.role)
             self.load_seconds = time.monotonic() - started
             started = time.monotonic()
             self.model.warm_up(self._warmup_sampling)
             self.warmup_seconds = time.monotonic() - started
+            self.persona = self._persona()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             self.error = exc
             self.ready.set()
@@ -189,6 +210,19 @@ class ModelWorker:
         self.ready.set()
         with wired_memory(self.model.memory):  # Apple GPUs: keep the model resident
             self._serve_jobs()
+
+    def _persona(self) -> PersonaOptions:
+        """PersonaPlex: the default prompt computed (and checked), the voices listed."""
+        prompts = self.model.prompts
+        if prompts is None:
+            return PersonaOptions()
+        prompts.state(self.voice, self.role)
+        try:
+            voices = prompts.voice_names()
+        except MoshiError as exc:  # the default voice is a file: clients choose only roles
+            log.warning("no published voices to offer: %s", exc)
+            voices = []
+        return persona_options(self.model, self.voice, self.role, voices)
 
     def _serve_jobs(self) -> None:
         conversations: dict[Session, Conversation] = {}
@@ -213,7 +247,12 @@ class ModelWorker:
         if session.closed:
             return
         try:
-            conversation = self.model.conversation(sampling=session.sampling, seed=session.seed)
+            conversation = self.model.conversation(
+                sampling=session.sampling,
+                seed=session.seed,
+                voice=self.voice if session.voice is None else session.voice,
+                role=self.role if session.role is None else session.role,
+            )
         except Exception as exc:  # noqa: BLE001 - reported to this client only
             _deliver(session, Failed(f"cannot start a conversation: {exc}"))
             return

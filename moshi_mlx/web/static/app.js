@@ -33,9 +33,13 @@ const stats = (window.moshiStats = {
   latencyMs: null,
   text: "",
   error: null,
+  voices: null, // PersonaPlex: the voices the server offers (null: Moshi, no persona)
+  chatUrl: null, // the last connection's URL
 });
 
 let session = null;
+// PersonaPlex: what the server lets us choose (GET /api/persona); null for Moshi.
+let persona = null;
 
 function setState(state, label) {
   stats.state = state;
@@ -75,7 +79,69 @@ function missingFeature() {
 function chatUrl() {
   const protocol = location.protocol === "https:" ? "wss:" : "ws:";
   // The page's own query (?text_temperature=0.5&text_seed=1 ...) goes to the server.
-  return `${protocol}//${location.host}/api/chat${location.search}`;
+  if (!persona) return `${protocol}//${location.host}/api/chat${location.search}`;
+  // PersonaPlex: NVIDIA's parameters, only where the choice is not the server's default.
+  const query = new URLSearchParams(location.search);
+  const voice = $("voice").value;
+  if (voice && voice !== persona.default_voice) query.set("voice_prompt", voice);
+  else query.delete("voice_prompt");
+  const role = oneLine($("role").value);
+  if (role !== oneLine(persona.default_role)) query.set("text_prompt", role);
+  else query.delete("text_prompt");
+  const search = query.toString();
+  return `${protocol}//${location.host}/api/chat${search ? `?${search}` : ""}`;
+}
+
+function oneLine(text) {
+  return text.replace(/\s+/g, " ").trim(); // the server takes no line breaks in a role
+}
+
+async function loadPersona() {
+  for (;;) {
+    let response;
+    try {
+      response = await fetch("/api/persona");
+    } catch (_) {
+      return;
+    }
+    if (response.status === 503) {
+      const body = await response.json().catch(() => ({}));
+      if (!body.loading) return;
+      await new Promise((resolve) => setTimeout(resolve, 1000)); // the model is loading
+      continue;
+    }
+    if (!response.ok) return; // another server (--static with Kyutai's): no persona
+    const data = await response.json();
+    if (data.prompted) showPersona(data);
+    return;
+  }
+}
+
+function showPersona(data) {
+  const query = new URLSearchParams(location.search);
+  const voice = $("voice");
+  if (!data.voices.includes(data.default_voice)) {
+    voice.add(new Option(`${data.default_voice} (the server's voice)`, "")); // a file
+  }
+  for (const name of data.voices) voice.add(new Option(name, name));
+  const asked = (query.get("voice_prompt") || "").replace(/\.pt$/, "");
+  if (data.voices.includes(asked)) voice.value = asked;
+  else voice.value = data.voices.includes(data.default_voice) ? data.default_voice : "";
+  const role = $("role");
+  role.maxLength = data.max_role_chars;
+  role.value = query.has("text_prompt") ? query.get("text_prompt") : data.default_role;
+  const examples = $("examples");
+  for (const text of [data.default_role, ...data.example_roles]) {
+    const label = text.length > 70 ? `${text.slice(0, 67)}…` : text;
+    examples.add(new Option(label, text));
+  }
+  examples.addEventListener("change", () => {
+    if (examples.value) role.value = examples.value;
+    examples.value = "";
+  });
+  persona = data;
+  stats.voices = data.voices;
+  $("persona").hidden = false;
 }
 
 async function encoderConfig() {
@@ -142,7 +208,8 @@ class Session {
 
   connect() {
     setState("waiting", "connecting…");
-    this.ws = new WebSocket(chatUrl());
+    stats.chatUrl = chatUrl();
+    this.ws = new WebSocket(stats.chatUrl);
     this.ws.binaryType = "arraybuffer";
     this.ws.onopen = () => setState("waiting", "waiting for Moshi…");
     this.ws.onmessage = (event) => this.onMessage(new Uint8Array(event.data));
@@ -378,6 +445,7 @@ function setButton(running) {
   const button = $("start");
   button.textContent = running ? "Stop" : "Start";
   button.classList.toggle("stop", running);
+  for (const id of ["voice", "role", "examples"]) $(id).disabled = running; // set at connect
 }
 
 async function toggle() {
@@ -405,3 +473,4 @@ async function toggle() {
 }
 
 $("start").addEventListener("click", toggle);
+loadPersona();

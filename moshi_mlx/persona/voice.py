@@ -50,8 +50,9 @@ class VoiceSource:
 
 
 def is_voice_name(choice: str) -> bool:
-    """Whether `--voice` names a published voice (a bare name) rather than a file."""
-    return _VOICE_NAME.fullmatch(choice) is not None and not Path(choice).exists()
+    """Whether `--voice` names a published voice (a bare name: letters, digits, `_`, `-`)
+    rather than a file (which has a suffix or a folder), whatever files exist."""
+    return _VOICE_NAME.fullmatch(choice) is not None
 
 
 def voice_names(archive: Path) -> list[str]:

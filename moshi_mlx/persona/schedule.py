@@ -88,11 +88,10 @@ def plan_prompt(
                 raise AssertionError("a prompt frame left a token to sample")
             given[:, call - 1] = False
         if restored is not None and call == restored[0]:
-            saved = restored[1]
+            saved = restored[1]  # NVIDIA's ring: the `slots` columns up to call + 1
             slots = saved.shape[1]
-            for column in range(call + 1 - slots + 1, call + 2):
-                if column >= 0:
-                    tokens[:, column] = saved[:, column % slots]
+            for column in range(max(call + 2 - slots, 0), call + 2):
+                tokens[:, column] = saved[:, column % slots]
     runs = calls - 1
     ring = np.full((cfg.num_codebooks, width), _UNWRITTEN)
     ring_given = np.zeros((1 + cfg.moshi_codebooks, width), bool)

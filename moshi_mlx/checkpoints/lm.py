@@ -181,6 +181,13 @@ def depformer_slices(config: LmConfig, full_depformer: bool = False) -> int:
     return config.dep_q if full_depformer else config.moshi_codebooks
 
 
+def _held_slices_only(entries: dict, config: LmConfig, num_slices: int) -> dict:
+    """`entries` by MLX name without those of depformer slices `num_slices` to `dep_q - 1`
+    (the slices a file has for the user's codebooks, which the model does not hold)."""
+    prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
+    return {name: entry for name, entry in entries.items() if not name.startswith(prefixes)}
+
+
 def loaded_layout(layout: Layout, config: LmConfig, source: str = "the LM file") -> Layout:
     """The names, shapes and dtypes of a file's tensors as `load_lm` keeps them (MLX naming,
     the depformer slices the model samples), from the file's layout alone."""
@@ -189,8 +196,7 @@ def loaded_layout(layout: Layout, config: LmConfig, source: str = "the LM file")
         shapes = {name: shape for name, (shape, _) in layout.items()}
         _, recipes = plan_conversion(shapes, source, config.dep_q, num_slices)
         layout = {r.target: (r.shape, layout[r.source][1]) for r in recipes}
-    prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
-    return {name: entry for name, entry in layout.items() if not name.startswith(prefixes)}
+    return _held_slices_only(layout, config, num_slices)
 
 
 def _model_tensors(
@@ -200,8 +206,7 @@ def _model_tensors(
     num_slices = depformer_slices(config, full_depformer)
     if in_pytorch_naming(tensors):
         tensors = to_mlx_naming(tensors, source, config.dep_q, num_slices)
-    prefixes = tuple(f"depformer.slices.{k}." for k in range(num_slices, config.dep_q))
-    return {name: a for name, a in tensors.items() if not name.startswith(prefixes)}
+    return _held_slices_only(tensors, config, num_slices)
 
 
 def lm_from_tensors(

@@ -270,8 +270,8 @@ def _lag_notices(reply: Reply) -> list[dict]:
     return [notice["lag"] for notice in notices if "lag" in notice]
 
 
-def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
-    gate = threading.Event()
+def _server_of_a_failing_load(gate: threading.Event) -> ServerThread:
+    """A server thread over a worker whose load waits for `gate`, then fails."""
 
     def slow_failing_load():
         gate.wait(30)
@@ -279,7 +279,12 @@ def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
 
     worker = ModelWorker(slow_failing_load)
     worker.start()
-    running = ServerThread(worker)
+    return ServerThread(worker)
+
+
+def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
+    gate = threading.Event()
+    running = _server_of_a_failing_load(gate)
     port = running.serve(ServerConfig(sampling=SamplingConfig()))
 
     async def connect():
@@ -804,14 +809,8 @@ def test_the_persona_endpoint(server, persona_server):
 
 def test_the_persona_endpoint_while_the_model_loads_and_after_a_failure():
     gate = threading.Event()
-
-    def slow_failing_load():
-        gate.wait(30)
-        raise WeightsError("no weights here")
-
-    worker = ModelWorker(slow_failing_load)
-    worker.start()
-    running = ServerThread(worker)
+    running = _server_of_a_failing_load(gate)
+    worker = running.worker
     try:
         port = running.serve(ServerConfig(sampling=SamplingConfig()))
         assert _get_json(port, "/api/persona", 503) == {"loading": True}

@@ -7,7 +7,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
@@ -21,7 +20,12 @@ from moshi_mlx.modules.kv_quant import (
     KVQuantization,
 )
 from moshi_mlx.persona.role import DEFAULT_ROLE, read_role
-from moshi_mlx.persona.voice import DEFAULT_VOICE, MAX_VOICE_SECONDS, is_voice_name
+from moshi_mlx.persona.voice import (
+    DEFAULT_VOICE,
+    MAX_VOICE_SECONDS,
+    existing_voice_file,
+    is_voice_name,
+)
 from moshi_mlx.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
@@ -140,9 +144,7 @@ def check_persona_args(args: argparse.Namespace) -> None:
     if args.role is not None:
         read_role(args.role)
     if args.voice is not None and not is_voice_name(args.voice):
-        path = Path(args.voice).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"voice file not found: {path}")
+        existing_voice_file(args.voice)
 
 
 def add_max_lag_arg(group: argparse._ArgumentGroup) -> None:

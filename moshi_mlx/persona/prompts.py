@@ -68,7 +68,7 @@ class Prompts:
         if is_voice_name(choice):
             folder = self.folder.parent / "voices" / self._fingerprint(self.voices_archive())[:16]
             return voice_source(extract_voice(self.voices_archive(), choice, folder), choice)
-        return voice_source(Path(choice).expanduser())
+        return voice_source(Path(choice))
 
     def state(self, voice: str | Path | None = None, role: str | None = None) -> GenState:
         """The state after the prompt of `voice` (default `DEFAULT_VOICE`) and `role`

@@ -93,10 +93,17 @@ def extract_voice(archive: Path, name: str, folder: Path) -> Path:
     return target
 
 
-def voice_source(path: Path, label: str | None = None) -> VoiceSource:
-    """A voice file: `.pt` (NVIDIA's saved voice) or audio."""
+def existing_voice_file(choice: str | Path) -> Path:
+    """The file a `--voice` names (`~` expanded); `ConfigError` if there is none."""
+    path = Path(choice).expanduser()
     if not path.is_file():
         raise ConfigError(f"voice file not found: {path}")
+    return path
+
+
+def voice_source(path: Path, label: str | None = None) -> VoiceSource:
+    """A voice file: `.pt` (NVIDIA's saved voice) or audio."""
+    path = existing_voice_file(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     kind = "pt" if path.suffix.lower() == VOICE_SUFFIX else "audio"
     return VoiceSource(label or str(path), path, kind, digest)

@@ -8,7 +8,6 @@ hands the client's role to `read_role` as `@file`.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from moshi_mlx.api import MoshiModel
 
 MAX_ROLE_CHARS = 2000
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _SHOWN_CHARS = 40  # of a refused value, in the reason sent back
 
 
@@ -90,7 +88,7 @@ def prompt_choice(
         return None, None
     if voice is not None:
         name = voice.removesuffix(VOICE_SUFFIX)
-        if _NAME.fullmatch(name) is None or name not in options.voices:
+        if not is_voice_name(name) or name not in options.voices:
             known = ", ".join(options.voices) or "none: this server has no published voices"
             raise ProtocolError(
                 f"query parameter voice_prompt must name a voice ({known}), got {_shown(voice)}"

@@ -179,15 +179,18 @@ class StepFunctions:
         ring = KVRing(keys, values, position, cfg.attention_window, self.kv_quantization)
         temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
         target = (t + 1) % width
-        generated, key = self.sample_tokens(
-            temporal_out,
-            text_logits,
-            key,
-            mx.take(tokens[:first_user], target, axis=1),
-            mx.take(given, target, axis=1),
-        )
-        # The input column's marks are spent; it is written again `width` steps later.
-        given = mx.where(mx.arange(width) == t % width, False, given)
+        if cfg.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
+            generated, key = self.sample_tokens(
+                temporal_out,
+                text_logits,
+                key,
+                mx.take(tokens[:first_user], target, axis=1),
+                mx.take(given, target, axis=1),
+            )
+            # The input column's marks are spent; it is written again `width` steps later.
+            given = mx.where(mx.arange(width) == t % width, False, given)
+        else:
+            generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
         t = t + 1
         padded = mx.concatenate([generated, mx.zeros(cfg.num_user_codebooks, mx.int32)])

@@ -1,0 +1,1 @@
+"""Kyutai's streaming speech-to-text (and the words of Hibiki's translation) on moshi_mlx."""

@@ -118,7 +118,7 @@ def test_from_dict_kyutai_keys_and_defaults():
         ({"card": "2048"}, "card"),
         ({"depformer_weights_per_step": False}, "depformer_weights_per_step"),
         ({"layer_scale": 0.1}, "layer_scale"),
-        ({"conditioners": {"a": {}}}, "conditioners"),
+        ({"conditioners": {"a": {}}}, "conditioner 'a'"),
         ({"existing_text_padding_id": 100}, "padding"),
     ],
 )

@@ -26,7 +26,7 @@ from moshi_mlx.checkpoints.conversion import convert_shapes, to_pytorch_naming
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import output_layout
-from moshi_mlx.models.lm import MOSHI_DELAYS, LmConfig
+from moshi_mlx.models.config import MOSHI_DELAYS, LmConfig
 from moshi_mlx.quantize import main
 from moshi_mlx.testing import write_random_lm_checkpoint
 

@@ -10,7 +10,9 @@ hold slices for the user's codebooks, left out unless `full_depformer`).
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -40,6 +42,7 @@ from moshi_mlx.errors import WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
 
 _QUANTIZABLE = (nn.Linear, nn.Embedding)
+log = logging.getLogger("moshi_mlx.checkpoints")
 
 
 def build_lm(
@@ -209,6 +212,25 @@ def _model_tensors(
     return _held_slices_only(tensors, config, num_slices)
 
 
+def _with_heads_of(tensors: dict[str, mx.array], config: LmConfig, source: str) -> LmConfig:
+    """`config` with the extra heads the file holds: Kyutai publishes STT weights with and
+    without the voice-activity heads under one config (a notice when they differ)."""
+    heads = []
+    while (name := f"extra_heads.{len(heads)}.weight") in tensors:
+        heads.append(tensors[name])
+    found = (len(heads), heads[0].shape[0] if heads else config.extra_heads_dim)
+    if found == (config.extra_heads_num_heads, config.extra_heads_dim):
+        return config
+    if heads or config.extra_heads_num_heads:
+        log.info(
+            "%s: %d extra (voice-activity) heads in the file, the config says %d",
+            source,
+            len(heads),
+            config.extra_heads_num_heads,
+        )
+    return replace(config, extra_heads_num_heads=found[0], extra_heads_dim=found[1])
+
+
 def lm_from_tensors(
     tensors: dict[str, mx.array],
     metadata: dict[str, str],
@@ -219,6 +241,7 @@ def lm_from_tensors(
 ) -> Lm:
     """`load_lm` on a checkpoint's tensors (either naming) and metadata, read from `source`."""
     tensors = _model_tensors(tensors, config, full_depformer, source)
+    config = _with_heads_of(tensors, config, source)
     model = Lm(config, full_depformer)  # lazy: its float parameters are never materialized
     quantization = detect_quantization(layout_of(tensors), metadata, model, source)
     if dtype is None:

@@ -18,7 +18,7 @@ from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
-    from moshi_mlx.models.lm import LmConfig
+    from moshi_mlx.models.config import LmConfig
 
 ZERO_TOKEN = -1  # "no input": embeds to a zero vector
 

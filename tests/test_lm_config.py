@@ -1,0 +1,132 @@
+"""LmConfig reads Kyutai's config.json schema of every model of the family."""
+
+import numpy as np
+import pytest
+
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.models.config import GenDefaults, LmConfig, SttTiming
+from moshi_mlx.models.lm import Lm
+
+# Kyutai's kyutai/stt-2.6b-en, as its model card describes it (48 layers, dim 2048, context
+# 375, no depformer, text 2.5 s behind the audio, 1 s of silence before a file).
+STT_2B6 = {
+    "moshi_name": "model.safetensors",
+    "mimi_name": "mimi-pytorch-e351c8d8@125.safetensors",
+    "tokenizer_name": "tokenizer_en_audio_4000.model",
+    "model_type": "stt",
+    "dim": 2048,
+    "text_card": 4000,
+    "existing_text_padding_id": 3,
+    "n_q": 32,
+    "dep_q": 0,
+    "card": 2048,
+    "num_heads": 32,
+    "num_layers": 48,
+    "hidden_scale": 4.125,
+    "causal": True,
+    "layer_scale": None,
+    "context": 375,
+    "max_period": 100000,
+    "gating": "silu",
+    "norm": "rms_norm_f32",
+    "positional_embedding": "rope",
+    "depformer_dim": 1024,
+    "depformer_num_heads": 16,
+    "depformer_num_layers": 6,
+    "depformer_dim_feedforward": 4224,
+    "depformer_multi_linear": True,
+    "depformer_pos_emb": "none",
+    "depformer_weights_per_step": True,
+    "delays": [0] * 33,
+    "extra_heads_num_heads": 0,
+    "lm_gen_config": {"temp": 0.0, "temp_text": 0.0, "top_k": 250, "top_k_text": 50},
+    "stt_config": {"audio_silence_prefix_seconds": 1.0, "audio_delay_seconds": 2.5},
+}
+
+
+def test_the_stt_schema_is_read_whole():
+    cfg = LmConfig.from_dict(STT_2B6)
+    assert (cfg.model_type, cfg.dep_q, cfg.n_q, cfg.num_user_codebooks) == ("stt", 0, 32, 32)
+    assert cfg.stt_config == SttTiming(2.5, 1.0)
+    assert cfg.lm_gen_config == GenDefaults(temp=0.0, temp_text=0.0, top_k=250, top_k_text=50)
+    assert (cfg.mimi_name, cfg.tokenizer_name) == (
+        "mimi-pytorch-e351c8d8@125.safetensors",
+        "tokenizer_en_audio_4000.model",
+    )
+    assert LmConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"new_key": 1}, "key(s) moshi_mlx does not know: new_key"),
+        ({"stt_config": {"audio_delay": 1}}, "stt_config has unknown key(s): audio_delay"),
+        ({"lm_gen_config": {"temp": "hot"}}, "lm_gen_config has a value that is not a number"),
+        ({"cross_attention": True}, "'cross_attention' = True is not supported"),
+        ({"model_type": "tts"}, "model_type 'tts' is not supported"),
+        ({"dep_q": 8}, "an STT model must have dep_q = 0"),
+        ({"conditioners": {"x": {"type": "tensor"}}}, "conditioner 'x' of type 'tensor'"),
+        ({"extra_heads_num_heads": -1}, "extra_heads_num_heads must be an integer >= 0"),
+        ({"lora_name": "lora.safetensors"}, "'lora_name' = 'lora.safetensors' is not supported"),
+    ],
+)
+def test_an_unknown_key_or_unsupported_value_is_a_one_line_error(change, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        LmConfig.from_dict(STT_2B6 | change)
+    assert "\n" not in str(err.value)
+
+
+def test_an_stt_model_has_no_depformer_and_its_heads_give_probabilities():
+    import mlx.core as mx
+
+    small = STT_2B6 | {"dim": 32, "num_heads": 2, "num_layers": 1, "text_card": 50, "card": 16}
+    lm = Lm(LmConfig.from_dict(small | {"extra_heads_num_heads": 4, "extra_heads_dim": 6}))
+    assert not hasattr(lm, "depformer") and len(lm.extra_heads) == 4
+    probabilities = lm.head_probabilities(mx.ones((3, 32)))
+    assert probabilities.shape == (3, 4, 6)
+    assert mx.allclose(probabilities.sum(axis=-1), mx.ones((3, 4))).item()
+
+
+def test_what_the_model_does_not_build_yet_is_refused_at_build():
+    lut = {"type": "lut", "lut": {"n_bins": 4, "dim": 8, "possible_values": ["a", "b"]}}
+    hibiki_like = LmConfig.tiny().to_dict() | {
+        "conditioners": {"description": lut},
+        "fuser": {"sum": ["description"]},
+    }
+    cfg = LmConfig.from_dict(hibiki_like)
+    assert LmConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match="conditioners: not supported by this model yet"):
+        Lm(cfg)
+    with pytest.raises(ConfigError, match="fuser sums"):
+        LmConfig.from_dict(hibiki_like | {"fuser": {"sum": []}})
+
+
+def _tiny_stt(heads: int = 0) -> LmConfig:
+    small = {"dim": 32, "num_heads": 2, "num_layers": 2, "text_card": 50, "card": 16}
+    return LmConfig.from_dict(STT_2B6 | small | {"extra_heads_num_heads": heads})
+
+
+@pytest.mark.parametrize("naming", ["mlx", "pytorch"])
+def test_an_stt_checkpoint_loads_in_either_naming_with_the_heads_it_holds(tmp_path, naming):
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from safetensors.numpy import save_file
+
+    from moshi_mlx.checkpoints.conversion import to_pytorch_naming
+    from moshi_mlx.checkpoints.lm import load_lm
+    from moshi_mlx.testing import write_random_lm_checkpoint
+
+    path = write_random_lm_checkpoint(tmp_path / "mlx", _tiny_stt(heads=4))
+    written = load_lm(path, _tiny_stt(heads=4), dtype=mx.float32)
+    if naming == "pytorch":
+        tensors = dict(tree_flatten(written.parameters()))
+        path = tmp_path / "model.safetensors"
+        pytorch = to_pytorch_naming(tensors)
+        save_file({k: np.ascontiguousarray(v) for k, v in pytorch.items()}, str(path))
+    # The config says no heads (as Kyutai's STT configs do), the file holds 4: they load.
+    lm = load_lm(path, _tiny_stt(heads=0), dtype=mx.float32)
+    assert lm.cfg.extra_heads_num_heads == 4 and not hasattr(lm, "depformer")
+    for (name, ours), (_, theirs) in zip(
+        tree_flatten(lm.parameters()), tree_flatten(written.parameters()), strict=True
+    ):
+        assert mx.array_equal(ours, theirs).item(), name

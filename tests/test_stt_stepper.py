@@ -1,0 +1,82 @@
+"""The batched listening step of models without a depformer (Kyutai's STT)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.models.config import LmConfig
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.stt.stepper import ListenStepper
+
+STEPS = 40
+
+
+def _tiny_stt(delays: list[int]) -> LmConfig:
+    return LmConfig(
+        dim=32, num_heads=2, num_layers=2, hidden_scale=2.0, context=12, card=16,
+        text_card=50, n_q=8, dep_q=0, delays=tuple(delays), model_type="stt",
+        extra_heads_num_heads=2, extra_heads_dim=3,
+    )  # fmt: skip
+
+
+def _model(delays: list[int]) -> Lm:
+    mx.random.seed(3)
+    lm = Lm(_tiny_stt(delays))
+    lm.set_dtype(mx.float32)
+    mx.eval(lm.parameters())
+    return lm
+
+
+def _run(lm: Lm, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """codes (B, steps, n_q) -> text (B, steps), heads (B, steps, H, C)."""
+    stepper = ListenStepper(lm, batch=codes.shape[0])
+    texts, heads = [], []
+    for t in range(codes.shape[1]):
+        text, probabilities = stepper.step(codes[:, t])
+        texts.append(np.array(text))
+        heads.append(np.array(probabilities))
+    return np.stack(texts, axis=1), np.stack(heads, axis=1)
+
+
+@pytest.mark.parametrize(
+    "delays", [[0] * 9, [0, 2, 2, 2, 2, 2, 2, 2, 2], [1, 0, 0, 0, 0, 3, 3, 3, 3]]
+)
+def test_streams_batched_together_read_as_each_alone(delays):
+    lm = _model(delays)
+    codes = np.random.default_rng(0).integers(0, 16, (3, STEPS, 8))
+    texts, heads = _run(lm, codes)
+    for b in range(3):
+        alone_text, alone_heads = _run(lm, codes[b : b + 1])
+        assert np.array_equal(alone_text[0], texts[b])
+        np.testing.assert_allclose(alone_heads[0], heads[b], atol=1e-5)
+    assert heads.shape == (3, STEPS, 2, 3)
+    np.testing.assert_allclose(heads.sum(-1), 1.0, atol=1e-5)
+
+
+def test_a_step_reads_the_delayed_codes_and_its_own_text_like_kyutais_lmgen():
+    """Step t feeds stream k the codes given at t - delays[k] (its start token before), and
+    the text sampled at t - 1; its output is the text `max_delay - delays[0]` steps back."""
+    delays = [1, 0, 0, 0, 0, 2, 2, 2, 2]
+    lm = _model(delays)
+    cfg = lm.cfg
+    codes = np.random.default_rng(1).integers(0, 16, (1, STEPS, 8))
+    texts, _ = _run(lm, codes)
+    # The same model, unrolled by hand without a ring: greedy text from the full inputs.
+    sampled, ring = [], lm.make_ring()
+    for t in range(STEPS):
+        inputs = [cfg.text_card if t <= delays[0] else sampled[t - 1]]
+        inputs += [
+            cfg.card if t <= d else int(codes[0, t - d, k]) for k, d in enumerate(delays[1:])
+        ]
+        ring = ring.grown(t)
+        _, logits = lm.step_text(mx.array(inputs, mx.int32)[None, :, None], ring)
+        ring = ring.advanced()
+        sampled.append(int(mx.argmax(logits[0]).item()))
+    lag = cfg.max_delay - delays[0]
+    assert texts[0, cfg.max_delay :].tolist() == sampled[cfg.max_delay - lag : STEPS - lag]
+
+
+def test_a_model_with_a_depformer_is_refused():
+    with pytest.raises(MoshiError, match="without a depformer"):
+        ListenStepper(Lm(LmConfig.tiny()))

@@ -23,15 +23,17 @@ def to_text(words: Sequence[Word]) -> str:
 
 
 def to_json(words: Sequence[Word]) -> str:
-    """The transcript as JSON (schema in this module's docstring), with a final newline."""
-    document = {
-        "text": " ".join(word.text for word in words),
-        "words": [
-            {"text": word.text, "start": round(word.start, 3), "end": round(word.end, 3)}
-            for word in words
-        ],
-    }
-    return json.dumps(document, ensure_ascii=False, indent=1) + "\n"
+    """The transcript as JSON (schema in this module's docstring), one word a line."""
+    text = json.dumps(" ".join(word.text for word in words), ensure_ascii=False)
+    entries = [
+        json.dumps(
+            {"text": word.text, "start": round(word.start, 3), "end": round(word.end, 3)},
+            ensure_ascii=False,
+        )
+        for word in words
+    ]
+    listed = "".join(f"\n  {entry}," for entry in entries).rstrip(",")
+    return f'{{"text": {text},\n "words": [{listed}\n ]}}\n'
 
 
 def to_srt(

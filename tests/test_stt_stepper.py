@@ -33,9 +33,9 @@ def _run(lm: Lm, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     stepper = ListenStepper(lm, batch=codes.shape[0])
     texts, heads = [], []
     for t in range(codes.shape[1]):
-        text, probabilities = stepper.step(codes[:, t])
-        texts.append(np.array(text))
-        heads.append(np.array(probabilities))
+        out = stepper.step(codes[:, t])
+        texts.append(np.array(out.text_tokens))
+        heads.append(np.array(out.head_probabilities))
     return np.stack(texts, axis=1), np.stack(heads, axis=1)
 
 

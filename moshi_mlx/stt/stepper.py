@@ -35,6 +35,17 @@ class TextSampling:
     top_k: int = 0
 
 
+@dataclass(frozen=True)
+class ListenStep:
+    """One step's lazy outputs: text_tokens (B,) (meaningful once the stepper is `ready`),
+    text_logits (B, text_card) of the token sampled now, head_probabilities (B, heads,
+    classes) (no heads: (B, 0, 0))."""
+
+    text_tokens: mx.array
+    text_logits: mx.array
+    head_probabilities: mx.array
+
+
 class _StepFunction:
     """The compiled step of one model and sampling (see the module docstring)."""
 
@@ -56,8 +67,9 @@ class _StepFunction:
         values: list[mx.array],
         position: mx.array,
     ) -> tuple:
-        """codes (B, n_q), tokens (B, K, width) -> the text tokens out (B,), the heads'
-        probabilities (B, heads, classes), the next token ring, key, and KV ring arrays."""
+        """codes (B, n_q), tokens (B, K, width) -> the text tokens out (B,), the text logits
+        (B, text_card), the heads' probabilities (B, heads, classes), the next token ring,
+        key, and KV ring arrays."""
         lm, cfg, t, width = self.lm, self.lm.cfg, position, self.width
         batch = codes.shape[0]
         columns = mx.broadcast_to(
@@ -81,7 +93,7 @@ class _StepFunction:
             else mx.zeros((batch, 0, 0), mx.float32)
         )
         ring = ring.advanced()
-        return out, heads, tokens, key, ring.keys, ring.values, ring.position
+        return out, text_logits, heads, tokens, key, ring.keys, ring.values, ring.position
 
 
 def _put_column(rows: mx.array, column: mx.array, values: mx.array) -> mx.array:
@@ -122,19 +134,18 @@ class ListenStepper:
         """Whether the last step returned text (the delays are filled)."""
         return self.step_index > self.lm.cfg.max_delay
 
-    def step(self, codes: np.ndarray | mx.array) -> tuple[mx.array, mx.array]:
-        """Advance all streams by one frame of audio codes (B, n_q) -> the text tokens (B,)
-        (meaningful once `ready`) and the heads' probabilities (B, heads, classes), lazily."""
+    def step(self, codes: np.ndarray | mx.array) -> ListenStep:
+        """Advance all streams by one frame of audio codes (B, n_q), lazily."""
         codes = mx.array(codes).astype(mx.int32) if not isinstance(codes, mx.array) else codes
         expected = (self.batch, self.lm.cfg.n_q)
         if codes.shape != expected:
             raise MoshiError(f"expected audio codes of shape {expected}, got {codes.shape}")
         self._ring = self._ring.grown(self.step_index)
         ring = self._ring
-        out, heads, self._tokens, self._key, *ring_state = self._function.compiled(
+        out, logits, heads, self._tokens, self._key, *ring_state = self._function.compiled(
             codes.astype(mx.int32), self._tokens, self._key, ring.keys, ring.values, ring.position
         )
         self._ring = ring.replaced(*ring_state)
         mx.async_eval(out, heads, self._tokens, *ring_state)
         self.step_index += 1
-        return out, heads
+        return ListenStep(out, logits, heads)

@@ -170,6 +170,50 @@ def write_tiny_moshi(root: Path) -> dict[str, Path]:
     }
 
 
+def tiny_stt_config(heads: int = 4):
+    """A tiny model in Kyutai's STT layout (32 audio streams in, no depformer, voice-activity
+    heads, text 0.5 s behind the audio) over Mimi's 2048 tokens per codebook."""
+    from moshi_mlx.models.config import LmConfig, SttTiming
+
+    return LmConfig(
+        dim=32, num_heads=2, num_layers=2, hidden_scale=2.0, context=40, card=2048,
+        text_card=100, n_q=32, dep_q=0, delays=(0,) * 33, model_type="stt",
+        extra_heads_num_heads=heads, stt_config=SttTiming(0.5, 0.0),
+        tokenizer_name="tokenizer_spm_32k_3.model",
+    )  # fmt: skip
+
+
+def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
+    """A tiny random STT checkpoint (bf16, PyTorch naming, as kyutai/stt-1b-en_fr) and its
+    config.json in `root`, beside the given Mimi and tokenizer. Its text head favours
+    padding (3) and word boundaries (0), as a trained model's does, so that words come out."""
+    import json
+
+    import mlx.core as mx
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from moshi_mlx.checkpoints.conversion import to_pytorch_naming
+    from moshi_mlx.testing import write_random_lm_checkpoint
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    config = tiny_stt_config()
+    weights = mx.load(str(write_random_lm_checkpoint(root / "mlx.safetensors", config, seed=11)))
+    text_linear = np.array(weights["text_linear.weight"].astype(mx.float32))
+    text_linear[[0, 3]] *= 6.0
+    weights["text_linear.weight"] = mx.array(text_linear).astype(mx.bfloat16)
+    tensors = {
+        k: np.ascontiguousarray(np.array(v.astype(mx.float32)))
+        for k, v in to_pytorch_naming(weights).items()
+    }
+    moshi = root / "model.safetensors"
+    save_file(tensors, str(moshi))
+    (root / "mlx.safetensors").unlink()
+    (root / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    return {"moshi": moshi, "lm_config": root / "config.json", "mimi": mimi, "tokenizer": tokenizer}
+
+
 def fast_codec() -> str:
     """rustymimi (about 3x faster than the MLX Mimi on a CPU) when installed, else mlx."""
     import importlib.util

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from moshi_mlx.checkpoints.io import read_json
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
     DEFAULT_REPO,
@@ -107,23 +108,8 @@ def resolve_weights(
         "mimi": (MIMI_FILE, "--mimi-weight", mimi_weight),
         "tokenizer": (TOKENIZER_FILE, "--tokenizer", tokenizer),
     }
-    # Check every given path before any (slow) download, so a typo fails at once.
-    found = {
-        field: _user_path(given, flag)
-        for field, (_, flag, given) in wanted.items()
-        if given is not None
-    }
     config = _user_path(lm_config, "--lm-config") if lm_config is not None else None
-    from_hub = False
-    for field, (filename, flag, _) in wanted.items():
-        if field in found:
-            continue
-        local = weights_dir() / filename
-        if local.is_file():
-            found[field] = local
-        else:
-            found[field] = _download(repo, filename, flag)
-            from_hub = from_hub or field == "moshi"
+    found, from_hub = _find_files(repo, wanted)
     if lm_config is None:
         config = _optional_config(repo, found["moshi"], from_hub)
     return WeightFiles(lm_config=config, repo=repo, **found)
@@ -155,3 +141,50 @@ def resolve_voices(files: WeightFiles) -> Path:
     facts = KNOWN_REPOS.get(files.repo)
     repo = files.repo if facts is not None and facts.voices else PERSONAPLEX_REPO
     return _download(repo, VOICES_FILE, "--voice FILE")
+
+
+def resolve_config_named(
+    hf_repo: str,
+    moshi_weight: str | Path | None = None,
+    mimi_weight: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    lm_config: str | Path | None = None,
+) -> WeightFiles:
+    """The files of a repo whose `config.json` names them (`moshi_name`, `mimi_name`,
+    `tokenizer_name`: Kyutai's STT and Hibiki repos): the config first (given, in the weights
+    folder, or from the hub), then each file as `resolve_weights` finds it."""
+    if lm_config is not None:
+        config = _user_path(lm_config, "--lm-config")
+    else:
+        config = config_in(weights_dir()) or _download(hf_repo, CONFIG_FILE, "--lm-config")
+    names = read_json(config)
+    wanted = {  # field: (file name in the repo, flag, path given by the user)
+        "moshi": (names.get("moshi_name", LM_FILES[16][1]), "--moshi-weight", moshi_weight),
+        "mimi": (names.get("mimi_name", MIMI_FILE), "--mimi-weight", mimi_weight),
+        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "--tokenizer", tokenizer),
+    }
+    return WeightFiles(lm_config=config, repo=hf_repo, **_find_files(hf_repo, wanted)[0])
+
+
+def _find_files(
+    repo: str, wanted: dict[str, tuple[str, str, str | Path | None]]
+) -> tuple[dict[str, Path], bool]:
+    """Each wanted file (field: (name in the repo, flag, path given by the user)): the given
+    path, else the weights folder's, else the hub's; and whether the LM file is the hub's."""
+    # Check every given path before any (slow) download, so a typo fails at once.
+    found = {
+        field: _user_path(given, flag)
+        for field, (_, flag, given) in wanted.items()
+        if given is not None
+    }
+    from_hub = False
+    for field, (filename, flag, _) in wanted.items():
+        if field in found:
+            continue
+        local = weights_dir() / filename
+        if local.is_file():
+            found[field] = local
+        else:
+            found[field] = _download(repo, filename, flag)
+            from_hub = from_hub or field == "moshi"
+    return found, from_hub

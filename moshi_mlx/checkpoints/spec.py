@@ -20,6 +20,9 @@ from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import LmConfig
 
 DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
+# Kyutai's speech-to-text with its voice-activity heads (PyTorch naming; file names in its
+# config.json, as in every delayed-streams repo: STT, Hibiki).
+DEFAULT_STT_REPO = "kyutai/stt-1b-en_fr"
 MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
 TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
 CONFIG_FILE = "config.json"

@@ -33,9 +33,11 @@ SttEvent = WordStarted | WordEnded | EndOfTurn
 @dataclass(frozen=True)
 class SttStep:
     """One 80 ms step of one stream: its index from the stream's start, the events it
-    produced, and each voice-activity head's probability that the speaker is done (empty
-    when the checkpoint has no such heads)."""
+    produced, each voice-activity head's probability that the speaker is done (empty when
+    the checkpoint has no such heads), and the text its token adds (for live captions, at
+    once; a word's event comes when the word is known to be complete)."""
 
     index: int
     events: tuple[SttEvent, ...] = ()
     pause_probabilities: tuple[float, ...] = ()
+    text: str = ""

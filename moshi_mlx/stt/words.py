@@ -35,6 +35,8 @@ class Tokenizer(Protocol):
 
     def eos_id(self) -> int: ...
 
+    def get_piece_size(self) -> int: ...
+
 
 class Word(NamedTuple):
     """A finished word: its text and its start and end in seconds of the input audio."""
@@ -64,6 +66,7 @@ class WordTimer:
         self.padding_id = padding_id
         self.end_of_padding_id = end_of_padding_id
         self._eos_id = tokenizer.eos_id()
+        self._vocabulary = tokenizer.get_piece_size()  # larger ids (a mismatched model): no text
         self._frame_rate = 1.0 / frame_period  # steps per second
         self._offset = silence_prefix + audio_delay
         self.reset()
@@ -91,7 +94,7 @@ class WordTimer:
         if text_token == self._eos_id:
             if self._segment_eos is None:
                 self._segment_eos = step_index
-        elif text_token > self.padding_id:
+        elif self.padding_id < text_token < self._vocabulary:
             self._segment_tokens.append((step_index, text_token))
             return self._report_settled()
         return ()

@@ -1,0 +1,178 @@
+"""`python -m moshi_mlx.stt`: transcribe files, live captions from the microphone, or serve
+Kyutai's streaming speech-to-text websocket.
+
+    python -m moshi_mlx.stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
+    python -m moshi_mlx.stt --mic [--input-device NAME]
+    python -m moshi_mlx.stt --serve [--host 127.0.0.1 --port 8080]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from moshi_mlx.audio.devices import format_devices, import_sounddevice, resolve_device
+from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
+from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
+from moshi_mlx.cli import run_cli
+from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.errors import ConfigError
+from moshi_mlx.output_files import check_output, written_atomically
+from moshi_mlx.stt.events import EndOfTurn
+from moshi_mlx.stt.transcriber import SttModel, transcribe
+from moshi_mlx.stt.transcript import to_json, to_srt, to_text
+from moshi_mlx.stt.words import finished_words
+
+FORMATS = {"text": (to_text, ".txt"), "json": (to_json, ".json"), "srt": (to_srt, ".srt")}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m moshi_mlx.stt", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("files", nargs="*", help="audio files to transcribe (wav, flac, ogg)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--mic", action="store_true", help="live captions from the microphone")
+    mode.add_argument("--serve", action="store_true", help="serve Kyutai's STT websocket")
+    out = parser.add_argument_group("files")
+    style = out.add_mutually_exclusive_group()
+    style.add_argument("--json", action="store_true", help="words with start and end times")
+    style.add_argument("--srt", action="store_true", help="subtitles")
+    out.add_argument(
+        "-o", "--output-dir", metavar="DIR", help="write FILE.txt/.json/.srt here, not stdout"
+    )
+    out.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    out.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        metavar="N",
+        help="files transcribed together in one batch (default %(default)s)",
+    )
+    weights = parser.add_argument_group(
+        "weights", f"the path flags, then the weights folder (${WEIGHTS_ENV}), then the hub"
+    )
+    weights.add_argument(
+        "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_STT_REPO})"
+    )
+    weights.add_argument("--moshi-weight", metavar="PATH", help="local LM weights")
+    weights.add_argument("--mimi-weight", metavar="PATH", help="local Mimi weights")
+    weights.add_argument("--tokenizer", metavar="PATH", help="local text tokenizer")
+    weights.add_argument("--lm-config", metavar="PATH", help="local config.json")
+    weights.add_argument("--codec", choices=BACKENDS, default=BACKENDS[0], help="Mimi backend")
+    audio = parser.add_argument_group("microphone")
+    audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
+    audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be >= 1, got {args.batch}")
+    if not (args.files or args.mic or args.serve or args.list_devices):
+        parser.error("give audio files, --mic or --serve")
+    if args.files and (args.mic or args.serve):
+        parser.error("files cannot be combined with --mic or --serve")
+    return args
+
+
+def _load(args: argparse.Namespace) -> SttModel:
+    return SttModel.load(
+        args.hf_repo,
+        args.moshi_weight,
+        args.mimi_weight,
+        args.tokenizer,
+        args.lm_config,
+        args.codec,
+    )
+
+
+def transcribe_files(args: argparse.Namespace) -> int:
+    """Transcribe every file, in batches, and print or write the transcripts."""
+    style = "json" if args.json else "srt" if args.srt else "text"
+    render, suffix = FORMATS[style]
+    paths = [Path(f) for f in args.files]
+    outputs = []
+    if args.output_dir is not None:
+        outputs = [Path(args.output_dir) / (p.stem + suffix) for p in paths]
+        for path, output in zip(paths, outputs):
+            check_output(path, output, args.force, "audio file")
+    elif style == "srt" and len(paths) > 1:
+        raise ConfigError("--srt of several files needs --output-dir (one subtitle file each)")
+    audio = [read_audio(p, SAMPLE_RATE) for p in paths]  # every file read before the model
+    model = _load(args)
+    started = time.monotonic()
+    events = transcribe(model, audio, args.batch)
+    seconds = sum(len(a) for a in audio) / SAMPLE_RATE
+    print(
+        f"transcribed {seconds:.1f} s of audio in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    for index, (path, stream) in enumerate(zip(paths, events)):
+        text = render(finished_words(stream))
+        if outputs:
+            with written_atomically(outputs[index]) as part:
+                part.write_text(text)
+        elif style == "json" and len(paths) > 1:
+            print(json.dumps({"file": str(path), **json.loads(text)}, ensure_ascii=False))
+        else:
+            if len(paths) > 1:
+                print(f"== {path}")
+            print(text.rstrip("\n"))
+    return 0
+
+
+def live_captions(args: argparse.Namespace) -> int:
+    """Print what the microphone says as it is said, and `[end of turn]` when the
+    voice-activity heads hear the speaker finish; Ctrl-C to stop."""
+    sd = import_sounddevice()
+    device = resolve_device(args.input_device, "input")
+    model = _load(args)
+    stt = model.speech_to_text()
+    frames: queue.Queue[np.ndarray] = queue.Queue(maxsize=64)
+
+    def on_audio(indata, _frames, _time, _status) -> None:  # PortAudio's thread: never blocks
+        try:
+            frames.put_nowait(indata[:, 0].copy())
+        except queue.Full:  # the model fell behind: this frame is dropped
+            pass
+
+    with sd.InputStream(
+        samplerate=SAMPLE_RATE,
+        channels=1,
+        dtype="float32",
+        blocksize=FRAME_SIZE,
+        device=device,
+        callback=on_audio,
+    ):
+        print("listening (Ctrl-C to stop)", file=sys.stderr)
+        while True:
+            step = stt.step(frames.get())
+            print(step.text, end="", flush=True)
+            if any(isinstance(event, EndOfTurn) for event in step.events):
+                print(" [end of turn]", flush=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    raise ConfigError("--serve: not available yet")
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    if args.list_devices:
+        print(format_devices())
+        return 0
+    if args.mic:
+        return live_captions(args)
+    if args.serve:
+        return serve(args)
+    return transcribe_files(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(_run, argv)

@@ -1,0 +1,215 @@
+"""The speech-to-text API: load Kyutai's STT once, then transcribe 80 ms at a time.
+
+    from moshi_mlx.stt.transcriber import SttModel
+
+    model = SttModel.load()  # kyutai/stt-1b-en_fr, or local files
+    stt = model.speech_to_text()
+    for frame in frames:  # float32 (1920,) at 24 kHz
+        step = stt.step(frame)  # step.events: words with times, end of turn
+    for event in stt.flush():  # the words still behind the model's delay
+        ...
+
+`SpeechToText(model, streams=B)` transcribes B streams in one batch (`step_batch`): one read
+of the weights per step serves them all. Each stream has its own codec state, word timer and
+turn detector; they start together (pad shorter audio with silence).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, lm_config_of
+from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.errors import AudioError, ConfigError
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
+from moshi_mlx.stt.stepper import ListenStepper, TextSampling
+from moshi_mlx.stt.words import WordTimer
+from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
+
+FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
+# Kyutai's end-of-turn rule: the voice-activity head 2's "done" class (0) above one half,
+# once a word was heard since the last turn.
+TURN_HEAD, TURN_THRESHOLD = 2, 0.5
+# Silence fed after a file, beyond the model's delay, as Kyutai's run_inference pads it.
+FLUSH_EXTRA_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class SttModel:
+    """Loaded speech-to-text weights: the LM (no depformer), the Mimi codec, the tokenizer."""
+
+    lm: Lm
+    codec: Codec
+    tokenizer: object  # sentencepiece.SentencePieceProcessor
+    files: WeightFiles
+
+    @classmethod
+    def load(
+        cls,
+        hf_repo: str | None = None,
+        moshi_weight: str | Path | None = None,
+        mimi_weight: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        lm_config: str | Path | None = None,
+        codec_backend: str = "mlx",
+        dtype: mx.Dtype | None = None,
+    ) -> SttModel:
+        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
+        kyutai/stt-1b-en_fr, whose config.json names them) and load them."""
+        files = resolve_config_named(
+            hf_repo or DEFAULT_STT_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        )
+        config = lm_config_of(files.moshi, files.lm_config)
+        if config.dep_q or config.stt_config is None:
+            raise ConfigError(
+                f"{files.lm_config} is not a speech-to-text config (it needs dep_q 0 and an "
+                "stt_config)"
+            )
+        lm = load_lm(files.moshi, config, dtype=dtype)
+        codec = load_codec(files.mimi, codec_backend, num_codebooks=config.n_q)
+        return cls(lm, codec, load_tokenizer(files.tokenizer), files)
+
+    def speech_to_text(
+        self, streams: int = 1, sampling: TextSampling | None = None
+    ) -> SpeechToText:
+        """A fresh transcription of `streams` streams stepping together."""
+        return SpeechToText(self, streams, sampling)
+
+
+class _TurnDetector:
+    """End of turn from the voice-activity heads, once per turn (after some text was heard)."""
+
+    def __init__(self):
+        self.heard = False
+
+    def update(self, text: str, done: float | None, time: float) -> tuple[EndOfTurn, ...]:
+        self.heard = self.heard or bool(text.strip())
+        if done is not None and done > TURN_THRESHOLD and self.heard:
+            self.heard = False
+            return (EndOfTurn(time),)
+        return ()
+
+
+class SpeechToText:
+    """A streaming transcription of one or several streams; see the module docstring."""
+
+    frame_size = FRAME_SIZE
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, model: SttModel, streams: int = 1, sampling: TextSampling | None = None):
+        cfg = model.lm.cfg
+        self.model = model
+        self.streams = streams
+        self.timing = cfg.stt_config
+        self._stepper = ListenStepper(model.lm, streams, sampling)
+        self._codecs = [model.codec.fresh() for _ in range(streams)]
+        self._timers = [
+            WordTimer(
+                model.tokenizer,
+                audio_delay=self.timing.audio_delay_seconds,
+                silence_prefix=self.timing.audio_silence_prefix_seconds,
+                padding_id=cfg.existing_text_padding_id,
+            )
+            for _ in range(streams)
+        ]
+        self._decoders = [TextDecoder(model.tokenizer) for _ in range(streams)]
+        self._turns = [_TurnDetector() for _ in range(streams)]
+        self._silence = np.zeros((streams, FRAME_SIZE), np.float32)
+        for _ in range(math.ceil(self.timing.audio_silence_prefix_seconds / FRAME_SECONDS)):
+            self._advance(self._silence)
+
+    @property
+    def step_index(self) -> int:
+        """Steps taken, the silence before the audio included."""
+        return self._stepper.step_index
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        """One frame (1920,) float32 at 24 kHz of a single-stream transcription."""
+        if self.streams != 1:
+            raise AudioError(f"this transcription has {self.streams} streams: use step_batch")
+        return self.step_batch(np.asarray(pcm)[None])[0]
+
+    def step_batch(self, pcm: np.ndarray) -> list[SttStep]:
+        """One frame of every stream, (streams, 1920) float32 at 24 kHz."""
+        pcm = np.asarray(pcm, np.float32)
+        if pcm.shape != (self.streams, FRAME_SIZE):
+            raise AudioError(
+                f"expected audio of shape ({self.streams}, {FRAME_SIZE}), got {pcm.shape}"
+            )
+        return self._advance(pcm)
+
+    @property
+    def flush_steps(self) -> int:
+        """Steps of silence after a stream's audio that bring out its last words."""
+        seconds = self.timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
+        return math.ceil(seconds / FRAME_SECONDS)
+
+    def flush(self) -> list[list[SttEvent]]:
+        """End every stream: `flush_steps` of silence, then the last words (per stream)."""
+        events: list[list[SttEvent]] = [[] for _ in range(self.streams)]
+        for _ in range(self.flush_steps):
+            for stream, step in enumerate(self._advance(self._silence)):
+                events[stream].extend(step.events)
+        for stream in range(self.streams):
+            events[stream].extend(self.finish_stream(stream))
+        return events
+
+    def finish_stream(self, stream: int) -> tuple[SttEvent, ...]:
+        """The words still open in `stream`, whose audio (and flush) is over; its later steps
+        are the caller's to ignore."""
+        return self._timers[stream].finish()
+
+    def _advance(self, pcm: np.ndarray) -> list[SttStep]:
+        codes = mx.stack([codec.encode_step(frame) for codec, frame in zip(self._codecs, pcm)])
+        out = self._stepper.step(codes.reshape(self.streams, -1))
+        states = [codec.state for codec in self._codecs]
+        mx.eval(out.text_tokens, out.head_probabilities, states)
+        index = self._stepper.step_index - 1
+        if not self._stepper.ready:
+            return [SttStep(index) for _ in range(self.streams)]
+        tokens = np.array(out.text_tokens).tolist()
+        heads = np.array(out.head_probabilities)[:, :, 0]  # (streams, heads): "done" class
+        time = max(0.0, index * FRAME_SECONDS - self.timing.audio_silence_prefix_seconds)
+        steps = []
+        for stream, token in enumerate(tokens):
+            text = self._decoders[stream].decode(token)
+            events = self._timers[stream].push(index, token)
+            done = heads[stream, TURN_HEAD] if heads.shape[1] > TURN_HEAD else None
+            events += self._turns[stream].update(text, done, time)
+            pause = tuple(float(p) for p in heads[stream])
+            steps.append(SttStep(index, events, pause, text))
+        return steps
+
+
+def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list[list[SttEvent]]:
+    """The events of each audio (float32 mono at 24 kHz), `batch` of them stepping together;
+    each ends with its own flush, so its words are those it has transcribed alone."""
+    results: list[list[SttEvent]] = []
+    for first in range(0, len(audio), batch):
+        group = audio[first : first + batch]
+        stt = model.speech_to_text(len(group))
+        frames = [math.ceil(len(pcm) / FRAME_SIZE) for pcm in group]
+        ends = [stt.step_index + n + stt.flush_steps for n in frames]
+        padded = np.zeros((len(group), max(frames) * FRAME_SIZE), np.float32)
+        for stream, pcm in enumerate(group):
+            padded[stream, : len(pcm)] = pcm
+        events: list[list[SttEvent]] = [[] for _ in group]
+        for step in range(max(ends) - stt.step_index):
+            frame = padded[:, step * FRAME_SIZE : (step + 1) * FRAME_SIZE]
+            if frame.shape[1] < FRAME_SIZE:
+                frame = np.zeros((len(group), FRAME_SIZE), np.float32)
+            for stream, out in enumerate(stt.step_batch(frame)):
+                if out.index < ends[stream]:
+                    events[stream].extend(out.events)
+                if out.index == ends[stream] - 1:
+                    events[stream].extend(stt.finish_stream(stream))
+        results.extend(events)
+    return results

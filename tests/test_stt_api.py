@@ -1,0 +1,97 @@
+"""The speech-to-text API and `python -m moshi_mlx.stt` on a tiny random STT checkpoint."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.errors import AudioError
+from moshi_mlx.stt.events import EndOfTurn, WordEnded, WordStarted
+from moshi_mlx.stt.transcriber import SttModel, transcribe
+from moshi_mlx.stt.words import finished_words
+from tests.tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, write_tiny_stt
+
+SENTENCES = ["hello there how are you today", "the quick brown fox jumps over the lazy dog"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    moshi = cached_tiny_moshi(tmp_path_factory)
+    return write_tiny_stt(tmp_path_factory.mktemp("stt"), moshi["mimi"], moshi["tokenizer"])
+
+
+@pytest.fixture(scope="module")
+def model(files):
+    return SttModel.load(
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    root = tmp_path_factory.mktemp("speech")
+    paths = [espeak_speech(root / f"s{i}.wav", text) for i, text in enumerate(SENTENCES)]
+    if None in paths:
+        pytest.skip("needs espeak-ng and sox")
+    return paths
+
+
+def test_files_batched_together_get_the_words_of_each_alone(model, speech):
+    audio = [read_audio(path) for path in speech]
+    together = transcribe(model, audio, batch=2)
+    for pcm, events in zip(audio, together):
+        alone = transcribe(model, [pcm], batch=1)[0]
+        assert finished_words(events) == finished_words(alone)
+    words = [w for events in together for w in finished_words(events)]
+    assert words and all(0 <= w.start <= w.end for w in words)
+
+
+def test_a_stream_reports_steps_with_head_probabilities_and_ordered_events(model, speech):
+    stt = model.speech_to_text()
+    pcm = read_audio(speech[0])
+    steps = [stt.step(pcm[i : i + 1920]) for i in range(0, len(pcm) - 1919, 1920)]
+    assert [s.index for s in steps] == list(range(len(steps)))
+    assert all(len(s.pause_probabilities) == 4 for s in steps[1:])
+    events = [e for s in steps for e in s.events] + [e for es in stt.flush() for e in es]
+    kinds = [type(e) for e in events if not isinstance(e, EndOfTurn)]
+    assert kinds == [WordStarted, WordEnded] * (len(kinds) // 2)
+    with pytest.raises(AudioError, match=r"shape \(1, 1920\)"):
+        stt.step(np.zeros(100, np.float32))
+
+
+def _stt_command(files, *flags):
+    weights = []
+    for flag, key in (("--moshi-weight", "moshi"), ("--mimi-weight", "mimi"),
+                      ("--tokenizer", "tokenizer"), ("--lm-config", "lm_config")):  # fmt: skip
+        weights += [flag, str(files[key])]
+    command = [sys.executable, "-m", "moshi_mlx.stt", *weights, "--codec", fast_codec(), *flags]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_writes_json_and_srt_and_never_overwrites(files, speech, tmp_path):
+    shown = _stt_command(files, "--json", *map(str, speech))
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [line["file"] for line in lines] == list(map(str, speech))
+    assert all({"text", "words"} <= set(line) for line in lines)
+    out = tmp_path / "out"
+    out.mkdir()
+    written = _stt_command(files, "--srt", "-o", str(out), *map(str, speech))
+    assert written.returncode == 0, written.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["s0.srt", "s1.srt"]
+    again = _stt_command(files, "--srt", "-o", str(out), str(speech[0]))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "exists" in again.stderr
+
+
+def test_bad_input_is_a_one_line_error(files, tmp_path):
+    missing = _stt_command(files, str(tmp_path / "nope.wav"))
+    assert missing.returncode == 2 and "not found" in missing.stderr
+    assert missing.stderr.count("\n") == 1, missing.stderr

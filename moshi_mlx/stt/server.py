@@ -179,15 +179,13 @@ class _Connection:
         failure = None
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:  # nothing else goes out after an Error
-                task.cancel()
             reason = next(iter(done)).result()
         except (ProtocolError, _StreamEnded) as exc:
             reason = failure = str(exc)
         except ConnectionError:
             reason = "the client left"
         finally:
-            for task in tasks:
+            for task in tasks:  # nothing else goes out after an Error
                 task.cancel()
             self._worker.release(self._channel)
         if failure is not None:

@@ -81,7 +81,7 @@ def create_app(
     chat = _ChatHandler(worker, config, guard.tally)
     middlewares = [guard.middleware]
     if config.loopback_only:
-        middlewares.append(_loopback_only(guard.tally))
+        middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/api/chat", chat.handle)
     app.on_shutdown.append(chat.close_all)
@@ -109,7 +109,10 @@ def create_app(
     return app
 
 
-def _loopback_only(tally: EventTally):
+def loopback_only(tally: EventTally):
+    """Middleware for a server bound to loopback: refuse (403) a request whose Host is not a
+    loopback name, so a page whose domain was re-pointed at 127.0.0.1 cannot reach it."""
+
     @web.middleware
     async def refuse_other_hosts(request: web.Request, handler) -> web.StreamResponse:
         name = _host_port(request.host or "", 80)[0]

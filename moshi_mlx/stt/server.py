@@ -1,0 +1,297 @@
+"""`/api/asr-streaming`: Kyutai's streaming speech-to-text websocket (`stt.protocol`), one
+stream per connection.
+
+Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
+the `SttWorker` thread through each connection's `Channel`, and the worker's results come
+back through an `asyncio.Queue` per connection, so a client that stops reading stalls only
+its own connection. Caps, deadlines and liveness checks come from `moshi_mlx.web.guard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from moshi_mlx.stt import protocol
+from moshi_mlx.stt.events import WordEnded, WordStarted
+from moshi_mlx.stt.protocol import ProtocolError
+from moshi_mlx.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
+from moshi_mlx.web.guard import (
+    CLOSE_SECONDS,
+    ConnectionGuard,
+    EventTally,
+    Limits,
+    SilenceWatchdog,
+    live_websocket,
+)
+from moshi_mlx.web.server import SLOT_GRACE_SECONDS, loopback_only, origin_allowed
+
+ASR_PATH = "/api/asr-streaming"
+API_KEY_HEADER = "kyutai-api-key"
+API_KEY_QUERY = "auth_id"  # for browsers, which cannot set a websocket's headers
+# Messages waiting for a client that does not read; past this it is dropped.
+MAX_UNSENT_MESSAGES = 1000
+# Larger messages are refused by the websocket layer itself (close code 1009); between
+# protocol.MAX_MESSAGE_BYTES and this the client gets an Error with the reason.
+_WEBSOCKET_MAX_BYTES = 2 * protocol.MAX_MESSAGE_BYTES
+
+log = logging.getLogger("moshi_mlx.stt")
+
+
+@dataclass(frozen=True)
+class SttServerConfig:
+    """What the server's flags decide for every connection."""
+
+    max_streams: int = 4
+    api_keys: frozenset[str] = frozenset()  # empty: no key needed
+    # Seconds of client audio that may wait for the model before the client is dropped.
+    max_buffered_seconds: float = 60.0
+    loopback_only: bool = False  # bound to loopback: answer only for loopback host names
+    limits: Limits = field(default_factory=Limits)
+
+
+def create_app(
+    worker: SttWorker, config: SttServerConfig, guard: ConnectionGuard
+) -> web.Application:
+    """The aiohttp application serving `ASR_PATH` through `guard` (its runner and site)."""
+    handler = _SttHandler(worker, config, guard.tally)
+    middlewares = [guard.middleware]
+    if config.loopback_only:
+        middlewares.append(loopback_only(guard.tally))
+    app = web.Application(middlewares=middlewares)
+    app.router.add_get(ASR_PATH, handler.handle)
+    app.on_shutdown.append(handler.close_all)
+    return app
+
+
+def api_key_allowed(key: str | None, api_keys: frozenset[str]) -> bool:
+    """Kyutai's rule: the key must be one of `api_keys`; with none configured, all pass."""
+    if not api_keys:
+        return True
+    if key is None:
+        return False
+    return any(hmac.compare_digest(key.encode(), allowed.encode()) for allowed in api_keys)
+
+
+class _SttHandler:
+    """`ASR_PATH`: checks a connection, then runs its stream within `max_streams`."""
+
+    def __init__(self, worker: SttWorker, config: SttServerConfig, tally: EventTally):
+        self._worker = worker
+        self._config = config
+        self._tally = tally
+        self._active = 0
+        self._slots = asyncio.Condition()
+        self._connections: set[_Connection] = set()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
+        if not api_key_allowed(key, self._config.api_keys):
+            self._tally.count("websockets refused for a missing or wrong API key", request.remote)
+            raise web.HTTPUnauthorized(text=f"send a valid {API_KEY_HEADER} header")
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, request.host):
+            self._tally.count("websockets refused for their origin", request.remote)
+            raise web.HTTPForbidden(text=f"websocket origin {origin} is not this server")
+        ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
+        await ws.prepare(request)
+        peer = request.remote
+        if not await self._take_slot():
+            self._tally.count("websockets told the server is busy", peer)
+            limit = self._config.max_streams
+            await _fail(ws, f"busy: all {limit} streams are in use; try again later")
+            return ws
+        connection = _Connection(ws, self._worker, self._config)
+        self._connections.add(connection)
+        reason = "the server stopped"
+        try:
+            log.info("%s: stream started", peer)
+            reason = await connection.run()
+        finally:
+            self._connections.discard(connection)
+            async with self._slots:
+                self._active -= 1
+                self._slots.notify_all()
+            log.info("%s: stream ended: %s", peer, reason)
+        return ws
+
+    async def close_all(self, _app: web.Application) -> None:
+        """Server shutdown: close every stream's websocket with 1001 (going away)."""
+        await asyncio.gather(*(connection.stop() for connection in self._connections))
+
+    async def _take_slot(self) -> bool:
+        """A free stream slot, waiting a moment for one being freed (a quick reconnect)."""
+        async with self._slots:
+            try:
+                await asyncio.wait_for(
+                    self._slots.wait_for(lambda: self._active < self._config.max_streams),
+                    SLOT_GRACE_SECONDS,
+                )
+            except asyncio.TimeoutError:
+                return False
+            self._active += 1
+            return True
+
+
+class _StreamEnded(Exception):
+    """The server cannot go on with a stream; the reason goes to the client as an Error."""
+
+
+async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
+    """Send an Error with the reason and close; a client that left or stopped reading is fine
+    (a close that cannot finish leaves the transport to the guard, which cuts it)."""
+    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+        await asyncio.wait_for(ws.send_bytes(protocol.error(reason)), CLOSE_SECONDS)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+
+
+class _Connection:
+    """One websocket: the client's audio and markers to the worker, its results back."""
+
+    def __init__(self, ws: web.WebSocketResponse, worker: SttWorker, config: SttServerConfig):
+        self._ws = ws
+        self._worker = worker
+        self._config = config
+        self._unsent: asyncio.Queue[bytes | Failed] = asyncio.Queue()
+        self._channel: Channel | None = None
+        self._streaming = asyncio.Event()
+        self._stalled = asyncio.Event()
+        self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
+        self._stopping = False
+
+    async def run(self) -> str:
+        """Transcribe until the client leaves or something ends it; returns why, for the log."""
+        loop = asyncio.get_running_loop()
+        self._channel = Channel(lambda event: loop.call_soon_threadsafe(self._on_event, event))
+        tasks = [
+            asyncio.create_task(self._receive()),
+            asyncio.create_task(self._send()),
+            asyncio.create_task(self._watch_silence()),
+            asyncio.create_task(self._watch_stall()),
+        ]
+        failure = None
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            reason = next(iter(done)).result()
+        except (ProtocolError, _StreamEnded) as exc:
+            reason = failure = str(exc)
+        except ConnectionError:
+            reason = "the client left"
+        finally:
+            for task in tasks:  # nothing else goes out after an Error
+                task.cancel()
+            self._worker.release(self._channel)
+        if failure is not None:
+            await _fail(self._ws, failure)
+        elif not self._ws.closed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ws.close(), CLOSE_SECONDS)
+        return "the server is stopping" if self._stopping else reason
+
+    async def stop(self) -> None:
+        """Close with 1001 (going away): the server is shutting down."""
+        self._stopping = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                self._ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
+                CLOSE_SECONDS,
+            )
+
+    def _on_event(self, event: Opened | Stepped | MarkerReached | Failed) -> None:
+        """A worker result, on the loop: queued for the client as protocol messages."""
+        if isinstance(event, Failed):
+            self._unsent.put_nowait(event)
+            return
+        if isinstance(event, Opened):
+            self._streaming.set()
+            messages = [protocol.ready()]
+        elif isinstance(event, Stepped):
+            self._silence.heard()  # audio still being transcribed: the client is not idle
+            messages = _step_messages(event)
+        else:
+            messages = [protocol.marker(event.id)]
+        for message in messages:
+            self._unsent.put_nowait(message)
+        if self._unsent.qsize() > MAX_UNSENT_MESSAGES:
+            self._stalled.set()
+
+    async def _receive(self) -> str:
+        """Client messages until it leaves; audio before Ready waits for the stream."""
+        max_buffered = self._config.max_buffered_seconds * protocol.SAMPLE_RATE
+        async for message in self._ws:
+            if message.type == aiohttp.WSMsgType.ERROR:
+                if isinstance(self._ws.exception(), asyncio.TimeoutError):
+                    return (
+                        f"no pong within {self._config.limits.client_silence_timeout / 4:g} s of "
+                        "a ping (the client froze or its network went away)"
+                    )
+                return f"the connection failed: {self._ws.exception()}"
+            if message.type != aiohttp.WSMsgType.BINARY:
+                raise ProtocolError(
+                    f"{message.type.name.lower()} messages are not part of the protocol; "
+                    "send binary msgpack messages"
+                )
+            parsed = protocol.parse(message.data)
+            if isinstance(parsed, protocol.Audio):
+                self._silence.heard()
+                if self._channel.push_audio(parsed.pcm) > max_buffered:
+                    raise _StreamEnded(
+                        f"over {self._config.max_buffered_seconds:g} s of audio wait to be "
+                        "transcribed; send audio no faster than real time"
+                    )
+                self._worker.notify()
+            elif isinstance(parsed, protocol.Marker):
+                self._channel.push_marker(parsed.id)
+                self._worker.notify()
+        return "the client left"
+
+    async def _send(self) -> None:
+        """Open the stream once the worker is ready, then send its results as they come."""
+        while not self._worker.ready.is_set():  # warming up: the websocket layer pings
+            await asyncio.sleep(0.1)
+        if self._worker.error is not None:
+            raise _StreamEnded("the server could not load the model")
+        self._worker.open(self._channel)
+        while True:
+            message = await self._unsent.get()
+            if isinstance(message, Failed):
+                raise _StreamEnded(message.reason)
+            await self._ws.send_bytes(message)
+
+    async def _watch_silence(self) -> None:
+        """End a stream whose client sends no audio while nothing is left to transcribe."""
+        await self._streaming.wait()
+        self._silence.heard()
+        await self._silence.expired()
+        raise _StreamEnded(
+            f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
+        )
+
+    async def _watch_stall(self) -> None:
+        await self._stalled.wait()
+        raise _StreamEnded(
+            f"over {MAX_UNSENT_MESSAGES} messages wait for the client; it does not read them"
+        )
+
+
+def _step_messages(event: Stepped) -> list[bytes]:
+    """A step as Kyutai's server sends it: Step (only when the model has pause heads; its
+    `step_idx` counts the steps taken, this one included), then its words."""
+    step = event.step
+    messages = []
+    if step.pause_probabilities:
+        messages.append(protocol.step(step.index + 1, step.pause_probabilities, event.buffered_pcm))
+    for item in step.events:
+        if isinstance(item, WordStarted):
+            messages.append(protocol.word(item.text, item.start))
+        elif isinstance(item, WordEnded):
+            messages.append(protocol.end_word(item.end))
+        # EndOfTurn has no message: clients judge turns from Step's probabilities.
+    return messages

@@ -1,0 +1,92 @@
+"""A deterministic stand-in for a speech-to-text stream (pure numpy), and a server of it.
+
+Step `i` of a stream reports, for a frame filled with one value `v`:
+- a word every `word_every` steps (`i % word_every == 0`) named `s{i}:{round(v * 1000)}`
+  (`torn` instead of the value if the frame is not all one value), starting at `i * 0.08` s;
+  a frame of `v >= LOUD` pads it with `LONG_WORD_PADDING` letters (a flood of output);
+- the end of that word two steps later;
+- the end of a turn after `TURN_SILENT_STEPS` all-zero frames in a row;
+- pause probabilities (0.1, 0.9), or none with `heads=False`.
+A frame of `v == FAIL` makes the step raise.
+
+    python tests/stt_fake.py [server flags]   # serves fake streams, e.g. for a SIGTERM test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+import numpy as np
+
+from moshi_mlx.cli import run_cli
+from moshi_mlx.stt.events import EndOfTurn, SttStep, WordEnded, WordStarted
+from moshi_mlx.stt.serve_cli import add_server_args, serve
+
+FRAME_SIZE = 1920
+STEP_SECONDS = 0.08
+TURN_SILENT_STEPS = 3
+LOUD = 0.9
+FAIL = -0.5
+LONG_WORD_PADDING = 8000
+PAUSE_PROBABILITIES = (0.1, 0.9)
+
+
+class FakeSttStream:
+    """Words named after the step and the frame's value; see the module docstring."""
+
+    frame_size = FRAME_SIZE
+
+    def __init__(self, delay_steps: int = 2, word_every: int = 5, heads: bool = True):
+        self.delay_steps = delay_steps
+        self._word_every = word_every
+        self._heads = heads
+        self._index = 0
+        self._silent_steps = 0
+        self.threads: set[int] = set()
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        assert pcm.shape == (FRAME_SIZE,) and pcm.dtype == np.float32, (pcm.shape, pcm.dtype)
+        self.threads.add(threading.get_ident())
+        index, value = self._index, float(pcm[0])
+        self._index += 1
+        if value == FAIL:
+            raise RuntimeError("the fake model\nfails on -0.5")
+        events = []
+        if index % self._word_every == 0:
+            name = f"{round(value * 1000)}" if np.all(pcm == pcm[0]) else "torn"
+            padding = "x" * LONG_WORD_PADDING if value >= LOUD else ""
+            events.append(WordStarted(f"s{index}:{name}{padding}", index * STEP_SECONDS))
+        if index % self._word_every == 2:
+            events.append(WordEnded(index * STEP_SECONDS))
+        self._silent_steps = 0 if pcm.any() else self._silent_steps + 1
+        if self._silent_steps == TURN_SILENT_STEPS:
+            events.append(EndOfTurn(index * STEP_SECONDS))
+        heads = PAUSE_PROBABILITIES if self._heads else ()
+        return SttStep(index, tuple(events), heads)
+
+
+class FakeFactory:
+    """Makes `FakeSttStream`s and keeps them (to see which threads stepped them)."""
+
+    def __init__(self, **options):
+        self._options = options
+        self.streams: list[FakeSttStream] = []
+        self.threads: set[int] = set()
+
+    def __call__(self) -> FakeSttStream:
+        self.threads.add(threading.get_ident())
+        stream = FakeSttStream(**self._options)
+        self.streams.append(stream)
+        return stream
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="serve fake speech-to-text streams")
+    add_server_args(parser)
+    return run_cli(lambda args: serve(parser.parse_args(args), FakeFactory()), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,6 +68,7 @@ from moshi_mlx.persona.cache import load_state, prompt_key, save_state
 from moshi_mlx.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.sampling import SamplingConfig, sample
+from moshi_mlx.stt.stepper import ListenStepper
 from moshi_mlx.testing import (
     logit_fidelity,
     random_teacher_tokens,
@@ -585,6 +586,35 @@ PERSONA_METRICS = (
     "start_disk_ms",
     "load_ms",
 )
+
+
+def bench_stt(
+    lm_file: Path, mimi_file: Path, shape: str, backend: str, streams: int, steps: int, seed: int
+) -> dict:
+    """Speech-to-text throughput, Mimi encoding and the LM step as `SpeechToText` runs them:
+    one stream alone, then `streams` stepping in one batch, as seconds of audio per second."""
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    lm = load_lm(lm_file, config)
+    codec = load_codec(mimi_file, backend, config.n_q)
+    rng = np.random.default_rng(seed)
+    result = {"streams": streams}
+    for count in (1, streams):
+        codecs = [codec.fresh() for _ in range(count)]
+        stepper = ListenStepper(lm, count)
+        times = []
+        for step in range(steps + 3):
+            pcm = rng.normal(0, 0.1, (count, 1920)).astype(np.float32)
+            started = time.perf_counter()
+            codes = mx.stack([c.encode_step(frame) for c, frame in zip(codecs, pcm)])
+            out = stepper.step(codes.reshape(count, -1))
+            mx.eval(out.text_tokens, out.head_probabilities, [c.state for c in codecs])
+            if step >= 3:  # the first steps compile
+                times.append(time.perf_counter() - started)
+        step_s = float(np.median(times))
+        result[f"step_ms_{count}"] = 1000 * step_s
+        result[f"audio_per_s_{count}"] = count * 0.08 / step_s
+    result["speedup"] = result[f"audio_per_s_{streams}"] / result["audio_per_s_1"]
+    return result
 
 
 def personaplex_config(config: LmConfig) -> LmConfig:
@@ -1136,8 +1166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona",
+        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt (stt: shape stt-1b)",
     )
+    parser.add_argument("--streams", type=int, default=8, help="stt: streams in one batch")
     parser.add_argument(
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
     )
@@ -1185,7 +1216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, allowed in (
         ("shapes", LM_SHAPES),
         ("quant", QUANT_BITS),
-        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona")),
+        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt")),
         ("kv_bits", ("none", "8", "4")),
         ("codec", ("mlx", "rustymimi")),
         ("dtype", DTYPES),
@@ -1286,6 +1317,23 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                     ):
                         case = {"part": part, "shape": shape, "quant": quant, "ours": ours}
                         report(case)
+    if "stt" in args.parts:
+        mimi_file = mimi_weights(folder)
+        for shape in [shape for shape in args.shapes if shape.startswith("stt")]:
+            for quant in args.quant:
+                for backend in args.codec:
+                    ours = bench_stt(
+                        lm_weights(folder, shape, quant), mimi_file, shape, backend,
+                        args.streams, args.steps, args.seed,
+                    )  # fmt: skip
+                    results.append({"part": "stt", "shape": shape, "quant": quant, "ours": ours})
+                    print(
+                        f"stt {shape} {quant} {backend}: 1 stream {ours['step_ms_1']:.0f} ms/step "
+                        f"({ours['audio_per_s_1']:.2f} s of audio/s); {args.streams} streams "
+                        f"{ours[f'step_ms_{args.streams}']:.0f} ms/step "
+                        f"({ours[f'audio_per_s_{args.streams}']:.2f} s/s): {ours['speedup']:.2f}x",
+                        flush=True,
+                    )
     if "persona" in args.parts:
         for shape in args.shapes:
             for quant in args.quant:

@@ -64,6 +64,24 @@ LM_SHAPES: dict[str, dict] = {
         "depformer_dim": 64,
         "depformer_dim_feedforward": 264,
     },
+    # Kyutai's stt-1b-en_fr: 16 layers 2048 wide, 32 audio streams in, no depformer, 4
+    # voice-activity heads, text 0.5 s behind the audio (tests/fixtures/kyutai_configs).
+    "stt-1b": {
+        "dim": 2048,
+        "num_heads": 16,
+        "num_layers": 16,
+        "hidden_scale": 4.125,
+        "context": 750,
+        "max_period": 100000,
+        "card": 2048,
+        "text_card": 8000,
+        "n_q": 32,
+        "dep_q": 0,
+        "delays": [0] * 33,
+        "model_type": "stt",
+        "extra_heads_num_heads": 4,
+        "stt_config": {"audio_delay_seconds": 0.5, "audio_silence_prefix_seconds": 0.0},
+    },
 }
 
 QUANT_BITS: dict[str, tuple[int | None, int | None]] = {

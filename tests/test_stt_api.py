@@ -95,3 +95,61 @@ def test_bad_input_is_a_one_line_error(files, tmp_path):
     missing = _stt_command(files, str(tmp_path / "nope.wav"))
     assert missing.returncode == 2 and "not found" in missing.stderr
     assert missing.stderr.count("\n") == 1, missing.stderr
+
+
+def test_serve_speaks_kyutais_protocol_with_the_real_model(files, model, speech):
+    """As Kyutai's stt_from_file_rust_server.py does: audio, a marker, then silence until the
+    marker comes back; the words equal the file transcription's."""
+    import asyncio
+    import time
+
+    import aiohttp
+    import msgpack
+
+    from tests.web_harness import free_port
+
+    port = free_port()
+    weights = []
+    for flag, key in (("--moshi-weight", "moshi"), ("--mimi-weight", "mimi"),
+                      ("--tokenizer", "tokenizer"), ("--lm-config", "lm_config")):  # fmt: skip
+        weights += [flag, str(files[key])]
+    command = [sys.executable, "-m", "moshi_mlx.stt", "--serve", "--host", "127.0.0.1",
+               "--port", str(port), "--codec", fast_codec(), *weights]  # fmt: skip
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    pcm = read_audio(speech[1])
+
+    def pack(message: dict) -> bytes:
+        return msgpack.packb(message, use_single_float=True)
+
+    async def talk() -> list[dict]:
+        url = f"ws://127.0.0.1:{port}/api/asr-streaming"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            for start in range(0, len(pcm), 24_000):  # chunks of 1 s, not frames
+                await ws.send_bytes(
+                    pack({"type": "Audio", "pcm": pcm[start : start + 24_000].tolist()})
+                )
+            await ws.send_bytes(pack({"type": "Marker", "id": 7}))
+            silence = pack({"type": "Audio", "pcm": [0.0] * 1920})
+            for _ in range(40):
+                await ws.send_bytes(silence)
+            messages = []
+            while not messages or messages[-1] != {"type": "Marker", "id": 7}:
+                message = await ws.receive(timeout=60)
+                assert message.type == aiohttp.WSMsgType.BINARY, message
+                messages.append(msgpack.unpackb(message.data))
+            return messages
+
+    try:
+        deadline = time.monotonic() + 120
+        while "ready: ws://" not in (line := server.stderr.readline()):
+            assert line and time.monotonic() < deadline, "the server did not get ready"
+        messages = asyncio.run(talk())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert messages[0] == {"type": "Ready"}
+    steps = [m for m in messages if m["type"] == "Step"]
+    assert steps and all(len(m["prs"]) == 4 for m in steps)
+    words = [m["text"] for m in messages if m["type"] == "Word"]
+    expected = [w.text for w in finished_words(transcribe(model, [pcm], 1)[0])]
+    assert words == expected[: len(words)] and words, (words, expected)

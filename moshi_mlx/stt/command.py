@@ -27,6 +27,8 @@ from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.output_files import check_output, written_atomically
 from moshi_mlx.stt.events import EndOfTurn
+from moshi_mlx.stt.serve_cli import add_server_args
+from moshi_mlx.stt.serve_cli import serve as serve_streams
 from moshi_mlx.stt.transcriber import SttModel, transcribe
 from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words
@@ -71,6 +73,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     audio = parser.add_argument_group("microphone")
     audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
     audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
+    add_server_args(parser)
     args = parser.parse_args(argv)
     if args.batch < 1:
         parser.error(f"--batch must be >= 1, got {args.batch}")
@@ -159,7 +162,17 @@ def live_captions(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    raise ConfigError("--serve: not available yet")
+    """Kyutai's STT websocket; the model is loaded and warmed up on the server's worker
+    thread (where every stream steps: MLX keeps its streams per thread)."""
+    loaded: list[SttModel] = []
+
+    def warm_up() -> None:
+        loaded.append(_load(args))
+        stt = loaded[0].speech_to_text()
+        for _ in range(2):
+            stt.step(np.zeros(FRAME_SIZE, np.float32))
+
+    return serve_streams(args, lambda: loaded[0].speech_to_text(), warm_up)
 
 
 def _run(argv: Sequence[str] | None) -> int:

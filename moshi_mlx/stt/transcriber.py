@@ -109,6 +109,8 @@ class SpeechToText:
         self.model = model
         self.streams = streams
         self.timing = cfg.stt_config
+        # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
+        self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
         self._stepper = ListenStepper(model.lm, streams, sampling)
         self._codecs = [model.codec.fresh() for _ in range(streams)]
         self._timers = [

@@ -433,13 +433,15 @@ def teacher_forced_logits(
     previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
     0..dep_q-2: `LmGenStep.sampled_tokens[:dep_q]`) -> text logits (T, text_card) and audio
     logits (T, dep_q, card), float32. To compare two models, or two KV caches, on exactly the
-    same inputs."""
+    same inputs. A conditioned model runs under its default condition, unguided (`LmGen`
+    with cfg_coef 1)."""
+    condition = _condition_rows(lm, 1.0, None)
     ring = lm.make_ring(quantization=kv_quantization)
     depformer_caches = lm.depformer.make_caches()
     text_logits, audio_logits = [], []
     for t in range(input_tokens.shape[0]):
         ring = ring.grown(t)
-        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring)
+        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring, condition)
         ring = ring.advanced()
         audio = lm.depformer.logits(
             temporal_out[:, None], previous_tokens[t][None], depformer_caches

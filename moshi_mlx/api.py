@@ -50,11 +50,13 @@ WARMUP_STEPS = 4
 @dataclass(frozen=True)
 class StepResult:
     """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text;
-    with an echo canceller, also the user's audio as Moshi heard it (after cancellation)."""
+    with an echo canceller, also the user's audio as Moshi heard it (after cancellation).
+    `end_of_text`: the model sampled its text's end (Hibiki: the translation is over)."""
 
     pcm: np.ndarray
     text: str
     heard: np.ndarray | None = None
+    end_of_text: bool = False
 
 
 class MoshiModel:
@@ -133,6 +135,7 @@ class MoshiModel:
         echo_canceller: EchoCanceller | None = None,
         voice: str | Path | None = None,
         role: str | None = None,
+        cfg_coef: float | None = None,
     ) -> Conversation:
         """Start a conversation; several may be open at once (each has its own streams over
         the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
@@ -142,10 +145,10 @@ class MoshiModel:
         the default), a recording (up to 30 s) or NVIDIA's `.pt`, and `role`, a text
         (default "You enjoy having a good conversation."; `@file` reads a file). The prompt is
         computed on first use and cached (see `moshi_mlx.persona`). Moshi's own models
-        take neither."""
+        take neither. Hibiki takes `cfg_coef`, its guidance (`LmGen`)."""
         self.check_prompt_choice(voice, role)
         start = self.prompts.state(voice, role) if self.prompts is not None else None
-        generator = LmGen(self.lm, sampling, seed, self.kv_quantization, start)
+        generator = LmGen(self.lm, sampling, seed, self.kv_quantization, start, cfg_coef)
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
 
     def check_prompt_choice(self, voice: str | Path | None, role: str | None) -> None:
@@ -156,13 +159,15 @@ class MoshiModel:
                 "voice and character are in its weights (load nvidia/personaplex-7b-v1)"
             )
 
-    def warm_up(self, sampling: SamplingConfig | None = None) -> None:
+    def warm_up(
+        self, sampling: SamplingConfig | None = None, cfg_coef: float | None = None
+    ) -> None:
         """Run a throwaway conversation of `sampling` for `WARMUP_STEPS` frames of silence, so
         that the first frames of a real one do not pay for compiling the step (whose traces
         are shared by every conversation of this sampling) or for first-use costs. Call it
         on the thread that will run the conversations (MLX keeps compiled code per thread)."""
         silence = np.zeros(self.frame_size, np.float32)
-        generator = LmGen(self.lm, sampling, 0, self.kv_quantization)  # no prompt needed
+        generator = LmGen(self.lm, sampling, 0, self.kv_quantization, cfg_coef=cfg_coef)
         with Conversation(self, self._codec.fresh(), generator) as conversation:
             for _ in range(WARMUP_STEPS):
                 conversation.step(silence)
@@ -213,12 +218,18 @@ def memory_plan(
 
 
 def step_frame(
-    generator: LmGen, codec: Codec, pcm: np.ndarray
+    generator: LmGen, codec: Codec, pcm: np.ndarray | None
 ) -> tuple[LmGenStep, mx.array | None]:
     """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
     Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
-    with the codec's state; returns the step and Moshi's pcm."""
-    out = generator.step(codec.encode_step(pcm))
+    with the codec's state; returns the step and Moshi's pcm. pcm None: Hibiki's
+    end-of-input frame (every code = card) in place of encoded audio."""
+    cfg = generator.lm.cfg
+    if pcm is None:
+        codes = mx.full((cfg.num_user_codebooks,), cfg.card, mx.int32)
+    else:
+        codes = codec.encode_step(pcm)
+    out = generator.step(codes)
     reply = None
     if out.moshi_codes_array is not None:
         reply = codec.decode_step(out.moshi_codes_array)
@@ -293,10 +304,21 @@ class Conversation:
                     f"user's audio; got an array of shape {far.shape}"
                 )
             pcm = heard = self.echo_canceller.process(pcm, far)
+        return self._result(pcm, heard)
+
+    def end_of_input(self) -> StepResult:
+        """Hibiki: tell the model the source speech is over (its end-of-input frame); feed
+        silence afterwards until `StepResult.end_of_text`."""
+        if self._closed:
+            raise MoshiError("this conversation is closed; start a new one")
+        return self._result(None, None)
+
+    def _result(self, pcm: np.ndarray | None, heard: np.ndarray | None) -> StepResult:
         out, reply = step_frame(self._generator, self._codec, pcm)
-        text = self._text.decode(out.text_token)
+        token = out.text_token
+        text = self._text.decode(token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)
-        return StepResult(pcm_out, text, heard)
+        return StepResult(pcm_out, text, heard, token == self._model.tokenizer.eos_id())
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""

@@ -116,6 +116,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.text_top_k,
         help="text top-k (default %(default)s)",
     )
+    sampling.add_argument(
+        "--cfg-coef",
+        type=float,
+        help="Hibiki: classifier-free guidance, 1 = none (default: the model's config, else 1)",
+    )
 
 
 def add_persona_args(parser: argparse.ArgumentParser) -> None:

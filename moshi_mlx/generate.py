@@ -23,11 +23,19 @@ bucket (9 for a 3000-step context), not per step, and the traces are shared by a
 generators of one model and sampling. Nothing in a step waits for the device:
 `LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and the
 caller reads them with one evaluation per frame, with whatever it computes from them.
+
+Hibiki (a model with `conditioners`) adds its condition vector to every step's input and
+runs classifier-free guidance as Kyutai's PyTorch `LMGen` does: with `cfg_coef` != 1 the
+temporal transformer and the depformer run a batch of 2, the guided condition ("very_good")
+and the null one ("very_bad"), and the text and each codebook are sampled from
+`null + (guided - null) * cfg_coef`; with 1.0, one conditioned row. Models without
+conditioners keep their step graph as it was.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -35,6 +43,7 @@ import numpy as np
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.modules.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.sampling import SamplingConfig, sample
@@ -54,6 +63,8 @@ class LmGenStep:
     input_tokens: (K,) int32, what the step fed the temporal transformer (delays applied).
     sampled_tokens: (1 + moshi_codebooks,) int32, the text token and Moshi's codebooks of
     this step (sampled, or given by a prompt), before the delays realign them.
+    guided_logits: a conditioned model's logits the step sampled from (guided when
+    `cfg_coef` != 1): text (text_card,) and audio (moshi_codebooks, card); None otherwise.
     """
 
     def __init__(
@@ -62,11 +73,13 @@ class LmGenStep:
         moshi_codes_array: mx.array | None,
         input_tokens: mx.array,
         sampled_tokens: mx.array,
+        guided_logits: tuple[mx.array, mx.array] | None = None,
     ):
         self.text_token_array = text_token_array
         self.moshi_codes_array = moshi_codes_array
         self.input_tokens = input_tokens
         self.sampled_tokens = sampled_tokens
+        self.guided_logits = guided_logits
 
     def _arrays(self) -> list[mx.array]:
         return [a for a in (self.text_token_array, self.moshi_codes_array) if a is not None]
@@ -104,16 +117,24 @@ class GenState:
 
 
 class StepFunctions:
-    """The step's functions for one model and sampling, compiled once and shared by every
-    `LmGen` over them (`step_functions`), so a warm-up's traces serve later conversations."""
+    """The step's functions for one model, sampling, KV layout and guidance (`cfg_coef`),
+    compiled once and shared by every `LmGen` over them (`step_functions`), so a warm-up's
+    traces serve later conversations."""
 
     def __init__(
-        self, lm: Lm, sampling: SamplingConfig, kv_quantization: KVQuantization | None = None
+        self,
+        lm: Lm,
+        sampling: SamplingConfig,
+        kv_quantization: KVQuantization | None = None,
+        cfg_coef: float = 1.0,
     ):
         self.lm = lm
         self.sampling = sampling
         self.kv_quantization = kv_quantization
+        self.cfg_coef = cfg_coef
+        self.guided = cfg_coef != 1.0
         cfg = lm.cfg
+        self.conditioned = bool(cfg.conditioners)
         self._delays = mx.array(cfg.delays, mx.int32)
         self._initial = mx.array(cfg.start_tokens, mx.int32)
         self.width = token_ring_width(cfg)
@@ -132,25 +153,47 @@ class StepFunctions:
 
         temporal_out (1, dim), text_logits (1, text_card) -> the (1 + moshi_codebooks,) tokens
         and the next random key, lazily. Where `given` (1 + moshi_codebooks,) bool is true,
-        the token of `given_tokens` is taken instead of the sampled one.
+        the token of `given_tokens` is taken instead of the sampled one. With guidance,
+        temporal_out and text_logits hold the guided row then the null row.
         """
-        sampling, cfg = self.sampling, self.lm.cfg
+        return self._sample(temporal_out, text_logits, key, given_tokens, given)[:2]
+
+    def _guide(self, logits: mx.array) -> mx.array:
+        """Logits (2, N) of the guided and null rows -> the guided logits (1, N)."""
+        guided, null = logits[:1], logits[1:]
+        return null + (guided - null) * self.cfg_coef
+
+    def _sample(
+        self,
+        temporal_out: mx.array,
+        text_logits: mx.array,
+        key: mx.array,
+        given_tokens: mx.array | None = None,
+        given: mx.array | None = None,
+    ) -> tuple[mx.array, mx.array, mx.array, list[mx.array]]:
+        """`sample_tokens`, also giving the (guided) text and each codebook's logits."""
+        sampling, cfg, guided = self.sampling, self.lm.cfg, self.guided
         key, text_key, audio_key = mx.random.split(key, 3)
         audio_keys = mx.random.split(audio_key, cfg.moshi_codebooks)
+        if guided:
+            text_logits = self._guide(text_logits)
         text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
         forced = None
         if given is not None:
             text = mx.where(given[0], given_tokens[0], text)
             forced = (given_tokens[None, 1:], given[None, 1:])
-        audio = self.lm.depformer.sample_step(
-            temporal_out,
-            text,
-            lambda logits, k: sample(
-                logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k]
-            ),
-            forced,
-        )
-        return mx.concatenate([text, audio[0]]), key
+        audio_logits = []
+
+        def sample_audio(logits: mx.array, k: int) -> mx.array:
+            if guided:
+                logits = self._guide(logits)
+            audio_logits.append(logits)
+            token = sample(logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k])
+            return mx.concatenate([token, token]) if guided else token  # both rows go on
+
+        prev = mx.concatenate([text, text]) if guided else text
+        audio = self.lm.depformer.sample_step(temporal_out, prev, sample_audio, forced)
+        return mx.concatenate([text, audio[0]]), key, text_logits, audio_logits
 
     def step(
         self,
@@ -161,11 +204,13 @@ class StepFunctions:
         keys: list[mx.array],
         values: list[mx.array],
         position: mx.array,
+        condition: mx.array | None = None,
     ) -> tuple:
         """One step, arrays in, arrays out: the user's codes, the token ring and its given
-        marks, the random key and the temporal `KVRing` -> the text token, Moshi's codes
-        (valid once the delays are filled), the next token ring, given marks, key and ring,
-        and the step's inputs and sampled tokens."""
+        marks, the random key and the temporal `KVRing` (and a conditioned model's condition
+        (B, dim), B = 2 with guidance) -> the text token, Moshi's codes (valid once the delays
+        are filled), the next token ring, given marks, key and ring, the step's inputs and
+        sampled tokens (and a conditioned model's text and audio logits)."""
         cfg = self.lm.cfg
         t, delays, width = position, self._delays, self.width
         first_user = 1 + cfg.moshi_codebooks
@@ -177,9 +222,16 @@ class StepFunctions:
         inputs = mx.where(t <= delays, self._initial, current)
 
         ring = KVRing(keys, values, position, cfg.attention_window, self.kv_quantization)
-        temporal_out, text_logits = self.lm.step_text(inputs[None, :, None], ring)
+        batch_inputs = inputs[None, :, None]
+        if self.guided:  # the same tokens in both rows; only the condition differs
+            batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
+        temporal_out, text_logits = self.lm.step_text(batch_inputs, ring, condition)
         target = (t + 1) % width
-        if cfg.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
+        logits = ()
+        if self.conditioned:
+            generated, key, guided_text, audio_logits = self._sample(temporal_out, text_logits, key)
+            logits = (guided_text[0], mx.concatenate(audio_logits))
+        elif cfg.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
             generated, key = self.sample_tokens(
                 temporal_out,
                 text_logits,
@@ -202,7 +254,7 @@ class StepFunctions:
         moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
         ring = ring.advanced()
         state = (tokens, given, key, ring.keys, ring.values, ring.position)
-        return generated[0], moshi_codes, *state, inputs, generated
+        return generated[0], moshi_codes, *state, inputs, generated, *logits
 
 
 def token_ring_width(cfg: LmConfig) -> int:
@@ -212,35 +264,46 @@ def token_ring_width(cfg: LmConfig) -> int:
 
 
 def step_functions(
-    lm: Lm, sampling: SamplingConfig, kv_quantization: KVQuantization | None = None
+    lm: Lm,
+    sampling: SamplingConfig,
+    kv_quantization: KVQuantization | None = None,
+    cfg_coef: float = 1.0,
 ) -> StepFunctions:
-    """The `StepFunctions` of `lm`, `sampling` and the KV cache's quantization, made once per
-    model and kept on the model object (a plain attribute, outside its parameters, freed with
-    it) for the `MAX_STEP_FUNCTIONS` most recently used choices; a generator keeps its own."""
+    """The `StepFunctions` of `lm`, `sampling`, the KV cache's quantization and the guidance,
+    made once per model and kept on the model object (a plain attribute, outside its
+    parameters, freed with it) for the `MAX_STEP_FUNCTIONS` most recently used choices; a
+    generator keeps its own."""
     shared = vars(lm).setdefault("_step_functions", {})  # least recently used first
-    choice = (sampling, kv_quantization)
-    functions = shared.pop(choice, None) or StepFunctions(lm, sampling, kv_quantization)
+    choice = (sampling, kv_quantization, cfg_coef)
+    functions = shared.pop(choice, None) or StepFunctions(lm, *choice)
     shared[choice] = functions
     while len(shared) > MAX_STEP_FUNCTIONS:
         del shared[next(iter(shared))]
     return functions
 
 
-def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None) -> GenState:
-    """The state of a conversation that starts from nothing (Moshi's)."""
+def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: int = 1) -> GenState:
+    """The state of a conversation that starts from nothing (Moshi's; `batch` 2: Hibiki's
+    guided and null rows)."""
     cfg = lm.cfg
     width = token_ring_width(cfg)
     return GenState(
         tokens=mx.full((cfg.num_codebooks, width), UNGENERATED, mx.int32),
         given=mx.zeros((1 + cfg.moshi_codebooks, width), mx.bool_),
-        ring=lm.make_ring(quantization=kv_quantization),
+        ring=lm.make_ring(batch, kv_quantization),
         step_index=0,
     )
 
 
 class LmGen:
     """Stateful generator over an `Lm`; `reset()` starts a new conversation (from `start`,
-    a prompt's state, if given: its KV cache must be quantized as `kv_quantization` says)."""
+    a prompt's state, if given: its KV cache must be quantized as `kv_quantization` says).
+
+    A conditioned model (Hibiki) generates under `condition` (default: "very_good") with
+    classifier-free guidance of `cfg_coef` (default: the checkpoint's `lm_gen_config`, else
+    1.0: none) against the null condition "very_bad", as Kyutai's PyTorch `LMGen`. (Kyutai's
+    MLX `LmGen` gives both rows the same condition, so its guidance changes nothing.)
+    """
 
     def __init__(
         self,
@@ -249,6 +312,8 @@ class LmGen:
         seed: int | None = None,
         kv_quantization: KVQuantization | None = None,
         start: GenState | None = None,
+        cfg_coef: float | None = None,
+        condition: Mapping[str, str] | None = None,
     ):
         self.lm = lm
         self.sampling = sampling or SamplingConfig()
@@ -257,12 +322,15 @@ class LmGen:
         if start is not None and start.ring.quantization != kv_quantization:
             raise MoshiError("the prompt's KV cache is not quantized as this generator's")
         self.start = start
-        self._functions = step_functions(lm, self.sampling, kv_quantization)
+        self.cfg_coef = default_cfg_coef(lm.cfg) if cfg_coef is None else float(cfg_coef)
+        self._condition = _condition_rows(lm, self.cfg_coef, condition)
+        self._functions = step_functions(lm, self.sampling, kv_quantization, self.cfg_coef)
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation; the random stream restarts from the generator's seed."""
-        state = self.start or fresh_state(self.lm, self.kv_quantization)
+        batch = 1 if self._condition is None else self._condition.shape[0]
+        state = self.start or fresh_state(self.lm, self.kv_quantization, batch)
         self._tokens, self._given, self._ring = state.tokens, state.given, state.ring
         self.step_index = state.step_index
         self._key = mx.random.key(self.seed)
@@ -302,7 +370,10 @@ class LmGen:
         mx.async_eval(outputs)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
-        return LmGenStep(text, moshi_codes if ready else None, *outputs[8:])
+        inputs, sampled, *logits = outputs[8:]
+        return LmGenStep(
+            text, moshi_codes if ready else None, inputs, sampled, tuple(logits) or None
+        )
 
     def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> tuple:
         """The lazy outputs (tokens and next state) of the next step, without taking it: its
@@ -315,9 +386,31 @@ class LmGen:
         codes = self._user_array(user_codes)
         self._ring = self._ring.grown(self.step_index)
         ring = self._ring
-        return step_fn(
-            codes, self._tokens, self._given, self._key, ring.keys, ring.values, ring.position
-        )
+        state = (codes, self._tokens, self._given, self._key, ring.keys, ring.values)
+        if self._condition is None:
+            return step_fn(*state, ring.position)
+        return step_fn(*state, ring.position, self._condition)
+
+
+def default_cfg_coef(cfg: LmConfig) -> float:
+    """The guidance a checkpoint runs with: its `lm_gen_config.cfg_coef`, else 1.0 (none)."""
+    coef = cfg.lm_gen_config.cfg_coef
+    return 1.0 if coef is None else coef
+
+
+def _condition_rows(
+    lm: Lm, cfg_coef: float, condition: Mapping[str, str] | None
+) -> mx.array | None:
+    """A conditioned model's condition vectors (B, dim): the guided row, then with guidance
+    the null row; None for a model without conditioners."""
+    if not lm.cfg.conditioners:
+        if cfg_coef != 1.0 or condition is not None:
+            raise MoshiError("this model takes no condition, so no guidance (cfg_coef 1)")
+        return None
+    rows = [dict(condition or GUIDED_CONDITION)]
+    if cfg_coef != 1.0:
+        rows.append(dict(NULL_CONDITION))
+    return lm.condition(rows)
 
 
 def _write_columns(
@@ -340,13 +433,15 @@ def teacher_forced_logits(
     previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
     0..dep_q-2: `LmGenStep.sampled_tokens[:dep_q]`) -> text logits (T, text_card) and audio
     logits (T, dep_q, card), float32. To compare two models, or two KV caches, on exactly the
-    same inputs."""
+    same inputs. A conditioned model runs under its default condition, unguided (`LmGen`
+    with cfg_coef 1)."""
+    condition = _condition_rows(lm, 1.0, None)
     ring = lm.make_ring(quantization=kv_quantization)
     depformer_caches = lm.depformer.make_caches()
     text_logits, audio_logits = [], []
     for t in range(input_tokens.shape[0]):
         ring = ring.grown(t)
-        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring)
+        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring, condition)
         ring = ring.advanced()
         audio = lm.depformer.logits(
             temporal_out[:, None], previous_tokens[t][None], depformer_caches

@@ -185,9 +185,13 @@ class LiveSession:
             model = load_model(args)
             model.check_prompt_choice(args.voice, args.role)  # before the warm-up's seconds
             sampling = sampling_from_args(args)
-            model.warm_up(sampling)
+            model.warm_up(sampling, args.cfg_coef)
             conversation = model.conversation(
-                sampling=sampling, seed=args.seed, voice=args.voice, role=args.role
+                sampling=sampling,
+                seed=args.seed,
+                voice=args.voice,
+                role=args.role,
+                cfg_coef=args.cfg_coef,
             )
         except Exception as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
             self._load_error = exc

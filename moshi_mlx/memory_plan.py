@@ -3,8 +3,8 @@
 From the LM config and the files' headers: the LM weights as they will sit in memory (packed
 quantized tensors as stored, floating tensors in the compute dtype; of PersonaPlex's 16-step
 depformer, the 8 slices that are sampled), the temporal transformer's
-KV ring at the full context (optionally quantized), the Mimi codec with its streaming state,
-and the activations of one step. `check_fits` compares the total with what the device can
+KV ring at the full context (optionally quantized; Hibiki's holds 2 rows, for classifier-free
+guidance), the Mimi codec with its streaming state, and the activations of one step. `check_fits` compares the total with what the device can
 hold (on Apple GPUs MLX's recommended working set, on the CPU the RAM the system has free)
 and, when it does not fit, says in one line which choices would.
 """
@@ -54,6 +54,7 @@ class MemoryPlan:
     kv: KVQuantization | None  # the KV cache's quantization (None: the compute dtype)
     dtype: mx.Dtype  # the LM's compute dtype
     lm_bits: int | None  # the LM file's quantization (None: unquantized)
+    rows: int = 1  # batch rows of a conversation (`guidance_rows`)
 
     @property
     def total(self) -> int:
@@ -65,7 +66,8 @@ class MemoryPlan:
 
     def table(self) -> str:
         """The plan as a small text table, in GB."""
-        cache = f"KV cache ({self.context} steps, {_kv_name(self.kv)})"
+        guided = ", 2 rows: guidance" if self.rows == 2 else ""
+        cache = f"KV cache ({self.context} steps, {_kv_name(self.kv)}{guided})"
         rows = [
             ("LM weights", self.weights),
             (cache, self.kv_cache),
@@ -104,6 +106,12 @@ def quantized_lm_weight_bytes(
     return lm_weight_bytes(output_layout(shapes, bits, group_size), dtype)
 
 
+def guidance_rows(config: LmConfig) -> int:
+    """Batch rows a conversation runs: 2 for a conditioned model (Hibiki), planned for its
+    classifier-free guidance (`LmGen`; with cfg_coef 1 it uses one), else 1."""
+    return 2 if config.conditioners else 1
+
+
 def kv_cache_bytes(
     config: LmConfig,
     dtype: mx.Dtype,
@@ -112,9 +120,9 @@ def kv_cache_bytes(
 ) -> int:
     """Keys and values of the temporal transformer's ring for `positions` (default: the
     context), in the compute dtype or packed by the KV quantization (plus its unquantized
-    ring of the newest positions)."""
+    ring of the newest positions), for each of the `guidance_rows`."""
     positions = config.context if positions is None else positions
-    per_position = 2 * config.num_layers * config.dim  # keys and values
+    per_position = 2 * config.num_layers * config.dim * guidance_rows(config)  # keys, values
     values = per_position * positions
     if kv is None:
         return values * dtype.size
@@ -140,10 +148,11 @@ def codec_bytes(
 
 def activation_bytes(config: LmConfig) -> int:
     """One step's transient arrays: the logits of every stream, the depformer's one-step
-    cache, and a fixed overhead."""
+    cache (of each of the `guidance_rows`), and a fixed overhead."""
     logits = config.text_card + config.dep_q * config.card
     depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
-    return 4 * (logits + depformer) * mx.float32.size + _STEP_OVERHEAD_BYTES
+    rows = guidance_rows(config)
+    return 4 * rows * (logits + depformer) * mx.float32.size + _STEP_OVERHEAD_BYTES
 
 
 def device_capacity() -> tuple[int, str]:
@@ -197,6 +206,7 @@ def plan_memory(
         kv=kv,
         dtype=dtype,
         lm_bits=lm_bits,
+        rows=guidance_rows(config),
     )
 
 

@@ -1,6 +1,10 @@
 """Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
 
 python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [--voice V --role R] [weight flags]
+
+Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
+English speech (out.wav) and text out. After the source, as Kyutai's `run_inference`, it gets
+the end-of-input frame, then silence until it ends its text (at most `max_tail_frames`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,34 @@ def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) 
     return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
 
 
+def max_tail_frames(source_frames: int) -> int:
+    """Frames a translation may run past its source before it is cut: as long as the source,
+    at least 10 s (Hibiki lags its source by a few seconds)."""
+    return max(source_frames, 125)
+
+
+def translate(
+    conversation, source_pcm: np.ndarray, frame_size: int, audio_lag: int, on_text=None
+) -> np.ndarray:
+    """Hibiki: `converse` over the source, then its end-of-input frame and silence until the
+    text ends (`max_tail_frames` at most) and the `audio_lag` frames of audio behind that
+    text (the LM's `max_delay`) have played; the translation's audio from the source's start.
+    An end of text sampled before the end of input is not one (Kyutai's rule)."""
+    replies = [converse(conversation, source_pcm, frame_size, on_text)]
+    silence = np.zeros(frame_size, np.float32)
+    result, ended_at = conversation.end_of_input(), None
+    for frame in range(max_tail_frames(-(-len(source_pcm) // frame_size))):
+        replies.append(result.pcm)
+        if result.text and on_text is not None:
+            on_text(result.text)
+        if ended_at is None and result.end_of_text:
+            ended_at = frame
+        if ended_at is not None and frame - ended_at >= audio_lag:
+            break
+        result = conversation.step(silence)
+    return np.concatenate(replies)
+
+
 def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
     """Raise `MoshiError` unless `output` can be written without touching the user's files
     (`output_files.check_output`) in a format libsndfile writes."""
@@ -89,17 +121,25 @@ def _run(argv: Sequence[str] | None) -> int:
         sys.stdout.flush()
 
     conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
-        sampling=sampling_from_args(args), seed=args.seed, voice=args.voice, role=args.role
+        sampling=sampling_from_args(args),
+        seed=args.seed,
+        voice=args.voice,
+        role=args.role,
+        cfg_coef=args.cfg_coef,
     )
     started = time.monotonic()
     with conversation:
-        moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
+        if model.lm.cfg.model_type == "hibiki":
+            lag = model.lm.cfg.max_delay
+            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_text=show)
+        else:
+            moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
         seed = conversation.seed
     elapsed = time.monotonic() - started
     sys.stdout.write("\n")
     with written_atomically(output) as partial:
         write_audio(partial, moshi_pcm, model.sample_rate)
-    seconds = len(user_pcm) / model.sample_rate
+    seconds = len(moshi_pcm) / model.sample_rate
     print(
         f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "
         f"({seconds / max(elapsed, 1e-9):.2f}x real time), seed {seed}",

@@ -77,7 +77,7 @@ def test_warm_up_compiles_the_step_and_changes_no_conversation(files):
         cold = _talk(conv, audio)
     model.lm.__dict__.pop("_step_functions")  # forget the compiled steps
     model.warm_up(sampling)
-    assert list(vars(model.lm)["_step_functions"]) == [(sampling, None)]
+    assert list(vars(model.lm)["_step_functions"]) == [(sampling, None, 1.0)]
     with model.conversation(sampling=sampling, seed=11) as conv:
         warm = _talk(conv, audio)
     np.testing.assert_allclose(cold[0], warm[0], atol=1e-6)

@@ -89,7 +89,7 @@ def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
     assert step_functions(tiny_lm, samplings[0]) is first
     generators = [LmGen(tiny_lm, sampling, seed=0) for sampling in samplings]
     kept = vars(tiny_lm)["_step_functions"]
-    assert list(kept) == [(s, None) for s in samplings[-MAX_STEP_FUNCTIONS:]]
+    assert list(kept) == [(s, None, 1.0) for s in samplings[-MAX_STEP_FUNCTIONS:]]
     step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
     assert 0 <= step.text_token < tiny_lm.cfg.text_card
 

@@ -87,7 +87,7 @@ def test_an_stt_model_has_no_depformer_and_its_heads_give_probabilities():
     assert mx.allclose(probabilities.sum(axis=-1), mx.ones((3, 4))).item()
 
 
-def test_what_the_model_does_not_build_yet_is_refused_at_build():
+def test_conditioners_are_built_and_schedules_refused_at_build():
     lut = {"type": "lut", "lut": {"n_bins": 4, "dim": 8, "possible_values": ["a", "b"]}}
     hibiki_like = LmConfig.tiny().to_dict() | {
         "conditioners": {"description": lut},
@@ -95,8 +95,13 @@ def test_what_the_model_does_not_build_yet_is_refused_at_build():
     }
     cfg = LmConfig.from_dict(hibiki_like)
     assert LmConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ConfigError, match="conditioners: not supported by this model yet"):
-        Lm(cfg)
+    condition = Lm(cfg).condition([{"description": "b"}, {"description": "a"}])
+    assert condition.shape == (2, cfg.dim)
+    with pytest.raises(ConfigError, match="cannot be 'c': use one of a, b"):
+        Lm(cfg).condition([{"description": "c"}])
+    schedule = {"depformer_weights_per_step_schedule": [0] * cfg.dep_q}
+    with pytest.raises(ConfigError, match="schedule: not supported by this model yet"):
+        Lm(LmConfig.from_dict(cfg.to_dict() | schedule))
     with pytest.raises(ConfigError, match="fuser sums"):
         LmConfig.from_dict(hibiki_like | {"fuser": {"sum": []}})
 

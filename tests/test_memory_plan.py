@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -22,6 +24,7 @@ from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.codec import MlxCodec
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.generate import LmGen
 from moshi_mlx.memory_plan import (
     check_fits,
     codec_bytes,
@@ -267,3 +270,25 @@ def test_personaplex_plans_the_slices_it_samples_and_fits_8_gb_as_moshi():
             kv=kv4,
         )
         assert q4.fits, q4.table()
+
+
+def test_hibiki_plans_its_condition_and_two_kv_rows():
+    """A conditioned model's plan holds the condition tables (in the weights) and a KV ring
+    of 2 rows (guidance), which is what a guided `LmGen` allocates."""
+    hibiki = Path(__file__).parent / "fixtures" / "hibiki"
+    config = LmConfig.from_dict(json.loads((hibiki / "config.json").read_text()))
+    layout, _ = read_safetensors_header(hibiki / "weights.safetensors")
+    plan = plan_memory(config, layout, 0, mx.float32, capacity=(1 << 40, "test"))
+    plain = replace(config, conditioners=(), model_type="moshi")
+    assert plan.kv_cache == 2 * kv_cache_bytes(plain, mx.float32)
+    assert "2 rows: guidance" in plan.table()
+    conditioner = sum(
+        math.prod(shape) for name, (shape, _) in layout.items() if name.startswith("condition_")
+    )
+    assert conditioner > 0
+    lm = Lm(config)
+    lm.set_dtype(mx.float32)
+    gen = LmGen(lm, cfg_coef=3.0)
+    gen.reserve_full_context()
+    ring = sum(a.nbytes for a in (*gen._ring.keys, *gen._ring.values))
+    assert ring == plan.kv_cache

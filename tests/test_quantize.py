@@ -369,3 +369,24 @@ def test_outputs_load_strictly_in_kyutai_moshi_mlx(tmp_path):
             else:
                 expected = mx.sum(array.astype(mx.float32)).item()
                 assert np.isclose(kyutai_sums[path][name], expected, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("bits", [4, 16])
+def test_hibiki_converts_with_kyutai_mlx_names_and_float_condition_tables(tmp_path, bits):
+    """Hibiki's PyTorch file (conditioner in float32) converts to Kyutai's MLX names; the
+    condition tables, 16 wide, stay bf16 (no group divides them) and the output loads with its
+    text embedding's row 2 := row 3 (Kyutai's Hibiki rule, applied at load)."""
+    hibiki = Path(__file__).parent / "fixtures" / "hibiki"
+    output = tmp_path / "model.safetensors"
+    quantize_checkpoint(hibiki / "weights.safetensors", output, bits=bits)
+    tensors = mx.load(str(output))
+    manifest = csv.DictReader((MANIFESTS / "hibiki_tiny_mlx_names.tsv").open(), delimiter="\t")
+    names = {row["name"] for row in manifest}
+    assert {n for n in tensors if not n.endswith((".scales", ".biases"))} == names
+    for name in names:
+        if name.startswith("condition_provider."):
+            assert tensors[name].dtype == mx.bfloat16, name
+    assert (bits == 4) == ("text_emb.scales" in tensors)
+    lm = load_lm(output, LmConfig.from_dict(json.loads((hibiki / "config.json").read_text())))
+    rows = lm.text_emb(mx.array([2, 3]))
+    assert mx.array_equal(rows[0], rows[1]).item()

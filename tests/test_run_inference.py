@@ -14,7 +14,7 @@ from tiny_moshi import (
 )
 
 from moshi_mlx.persona.cache import CACHE_ENV
-from moshi_mlx.run_inference import main
+from moshi_mlx.run_inference import main, max_tail_frames, translate
 
 FRAME = 1920
 
@@ -166,3 +166,73 @@ def test_persona_errors_are_one_line(tmp_path, capsys, persona, prompt_cache, fl
     err = _one_line_error(capsys, main(["--list-voices", *flags]))
     assert "this model is Moshi" in err, err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def hibiki_flags(tmp_path_factory):
+    """A tiny random Hibiki (LUT condition, delays 2) with the tiny Moshi's codec and text."""
+    from dataclasses import replace
+
+    from tiny_moshi import tiny_config
+
+    from moshi_mlx.models.config import GenDefaults, LmConfig
+    from moshi_mlx.testing import write_random_lm_checkpoint
+
+    lut = {"type": "lut", "lut": {"n_bins": 31, "dim": 16, "possible_values": HIBIKI_VALUES}}
+    hibiki = tiny_config().to_dict() | {
+        "delays": [0, 0] + [2] * 7 + [0] + [2] * 7,
+        "conditioners": {"description": lut},
+        "fuser": {"sum": ["description"]},
+        "model_type": "hibiki",
+    }
+    config = replace(LmConfig.from_dict(hibiki), lm_gen_config=GenDefaults(cfg_coef=3.0))
+    root = tmp_path_factory.mktemp("tiny_hibiki")
+    write_random_lm_checkpoint(root, config, seed=4, write_config=True)
+    files = cached_tiny_moshi(tmp_path_factory)
+    files = files | {"moshi": root / "model.safetensors", "lm_config": root / "config.json"}
+    return [*weight_flags(files), "--codec", fast_codec()]
+
+
+HIBIKI_VALUES = ["very_bad", "bad", "neutral", "good", "very_good"]
+
+
+def test_hibiki_translates_past_the_end_of_its_source(tmp_path, capsys, speech, hibiki_flags):
+    """The source, the end-of-input frame, then silence until the text ends (random weights:
+    anywhere up to the cap); guidance from the config (3) or the flag (1) changes the audio."""
+    _run(capsys, speech, tmp_path / "a.wav", hibiki_flags, seed=7)
+    _run(capsys, speech, tmp_path / "b.wav", [*hibiki_flags, "--cfg-coef", "1"], seed=7)
+    a, _ = sf.read(tmp_path / "a.wav", dtype="int16")
+    b, _ = sf.read(tmp_path / "b.wav", dtype="int16")
+    info = sf.info(str(speech))
+    source = round(info.frames * 24000 / info.samplerate)
+    for translation in (a, b):
+        tail = len(translation) - source
+        assert FRAME <= tail <= max_tail_frames(-(-source // FRAME)) * FRAME + 1
+    assert not np.array_equal(a[: len(b)], b[: len(a)])
+
+
+class _EndingConversation:
+    """Steps whose text ends at step `end` (counted from the first)."""
+
+    def __init__(self, end: int):
+        self.steps, self.end = 0, end
+
+    def step(self, pcm):
+        from moshi_mlx.api import StepResult
+
+        self.steps += 1
+        return StepResult(np.full(FRAME, self.steps, np.float32), "", None, self.steps == self.end)
+
+    def end_of_input(self):
+        return self.step(None)
+
+
+@pytest.mark.parametrize("end", [2, 5])
+def test_translation_stops_its_audio_lag_after_the_end_of_text(end):
+    """An end of text before the end of input (step 2: the 3-frame source) is ignored; one
+    at or after it stops the translation `audio_lag` frames later."""
+    conversation = _EndingConversation(end)
+    pcm = translate(conversation, np.zeros(3 * FRAME, np.float32), FRAME, audio_lag=2)
+    frames = pcm.reshape(-1, FRAME)[:, 0]
+    last = 3 + max_tail_frames(3) if end <= 3 else end + 2
+    np.testing.assert_array_equal(frames, np.arange(1, last + 1))

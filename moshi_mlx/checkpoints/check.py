@@ -46,8 +46,9 @@ class CheckResult:
 
 def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
     """What `LmGen` fed `lm` and what it sampled, greedily, on the user's codes
-    (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + moshi_codebooks)."""
-    generator = LmGen(lm, SamplingConfig.greedy(), seed=0)
+    (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + moshi_codebooks).
+    Unguided, as `teacher_forced_logits` runs a conditioned model."""
+    generator = LmGen(lm, SamplingConfig.greedy(), seed=0, cfg_coef=1.0)
     steps = [generator.step(mx.array(codes, mx.int32)) for codes in user_codes.T]
     inputs = mx.stack([step.input_tokens for step in steps])
     sampled = mx.stack([step.sampled_tokens for step in steps])

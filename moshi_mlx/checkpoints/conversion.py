@@ -31,6 +31,7 @@ Shape = tuple[int, ...]
 CheckpointFormat = Literal["mlx", "pytorch"]
 
 _DEP = "depformer.slices.{slice}.transformer.layers.{dep_layer}."
+_CONDITIONER = "condition_provider.conditioners.{condition}."
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("text_linear.weight", "text_linear.weight"),
     NameRule("out_norm.alpha", "out_norm.weight", "flatten"),
     NameRule("extra_heads.{head}.weight", "extra_heads.{head}.weight"),
+    # Hibiki's lookup-table conditioners, named alike in both namings.
+    *(
+        NameRule(f"{_CONDITIONER}{part}", f"{_CONDITIONER}{part}")
+        for part in ("embed.weight", "output_proj.weight", "learnt_padding")
+    ),
     NameRule(
         "transformer.layers.{layer}.self_attn.in_proj_weight",
         "transformer.layers.{layer}.self_attn.in_proj.weight",
@@ -114,7 +120,7 @@ NAME_RULES: tuple[NameRule, ...] = (
     ),
 )
 
-_FIELD_PATTERNS = {"io": "in|out", "norm": "1|2"}
+_FIELD_PATTERNS = {"io": "in|out", "norm": "1|2", "condition": r"[A-Za-z_]\w*"}
 _SLICE_NAME = re.compile(r"depformer\.slices\.([0-9]+)\.")
 log = logging.getLogger("moshi_mlx.checkpoints")
 _MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}

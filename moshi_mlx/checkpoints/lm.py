@@ -231,6 +231,19 @@ def _with_heads_of(tensors: dict[str, mx.array], config: LmConfig, source: str) 
     return replace(config, extra_heads_num_heads=found[0], extra_heads_dim=found[1])
 
 
+def _hibiki_text_embedding(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Hibiki's text embedding with row 2 (EOS) := row 3 (padding), as Kyutai's loader sets it
+    so that an early EOS reads as padding; per row, so a quantized table's packed rows,
+    scales and biases alike."""
+    fixed = dict(tensors)
+    for part in ("weight", "scales", "biases"):
+        name = f"text_emb.{part}"
+        if name in tensors:
+            rows = tensors[name]
+            fixed[name] = mx.concatenate([rows[:2], rows[3:4], rows[3:]])
+    return fixed
+
+
 def lm_from_tensors(
     tensors: dict[str, mx.array],
     metadata: dict[str, str],
@@ -241,6 +254,8 @@ def lm_from_tensors(
 ) -> Lm:
     """`load_lm` on a checkpoint's tensors (either naming) and metadata, read from `source`."""
     tensors = _model_tensors(tensors, config, full_depformer, source)
+    if config.model_type == "hibiki":
+        tensors = _hibiki_text_embedding(tensors)
     config = _with_heads_of(tensors, config, source)
     model = Lm(config, full_depformer)  # lazy: its float parameters are never materialized
     quantization = detect_quantization(layout_of(tensors), metadata, model, source)

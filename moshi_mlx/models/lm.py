@@ -4,10 +4,13 @@ At each 80 ms step the temporal transformer reads one text token and the audio t
 8 codebooks then the user's 8), predicts the next text token, and hands its output to the
 depformer (`moshi_mlx.models.depformer`), which predicts Moshi's 8 audio codebooks. Kyutai's
 speech-to-text has no depformer (`dep_q` 0): 32 audio streams in, the text and its
-voice-activity heads (`extra_heads`) out.
+voice-activity heads (`extra_heads`) out. Hibiki adds a condition vector
+(`moshi_mlx.modules.conditioners`) to every step's input.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 from mlx import nn
@@ -15,6 +18,7 @@ from mlx import nn
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.config import NORM_EPS, LmConfig
 from moshi_mlx.models.depformer import Depformer, zero_no_input
+from moshi_mlx.modules.conditioners import ConditionProvider
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.transformer import RMSNorm, Transformer
@@ -43,6 +47,15 @@ class Lm(nn.Module):
         ]
         if cfg.dep_q:
             self.depformer = Depformer(cfg, cfg.dep_q if full_depformer else None)
+        if cfg.conditioners:
+            self.condition_provider = ConditionProvider(cfg.conditioners, cfg.dim)
+
+    def condition(self, conditions: Sequence[Mapping[str, str]]) -> mx.array:
+        """The condition vector (B, dim) that `step_text` adds to each input, for each batch
+        row's values (conditioner name -> value, e.g. Hibiki's {"description": "very_good"})."""
+        if not self.cfg.conditioners:
+            raise ConfigError("this model takes no conditions")
+        return self.condition_provider.sum(conditions)
 
     def make_caches(self) -> list[KVCache]:
         """Fresh streaming state of the temporal transformer."""
@@ -88,12 +101,18 @@ class Lm(nn.Module):
         logits = mx.stack([head(temporal_out) for head in self.extra_heads], axis=1)
         return mx.softmax(logits.astype(mx.float32), axis=-1)
 
-    def step_text(self, tokens: mx.array, ring: KVRing) -> tuple[mx.array, mx.array]:
+    def step_text(
+        self, tokens: mx.array, ring: KVRing, condition: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         """`forward_text` of one position through a `KVRing`, in `mx.compile`-able form:
         tokens (B, n_q + 1, 1) -> the normed output (B, dim) and the text logits (B, text_card).
+        A conditioned model's `condition` (B, dim) is added to the input.
         """
         x = self.embed(tokens)
-        x = self.out_norm(self.transformer.step(x.reshape(x.shape[0], -1), ring))
+        x = x.reshape(x.shape[0], -1)
+        if condition is not None:
+            x = x + condition.astype(x.dtype)
+        x = self.out_norm(self.transformer.step(x, ring))
         return x, self.text_linear(x)
 
 
@@ -102,7 +121,6 @@ def _check_built(cfg: LmConfig) -> None:
     unbuilt = [
         name
         for name, value in (
-            ("conditioners", cfg.conditioners),
             ("depformer_weights_per_step_schedule", cfg.depformer_weights_per_step_schedule),
             ("depformer_low_rank_embeddings", cfg.depformer_low_rank_embeddings),
         )

@@ -81,7 +81,7 @@ def test_the_warm_up_compiles_the_servers_sampling(files):
     try:
         assert worker.ready.wait(120) and worker.error is None, worker.error
         compiled = vars(worker.model.lm)["_step_functions"]
-        assert list(compiled) == [(sampling, None)]
+        assert list(compiled) == [(sampling, None, 1.0)]  # no KV quantization, no guidance
     finally:
         worker.stop(10)
 

@@ -27,10 +27,12 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     Limits,
+    SessionSlots,
     SilenceWatchdog,
     live_websocket,
+    send_and_close,
 )
-from moshi_mlx.web.server import SLOT_GRACE_SECONDS, loopback_only, origin_allowed
+from moshi_mlx.web.server import loopback_only, origin_allowed
 
 ASR_PATH = "/api/asr-streaming"
 API_KEY_HEADER = "kyutai-api-key"
@@ -86,8 +88,7 @@ class _SttHandler:
         self._worker = worker
         self._config = config
         self._tally = tally
-        self._active = 0
-        self._slots = asyncio.Condition()
+        self._slots = SessionSlots(config.max_streams)
         self._connections: set[_Connection] = set()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -102,7 +103,7 @@ class _SttHandler:
         ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         peer = request.remote
-        if not await self._take_slot():
+        if not await self._slots.take():
             self._tally.count("websockets told the server is busy", peer)
             limit = self._config.max_streams
             await _fail(ws, f"busy: all {limit} streams are in use; try again later")
@@ -115,9 +116,7 @@ class _SttHandler:
             reason = await connection.run()
         finally:
             self._connections.discard(connection)
-            async with self._slots:
-                self._active -= 1
-                self._slots.notify_all()
+            await self._slots.release()
             log.info("%s: stream ended: %s", peer, reason)
         return ws
 
@@ -125,31 +124,14 @@ class _SttHandler:
         """Server shutdown: close every stream's websocket with 1001 (going away)."""
         await asyncio.gather(*(connection.stop() for connection in self._connections))
 
-    async def _take_slot(self) -> bool:
-        """A free stream slot, waiting a moment for one being freed (a quick reconnect)."""
-        async with self._slots:
-            try:
-                await asyncio.wait_for(
-                    self._slots.wait_for(lambda: self._active < self._config.max_streams),
-                    SLOT_GRACE_SECONDS,
-                )
-            except asyncio.TimeoutError:
-                return False
-            self._active += 1
-            return True
-
 
 class _StreamEnded(Exception):
     """The server cannot go on with a stream; the reason goes to the client as an Error."""
 
 
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send an Error with the reason and close; a client that left or stopped reading is fine
-    (a close that cannot finish leaves the transport to the guard, which cuts it)."""
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await asyncio.wait_for(ws.send_bytes(protocol.error(reason)), CLOSE_SECONDS)
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+    """Send the protocol's error with the reason, and close."""
+    await send_and_close(ws, protocol.error(reason))
 
 
 class _Connection:

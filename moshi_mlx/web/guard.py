@@ -39,6 +39,8 @@ CLOSING_GRACE_SECONDS = 2.0
 # How long a websocket close handshake (or a last message before it) may take.
 CLOSE_SECONDS = 2.0
 SUMMARY_SECONDS = 10.0
+# How long a newcomer waits for a session slot being freed (a client reconnecting at once).
+SLOT_GRACE_SECONDS = 1.0
 _RETRY_ACCEPT_SECONDS = 1.0
 _MAX_COUNTED_ADDRESSES = 10_000
 # Loggers that would write a line (often a traceback) per malformed request or lost peer.
@@ -509,3 +511,40 @@ def stop_on_sigterm() -> None:
         on_interrupt(signal.SIGINT, frame)
 
     signal.signal(signal.SIGTERM, on_terminate)
+
+
+class SessionSlots:
+    """At most `limit` sessions (conversations, streams) at once: `take` waits up to
+    `SLOT_GRACE_SECONDS` for a slot being freed, `release` frees one."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._active = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self) -> bool:
+        """A slot, or False if none is freed within the grace."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._active < self.limit), SLOT_GRACE_SECONDS
+                )
+            except asyncio.TimeoutError:
+                return False
+            self._active += 1
+            return True
+
+    async def release(self) -> None:
+        async with self._changed:
+            self._active -= 1
+            self._changed.notify_all()
+
+
+async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:
+    """Send a last message (the protocol's error) and close; a client that left or stopped
+    reading is fine (a close that cannot finish leaves the transport to the guard, which
+    cuts it)."""
+    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+        await asyncio.wait_for(ws.send_bytes(message), CLOSE_SECONDS)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)

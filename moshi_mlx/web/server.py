@@ -29,8 +29,10 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     Limits,
+    SessionSlots,
     SilenceWatchdog,
     live_websocket,
+    send_and_close,
 )
 from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
 from moshi_mlx.web.persona import prompt_choice
@@ -40,7 +42,6 @@ from moshi_mlx.web.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 PAGE_DIR = Path(__file__).parent / "static"
 PING_AFTER_SECONDS = 1.0  # Kyutai's clients give up after 10 s without a message
 LAG_NOTICE_EVERY_SECONDS = 1.0
-SLOT_GRACE_SECONDS = 1.0
 # Frames over this size are refused by the websocket layer itself (close code 1009); between
 # protocol.MAX_MESSAGE_BYTES and this, the client gets a 0x05 with the reason.
 _WEBSOCKET_MAX_BYTES = 1 << 20
@@ -154,8 +155,7 @@ class _ChatHandler:
         self._worker = worker
         self._config = config
         self._tally = tally
-        self._active = 0
-        self._slots = asyncio.Condition()
+        self._slots = SessionSlots(config.max_conversations)
         self._connections: set[_Connection] = set()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -166,7 +166,7 @@ class _ChatHandler:
         ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         peer = request.remote
-        if not await self._take_slot():
+        if not await self._slots.take():
             self._tally.count("websockets told the server is busy", peer)
             await _fail(ws, "busy: Moshi is talking with someone else; try again later")
             return ws
@@ -178,9 +178,7 @@ class _ChatHandler:
             reason = await connection.run()
         finally:
             self._connections.discard(connection)
-            async with self._slots:
-                self._active -= 1
-                self._slots.notify_all()
+            await self._slots.release()
             log.info("%s: conversation ended: %s", peer, reason)
         return ws
 
@@ -188,32 +186,14 @@ class _ChatHandler:
         """Server shutdown: close every conversation's websocket with 1001 (going away)."""
         await asyncio.gather(*(connection.stop() for connection in self._connections))
 
-    async def _take_slot(self) -> bool:
-        """A free conversation slot, waiting a moment for one that is being freed (a client
-        that reconnects right after leaving)."""
-        async with self._slots:
-            try:
-                await asyncio.wait_for(
-                    self._slots.wait_for(lambda: self._active < self._config.max_conversations),
-                    SLOT_GRACE_SECONDS,
-                )
-            except asyncio.TimeoutError:
-                return False
-            self._active += 1
-            return True
-
 
 class _ConversationEnded(Exception):
     """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
 
 
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send 0x05 with the reason and close; a client that left or stopped reading is fine (a
-    close that cannot finish leaves the transport to the guard, which cuts it)."""
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await asyncio.wait_for(ws.send_bytes(protocol.error(reason)), CLOSE_SECONDS)
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+    """Send the protocol's error with the reason, and close."""
+    await send_and_close(ws, protocol.error(reason))
 
 
 class _Connection:

@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +11,13 @@ from moshi_mlx.errors import AudioError
 from moshi_mlx.stt.events import EndOfTurn, WordEnded, WordStarted
 from moshi_mlx.stt.transcriber import SttModel, transcribe
 from moshi_mlx.stt.words import finished_words
-from tests.tiny_moshi import cached_tiny_moshi, espeak_speech, fast_codec, write_tiny_stt
+from tests.tiny_moshi import (
+    cached_tiny_moshi,
+    espeak_speech,
+    fast_codec,
+    tiny_moshi_command,
+    write_tiny_stt,
+)
 
 SENTENCES = ["hello there how are you today", "the quick brown fox jumps over the lazy dog"]
 
@@ -67,11 +72,7 @@ def test_a_stream_reports_steps_with_head_probabilities_and_ordered_events(model
 
 
 def _stt_command(files, *flags):
-    weights = []
-    for flag, key in (("--moshi-weight", "moshi"), ("--mimi-weight", "mimi"),
-                      ("--tokenizer", "tokenizer"), ("--lm-config", "lm_config")):  # fmt: skip
-        weights += [flag, str(files[key])]
-    command = [sys.executable, "-m", "moshi_mlx.stt", *weights, "--codec", fast_codec(), *flags]
+    command = tiny_moshi_command("moshi_mlx.stt", files, *flags)
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
 
 
@@ -109,12 +110,9 @@ def test_serve_speaks_kyutais_protocol_with_the_real_model(files, model, speech)
     from tests.web_harness import free_port
 
     port = free_port()
-    weights = []
-    for flag, key in (("--moshi-weight", "moshi"), ("--mimi-weight", "mimi"),
-                      ("--tokenizer", "tokenizer"), ("--lm-config", "lm_config")):  # fmt: skip
-        weights += [flag, str(files[key])]
-    command = [sys.executable, "-m", "moshi_mlx.stt", "--serve", "--host", "127.0.0.1",
-               "--port", str(port), "--codec", fast_codec(), *weights]  # fmt: skip
+    command = tiny_moshi_command(
+        "moshi_mlx.stt", files, "--serve", "--host", "127.0.0.1", "--port", port
+    )
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     pcm = read_audio(speech[1])
 

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece
 import torch
+from fixture_tokenizer import train_bpe_tokenizer
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from moshi.models.lm import SILENCE_TOKENS, SINE_TOKENS, LMGen, LMModel
@@ -123,18 +124,9 @@ RANDOM_COLUMNS = 31  # audio logit columns saved besides 0-15, the silence/sine 
 
 
 def train_tokenizer() -> bytes:
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES * 20),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=TINY_CONFIG["text_card"],
-        pad_id=TINY_CONFIG["existing_text_padding_id"],
-        normalization_rule_name="identity",
-        num_threads=1,
-        minloglevel=2,
+    return train_bpe_tokenizer(
+        SENTENCES, TINY_CONFIG["text_card"], TINY_CONFIG["existing_text_padding_id"]
     )
-    return model.getvalue()
 
 
 def lm_kwargs() -> dict:

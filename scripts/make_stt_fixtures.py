@@ -64,7 +64,6 @@ parameter of Kyutai's moshi_mlx 0.3.0 `Lm(LmConfig.from_config_dict(config.json)
 from __future__ import annotations
 
 import copy
-import io
 import json
 import subprocess
 import sys
@@ -73,6 +72,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece
 import torch
+from fixture_tokenizer import train_bpe_tokenizer
 from moshi.conditioners import ConditionAttributes
 from moshi.models import loaders
 from moshi.models.lm import LMGen, LMModel
@@ -199,18 +199,9 @@ EOS_STEP = 50  # the Hibiki call fed run_inference.py's end-of-input frame (ever
 
 
 def train_tokenizer() -> bytes:
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES * 20),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=STT_CONFIG["text_card"],
-        pad_id=STT_CONFIG["existing_text_padding_id"],
-        normalization_rule_name="identity",
-        num_threads=1,
-        minloglevel=2,
+    return train_bpe_tokenizer(
+        SENTENCES, STT_CONFIG["text_card"], STT_CONFIG["existing_text_padding_id"]
     )
-    return model.getvalue()
 
 
 def lm_kwargs(config: dict) -> dict:

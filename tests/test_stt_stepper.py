@@ -1,5 +1,7 @@
 """The batched listening step of models without a depformer (Kyutai's STT)."""
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -80,3 +82,22 @@ def test_a_step_reads_the_delayed_codes_and_its_own_text_like_kyutais_lmgen():
 def test_a_model_with_a_depformer_is_refused():
     with pytest.raises(MoshiError, match="without a depformer"):
         ListenStepper(Lm(LmConfig.tiny()))
+
+
+def test_a_step_writes_the_kv_ring_in_place():
+    """A step adds one position to the ring: copying the whole ring instead (MLX does when a
+    reference to the old buffers is still held) would cost a full ring's memory per step."""
+    lm = Lm(replace(_tiny_stt([0] * 9), dim=64, context=64))
+    mx.eval(lm.parameters())
+    stepper = ListenStepper(lm, batch=16)
+    codes = np.zeros((16, 8), np.int32)
+    for _ in range(3):
+        mx.eval(stepper.step(codes).text_tokens)
+    ring = stepper._ring
+    ring_bytes = sum(buffer.nbytes for buffer in ring.keys + ring.values)
+    del ring
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    out = stepper.step(codes)
+    mx.eval(out.text_tokens, stepper._ring.keys, stepper._ring.values)
+    assert mx.get_peak_memory() - before < ring_bytes / 4

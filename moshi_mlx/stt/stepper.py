@@ -140,12 +140,17 @@ class ListenStepper:
         expected = (self.batch, self.lm.cfg.n_q)
         if codes.shape != expected:
             raise MoshiError(f"expected audio codes of shape {expected}, got {codes.shape}")
-        self._ring = self._ring.grown(self.step_index)
-        ring = self._ring
-        out, logits, heads, self._tokens, self._key, *ring_state = self._function.compiled(
-            codes.astype(mx.int32), self._tokens, self._key, ring.keys, ring.values, ring.position
-        )
-        self._ring = ring.replaced(*ring_state)
+        out, logits, heads, self._tokens, self._key, *ring_state = self._outputs(codes)
+        # No reference to the old ring's buffers may outlive this line: MLX then writes the
+        # new position into them in place instead of copying the whole ring each step.
+        self._ring = self._ring.replaced(*ring_state)
         mx.async_eval(out, heads, self._tokens, *ring_state)
         self.step_index += 1
         return ListenStep(out, logits, heads)
+
+    def _outputs(self, codes: mx.array) -> tuple:
+        self._ring = self._ring.grown(self.step_index)
+        ring = self._ring
+        return self._function.compiled(
+            codes.astype(mx.int32), self._tokens, self._key, ring.keys, ring.values, ring.position
+        )

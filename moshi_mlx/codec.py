@@ -54,11 +54,40 @@ class Codec(Protocol):
         """Another codec over the same weights, with a stream of its own."""
         ...
 
+    def batch_encoder(self, streams: int) -> BatchEncoder:
+        """An encoder of `streams` new streams stepping together, over the same weights."""
+        ...
+
+
+@runtime_checkable
+class BatchEncoder(Protocol):
+    """Streaming encoding of B streams at once: one frame of each stream per step."""
+
+    streams: int
+
+    def encode_frames(self, pcm: np.ndarray | mx.array) -> mx.array:
+        """pcm (streams, frame_size) float32 -> codes (streams, num_codebooks) int32, possibly
+        lazy."""
+        ...
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Streaming buffers to evaluate together with a step's outputs."""
+        ...
+
 
 def _check_pcm(pcm: np.ndarray | mx.array) -> None:
     if tuple(pcm.shape) != (FRAME_SIZE,):
         raise AudioError(
             f"expected one frame of pcm, shape ({FRAME_SIZE},), got {tuple(pcm.shape)}"
+        )
+
+
+def _check_frames(pcm: np.ndarray | mx.array, streams: int) -> None:
+    if tuple(pcm.shape) != (streams, FRAME_SIZE):
+        raise AudioError(
+            f"expected one frame of pcm per stream, shape ({streams}, {FRAME_SIZE}), "
+            f"got {tuple(pcm.shape)}"
         )
 
 
@@ -98,6 +127,28 @@ class MlxCodec:
 
     def fresh(self) -> MlxCodec:
         return MlxCodec(self.model)
+
+    def batch_encoder(self, streams: int) -> MlxBatchEncoder:
+        return MlxBatchEncoder(self.model, streams)
+
+
+class MlxBatchEncoder:
+    """B streams through our MLX Mimi as one batch: one state with a row per stream, so each
+    layer's weights are read once per step for all of them."""
+
+    def __init__(self, model: Mimi, streams: int):
+        self.model = model
+        self.streams = streams
+        self._stream = model.make_state()
+
+    def encode_frames(self, pcm: np.ndarray | mx.array) -> mx.array:
+        _check_frames(pcm, self.streams)
+        frames = mx.array(pcm, dtype=mx.float32)
+        return self.model.encode_step(frames[:, None, :], self._stream)[:, :, 0].astype(mx.int32)
+
+    @property
+    def state(self) -> list[mx.array]:
+        return self._stream.state
 
 
 class RustyMimiCodec:
@@ -164,6 +215,26 @@ class RustyMimiCodec:
         if not self._stepped:
             unused, self._tokenizer = self._tokenizer, None
         return RustyMimiCodec(self.weight_path, self.num_codebooks, _tokenizer=unused)
+
+    def batch_encoder(self, streams: int) -> StreamwiseEncoder:
+        return StreamwiseEncoder([self.fresh() for _ in range(streams)])
+
+
+class StreamwiseEncoder:
+    """B streams encoded one after another by codecs of their own (rustymimi steps one
+    stream per call)."""
+
+    def __init__(self, codecs: list[Codec]):
+        self.codecs = codecs
+        self.streams = len(codecs)
+
+    def encode_frames(self, pcm: np.ndarray | mx.array) -> mx.array:
+        _check_frames(pcm, self.streams)
+        return mx.stack([codec.encode_step(frame) for codec, frame in zip(self.codecs, pcm)])
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [array for codec in self.codecs for array in codec.state]
 
 
 def load_codec(weight_path: str | Path, backend: str = "mlx", num_codebooks: int = 8) -> Codec:

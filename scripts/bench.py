@@ -599,15 +599,14 @@ def bench_stt(
     rng = np.random.default_rng(seed)
     result = {"streams": streams}
     for count in (1, streams):
-        codecs = [codec.fresh() for _ in range(count)]
+        encoder = codec.batch_encoder(count)
         stepper = ListenStepper(lm, count)
         times = []
         for step in range(steps + 3):
             pcm = rng.normal(0, 0.1, (count, 1920)).astype(np.float32)
             started = time.perf_counter()
-            codes = mx.stack([c.encode_step(frame) for c, frame in zip(codecs, pcm)])
-            out = stepper.step(codes.reshape(count, -1))
-            mx.eval(out.text_tokens, out.head_probabilities, [c.state for c in codecs])
+            out = stepper.step(encoder.encode_frames(pcm))
+            mx.eval(out.text_tokens, out.head_probabilities, encoder.state)
             if step >= 3:  # the first steps compile
                 times.append(time.perf_counter() - started)
         step_s = float(np.median(times))

@@ -14,7 +14,7 @@ from conftest import needs_rustymimi
 
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.codec import Codec, MlxCodec, RustyMimiCodec, load_codec
+from moshi_mlx.codec import BatchEncoder, Codec, MlxCodec, RustyMimiCodec, load_codec
 from moshi_mlx.errors import AudioError, MoshiError, WeightsError
 
 FRAME = 1920
@@ -112,6 +112,24 @@ def test_rustymimi_fresh_streams_reuse_a_tokenizer_that_never_ran(
     for other in (second, third):
         np.testing.assert_array_equal(first[0], other[0])
         np.testing.assert_allclose(first[1], other[1], rtol=0, atol=1e-6)
+
+
+def test_a_batch_encoder_gives_each_stream_the_codes_it_gets_alone(codecs, mimi_signal):
+    frames = 4
+    signals = np.stack([mimi_signal(frames * FRAME, seed=seed) for seed in range(3)])
+    for name, codec in codecs.items():
+        alone = [_round_trip(codec.fresh(), pcm)[0] for pcm in signals]
+        encoder = codec.batch_encoder(len(signals))
+        assert isinstance(encoder, BatchEncoder)
+        batched = []
+        for frame in range(frames):
+            batched.append(encoder.encode_frames(signals[:, frame * FRAME : (frame + 1) * FRAME]))
+            mx.eval(batched[-1], encoder.state)
+        batched = np.stack(batched, axis=2)  # (streams, K, frames)
+        for stream, codes in enumerate(alone):
+            np.testing.assert_array_equal(batched[stream], codes, err_msg=name)
+        with pytest.raises(AudioError, match=r"\(3, 1920\)"):
+            encoder.encode_frames(signals[:2, :FRAME])
 
 
 def test_mlx_matches_rustymimi(codecs, mimi_signal):

@@ -10,8 +10,9 @@
         ...
 
 `SpeechToText(model, streams=B)` transcribes B streams in one batch (`step_batch`): one read
-of the weights per step serves them all. Each stream has its own codec state, word timer and
-turn detector; they start together (pad shorter audio with silence).
+of the weights per step serves them all, in Mimi and in the LM. Each stream has its own codec
+state (a row of the batch's), word timer and turn detector; they start together (pad shorter
+audio with silence).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class SpeechToText:
         # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
         self._stepper = ListenStepper(model.lm, streams, sampling)
-        self._codecs = [model.codec.fresh() for _ in range(streams)]
+        self._encoder = model.codec.batch_encoder(streams)
         self._timers = [
             WordTimer(
                 model.tokenizer,
@@ -170,10 +171,8 @@ class SpeechToText:
         return self._timers[stream].finish()
 
     def _advance(self, pcm: np.ndarray) -> list[SttStep]:
-        codes = mx.stack([codec.encode_step(frame) for codec, frame in zip(self._codecs, pcm)])
-        out = self._stepper.step(codes.reshape(self.streams, -1))
-        states = [codec.state for codec in self._codecs]
-        mx.eval(out.text_tokens, out.head_probabilities, states)
+        out = self._stepper.step(self._encoder.encode_frames(pcm))
+        mx.eval(out.text_tokens, out.head_probabilities, self._encoder.state)
         index = self._stepper.step_index - 1
         if not self._stepper.ready:
             return [SttStep(index) for _ in range(self.streams)]

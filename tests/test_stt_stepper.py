@@ -30,9 +30,10 @@ def _model(delays: list[int]) -> Lm:
     return lm
 
 
-def _run(lm: Lm, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _run(lm: Lm, codes: np.ndarray, reserve: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """codes (B, steps, n_q) -> text (B, steps), heads (B, steps, H, C)."""
     stepper = ListenStepper(lm, batch=codes.shape[0])
+    stepper.reserve(reserve)
     texts, heads = [], []
     for t in range(codes.shape[1]):
         out = stepper.step(codes[:, t])
@@ -82,6 +83,16 @@ def test_a_step_reads_the_delayed_codes_and_its_own_text_like_kyutais_lmgen():
 def test_a_model_with_a_depformer_is_refused():
     with pytest.raises(MoshiError, match="without a depformer"):
         ListenStepper(Lm(LmConfig.tiny()))
+
+
+def test_a_ring_reserved_at_once_gives_the_same_steps():
+    lm = Lm(replace(_tiny_stt([0] * 9), context=200))
+    mx.eval(lm.parameters())
+    codes = np.random.default_rng(1).integers(0, 16, (2, STEPS, 8))
+    grown_texts, grown_heads = _run(lm, codes)
+    texts, heads = _run(lm, codes, reserve=200)
+    assert np.array_equal(texts, grown_texts)
+    np.testing.assert_allclose(heads, grown_heads, atol=1e-6)
 
 
 def test_a_step_writes_the_kv_ring_in_place():

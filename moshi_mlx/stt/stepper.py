@@ -129,6 +129,11 @@ class ListenStepper:
         self._key = mx.random.key(self.seed)
         self.step_index = 0
 
+    def reserve(self, positions: int) -> None:
+        """Give the KV ring room for `positions` steps now (at most the context), so that no
+        later step pays for growing it; every step then attends over the whole room."""
+        self._ring = self._ring.grown(max(positions, 1) - 1)
+
     @property
     def ready(self) -> bool:
         """Whether the last step returned text (the delays are filled)."""

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from pulse import PulseServer, pulseaudio_missing_reason
+from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
 from tiny_moshi import (
     cached_tiny_moshi,
     cached_tiny_personaplex,
@@ -45,16 +45,6 @@ def _local(pulse, *args, env: dict | None = None, **kwargs):
         env={**pulse.env(), **(env or {})},
         **kwargs,
     )
-
-
-def _wait_for(path, text, proc, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        assert proc.poll() is None, path.read_text(errors="replace")
-        time.sleep(0.05)
-    raise AssertionError(f"no {text!r} in {path.read_text(errors='replace')}")
 
 
 def _run_local(
@@ -115,7 +105,7 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
             text=True,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             pulse.feed_mic(speech)  # real-time paced, then silence
             time.sleep(RUN_SECONDS)
             interrupted = time.monotonic()
@@ -220,7 +210,7 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=10)
         finally:
@@ -272,7 +262,7 @@ def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             talking = time.monotonic()
             pulse.feed_mic(read_audio(speech_file))
             time.sleep(3.5)
@@ -323,7 +313,7 @@ def _talk_in_the_room(pulse, files, folder, speech, *flags) -> tuple[np.ndarray,
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             pulse.feed_mic(speech)
             time.sleep(len(speech) / 24000 + ROOM_SECONDS)
             proc.send_signal(signal.SIGINT)

@@ -214,6 +214,30 @@ def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
     return {"moshi": moshi, "lm_config": root / "config.json", "mimi": mimi, "tokenizer": tokenizer}
 
 
+def cached_tiny_stt(tmp_path_factory) -> dict[str, Path]:
+    """`write_tiny_stt` beside `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest
+    session."""
+    moshi = cached_tiny_moshi(tmp_path_factory)
+    root = tmp_path_factory.getbasetemp() / "tiny_stt"
+    files = {**moshi, "moshi": root / "model.safetensors", "lm_config": root / "config.json"}
+    if not all(path.is_file() for path in files.values()):
+        files = write_tiny_stt(root, moshi["mimi"], moshi["tokenizer"])
+    return files
+
+
+def load_tiny_stt(files: dict[str, Path]):
+    """`SttModel.load` over `files` (`cached_tiny_stt`), with `fast_codec`."""
+    from moshi_mlx.stt.transcriber import SttModel
+
+    return SttModel.load(
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
+
+
 def fast_codec() -> str:
     """rustymimi (about 3x faster than the MLX Mimi on a CPU) when installed, else mlx."""
     import importlib.util

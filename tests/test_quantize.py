@@ -20,6 +20,7 @@ import pytest
 from conftest import KYUTAI_PYTHON, MANIFESTS, needs_kyutai
 from mlx import nn
 from safetensors import safe_open
+from tiny_moshi import cached_tiny_stt
 
 from moshi_mlx.checkpoints.check import compare_generation
 from moshi_mlx.checkpoints.conversion import convert_shapes, to_pytorch_naming
@@ -390,3 +391,14 @@ def test_hibiki_converts_with_kyutai_mlx_names_and_float_condition_tables(tmp_pa
     lm = load_lm(output, LmConfig.from_dict(json.loads((hibiki / "config.json").read_text())))
     rows = lm.text_emb(mx.array([2, 3]))
     assert mx.array_equal(rows[0], rows[1]).item()
+
+
+def test_a_model_with_nothing_to_quantize_is_refused(tmp_path_factory, tmp_path, capsys):
+    """The 32-wide tiny STT at q8: no width divides by 64, so no file (its metadata would
+    declare a quantization that no tensor has, which no loader reads)."""
+    files = cached_tiny_stt(tmp_path_factory)
+    output = tmp_path / "model.q8.safetensors"
+    assert main([str(files["moshi"]), "-o", str(output), "--bits", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no layer's input width divides by the group size 64" in err
+    assert not output.exists()

@@ -8,6 +8,10 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moshi_mlx.models.config import LmConfig
 
 SENTENCES = [
     "hello there how are you today",
@@ -183,10 +187,13 @@ def tiny_stt_config(heads: int = 4):
     )  # fmt: skip
 
 
-def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
-    """A tiny random STT checkpoint (bf16, PyTorch naming, as kyutai/stt-1b-en_fr) and its
-    config.json in `root`, beside the given Mimi and tokenizer. Its text head favours
-    padding (3) and word boundaries (0), as a trained model's does, so that words come out."""
+def write_tiny_stt(
+    root: Path, mimi: Path, tokenizer: Path, config: LmConfig | None = None
+) -> dict[str, Path]:
+    """A tiny random STT checkpoint of `config` (default `tiny_stt_config()`; bf16 values,
+    PyTorch naming, as kyutai/stt-1b-en_fr) and its config.json in `root`, beside the given
+    Mimi and tokenizer. Its text head favours padding (3) and word boundaries (0), as a
+    trained model's does, so that words come out."""
     import json
 
     import mlx.core as mx
@@ -198,7 +205,7 @@ def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    config = tiny_stt_config()
+    config = config or tiny_stt_config()
     weights = mx.load(str(write_random_lm_checkpoint(root / "mlx.safetensors", config, seed=11)))
     text_linear = np.array(weights["text_linear.weight"].astype(mx.float32))
     text_linear[[0, 3]] *= 6.0

@@ -154,12 +154,13 @@ class PulseServer:
 
     def feed_mic(self, pcm: np.ndarray, then_silence: bool = True) -> None:
         """Write float `pcm` (24 kHz) into the virtual mic at real-time pace in 20 ms chunks,
-        then silence until `close()`. (The pipe source delivers only what is written.) With an
-        acoustic loop, `pcm` is played into the room instead."""
+        then silence until `close()` or the next `feed_mic`. (The pipe source delivers only
+        what is written.) With an acoustic loop, `pcm` is played into the room instead."""
         data = _to_s16(pcm)
         if self.echo_delay_ms is not None:
             self._play_into_room(data)
             return
+        self._end_feeding()  # one writer at a time: two would interleave their blocks
         chunk = RATE // 50
 
         def run() -> None:
@@ -185,6 +186,14 @@ class PulseServer:
 
         self._feeder = threading.Thread(target=run, daemon=True)
         self._feeder.start()
+
+    def _end_feeding(self) -> None:
+        """Stop the writer of the previous `feed_mic`, if any."""
+        if self._feeder is not None:
+            self._stop_feeding.set()
+            self._feeder.join(2)
+            self._feeder = None
+        self._stop_feeding.clear()
 
     def _play_into_room(self, data: np.ndarray) -> None:
         command = [

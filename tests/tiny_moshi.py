@@ -174,6 +174,39 @@ def write_tiny_moshi(root: Path) -> dict[str, Path]:
     }
 
 
+HIBIKI_VALUES = ["very_bad", "bad", "neutral", "good", "very_good"]
+
+
+def tiny_hibiki_config():
+    """`tiny_config` in Hibiki's layout: a "description" LUT condition summed into the input,
+    delays 2, and guidance 3 in its `lm_gen_config` (as the published config.json)."""
+    from moshi_mlx.models.config import GenDefaults, LmConfig
+
+    lut = {"type": "lut", "lut": {"n_bins": 31, "dim": 16, "possible_values": HIBIKI_VALUES}}
+    hibiki = tiny_config().to_dict() | {
+        "delays": [0, 0] + [2] * 7 + [0] + [2] * 7,
+        "conditioners": {"description": lut},
+        "fuser": {"sum": ["description"]},
+        "model_type": "hibiki",
+    }
+    return replace(LmConfig.from_dict(hibiki), lm_gen_config=GenDefaults(cfg_coef=3.0))
+
+
+def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random Hibiki (`tiny_hibiki_config`, bf16, MLX naming) and its config.json with
+    `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
+    from moshi_mlx.testing import write_random_lm_checkpoint
+
+    root = tmp_path_factory.getbasetemp() / "tiny_hibiki"
+    files = cached_tiny_moshi(tmp_path_factory) | {
+        "moshi": root / "model.safetensors",
+        "lm_config": root / "config.json",
+    }
+    if not all(path.is_file() for path in files.values()):
+        write_random_lm_checkpoint(root, tiny_hibiki_config(), seed=4, write_config=True)
+    return files
+
+
 def tiny_stt_config(heads: int = 4):
     """A tiny model in Kyutai's STT layout (32 audio streams in, no depformer, voice-activity
     heads, text 0.5 s behind the audio) over Mimi's 2048 tokens per codebook."""
@@ -295,15 +328,18 @@ def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
-def espeak_speech(path: Path, text: str, rate: int = 24_000, channels: int = 1) -> Path | None:
-    """Speech from `espeak-ng` converted by `sox` to `rate`/`channels`; None if not installed."""
+def espeak_speech(
+    path: Path, text: str, rate: int = 24_000, channels: int = 1, voice: str = "en"
+) -> Path | None:
+    """Speech from `espeak-ng` in `voice` (a language: "en", "fr", ...) converted by `sox` to
+    `rate`/`channels`; None if not installed."""
     import shutil
     import subprocess
 
     if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
         return None
     raw = path.with_suffix(".espeak.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True)
     return path
 

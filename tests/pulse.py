@@ -3,7 +3,8 @@ as the microphone, in a temporary runtime dir so it never touches a user's sound
 
     with PulseServer(tmp_path) as pulse:
         env = pulse.env()  # PULSE_SERVER, XDG_RUNTIME_DIR, HOME for child processes
-        pulse.feed_mic(pcm_int16_bytes)  # real-time paced writes into the virtual mic
+        pulse.feed_mic(pcm)  # real-time paced writes into the virtual mic
+        heard = as_heard(pcm)  # what a client of the virtual mic reads (16-bit samples)
         pulse.start_recording(path)  # the speaker's monitor, raw s16le mono 24 kHz
 
 With `echo_delay_ms`, the room has an acoustic loop: the microphone is the monitor of a
@@ -30,6 +31,28 @@ RATE = 24_000
 SPEAKER = "moshi_test_speaker"
 MIC = "moshi_test_mic"
 ROOM = "moshi_test_room"
+
+
+def _to_s16(pcm: np.ndarray) -> np.ndarray:
+    """Float `pcm` as the 16-bit samples `feed_mic` writes."""
+    return (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+
+
+def as_heard(pcm: np.ndarray) -> np.ndarray:
+    """The float32 samples a client of the virtual mic reads for `pcm` (`feed_mic`): its
+    16-bit samples over 32768, as PulseAudio converts them."""
+    return _to_s16(pcm).astype(np.float32) / 32768
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Wait until the file `path`, written by the running `proc`, holds `text`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, path.read_text(errors="replace")
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in {path.read_text(errors='replace')}")
 
 
 def pulseaudio_missing_reason() -> str | None:
@@ -131,12 +154,13 @@ class PulseServer:
 
     def feed_mic(self, pcm: np.ndarray, then_silence: bool = True) -> None:
         """Write float `pcm` (24 kHz) into the virtual mic at real-time pace in 20 ms chunks,
-        then silence until `close()`. (The pipe source delivers only what is written.) With an
-        acoustic loop, `pcm` is played into the room instead."""
-        data = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+        then silence until `close()` or the next `feed_mic`. (The pipe source delivers only
+        what is written.) With an acoustic loop, `pcm` is played into the room instead."""
+        data = _to_s16(pcm)
         if self.echo_delay_ms is not None:
             self._play_into_room(data)
             return
+        self._end_feeding()  # one writer at a time: two would interleave their blocks
         chunk = RATE // 50
 
         def run() -> None:
@@ -162,6 +186,14 @@ class PulseServer:
 
         self._feeder = threading.Thread(target=run, daemon=True)
         self._feeder.start()
+
+    def _end_feeding(self) -> None:
+        """Stop the writer of the previous `feed_mic`, if any."""
+        if self._feeder is not None:
+            self._stop_feeding.set()
+            self._feeder.join(2)
+            self._feeder = None
+        self._stop_feeding.clear()
 
     def _play_into_room(self, data: np.ndarray) -> None:
         command = [

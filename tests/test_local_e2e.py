@@ -6,12 +6,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from pulse import PulseServer, pulseaudio_missing_reason
+from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
 from tiny_moshi import (
+    cached_tiny_hibiki,
     cached_tiny_moshi,
     cached_tiny_personaplex,
     espeak_speech,
@@ -31,6 +33,7 @@ pytestmark = [
 BLOCKS_PER_SECOND = 24000 / 1920  # 12.5
 RUN_SECONDS = 6.0
 ROOM_SECONDS = 5.0  # Moshi talking alone after the user's speech, in the echo test
+DEVICES = ["--input-device", "pulse", "--output-device", "pulse"]
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +48,6 @@ def _local(pulse, *args, env: dict | None = None, **kwargs):
         env={**pulse.env(), **(env or {})},
         **kwargs,
     )
-
-
-def _wait_for(path, text, proc, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        assert proc.poll() is None, path.read_text(errors="replace")
-        time.sleep(0.05)
-    raise AssertionError(f"no {text!r} in {path.read_text(errors='replace')}")
 
 
 def _run_local(
@@ -115,7 +108,7 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
             text=True,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             pulse.feed_mic(speech)  # real-time paced, then silence
             time.sleep(RUN_SECONDS)
             interrupted = time.monotonic()
@@ -167,9 +160,7 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     assert latencies.max() < bound, (latencies, bound)
 
     # Moshi's audio reached the speaker: the null sink's monitor is not silent
-    speaker = np.fromfile(tmp_path / "speaker.raw", "<i2").astype(np.float32) / 32768
-    blocks = speaker[: len(speaker) // 1920 * 1920].reshape(-1, 1920)
-    loud_blocks = int((np.abs(blocks).max(axis=1) > 1e-3).sum())
+    loud_blocks = _loud_blocks(tmp_path / "speaker.raw")
     assert loud_blocks >= 3, loud_blocks
 
     # Recording: 2 channels, the user's speech on the left, Moshi on the right
@@ -179,6 +170,73 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     assert np.abs(both[:, 0]).max() > 0.1 and np.abs(both[:, 1]).max() > 1e-3, both.shape
     # Transcript: the text printed live, saved to the file
     assert transcript.read_text().strip() == out.strip()
+
+
+def _loud_blocks(speaker: Path) -> int:
+    """How many 80 ms blocks of a `start_recording` file are not silent."""
+    pcm = np.fromfile(speaker, "<i2").astype(np.float32) / 32768
+    blocks = pcm[: len(pcm) // 1920 * 1920].reshape(-1, 1920)
+    return int((np.abs(blocks).max(axis=1) > 1e-3).sum())
+
+
+def test_hibiki_translates_french_speech_with_guidance(pulse, tmp_path, tmp_path_factory):
+    """A tiny random Hibiki, guided (--cfg-coef 3: the conditioned and the null row step as a
+    batch of 2), hears French speech through the mic and speaks on the speaker; its text is
+    printed and saved."""
+    files = cached_tiny_hibiki(tmp_path_factory)
+    speech_file = espeak_speech(
+        tmp_path / "user.wav", "Bonjour. Je voudrais un café, s'il vous plaît.", voice="fr"
+    )
+    if speech_file is None:
+        pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
+    speech = read_audio(speech_file)
+    stderr_path, transcript = tmp_path / "stderr.txt", tmp_path / "hibiki.txt"
+    pulse.start_recording(tmp_path / "speaker.raw")
+    with open(stderr_path, "w") as stderr:
+        proc = _local(
+            pulse,
+            *weight_flags(files),
+            "--codec",
+            fast_codec(),
+            *DEVICES,
+            "--seed",
+            1,
+            "--cfg-coef",
+            3.0,
+            "--transcript",
+            transcript,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            pulse.feed_mic(speech)  # real-time paced, then silence
+            time.sleep(len(speech) / 24000 + 2.0)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    pulse.stop_recording()
+    err = stderr_path.read_text()
+    assert proc.returncode == 0 and "Traceback" not in err and "summary:" in err, err
+    loud_blocks = _loud_blocks(tmp_path / "speaker.raw")
+    assert loud_blocks >= 3, loud_blocks
+    assert out.strip() and transcript.read_text().strip() == out.strip(), out
+
+
+def test_guidance_on_a_model_without_conditions_is_one_line_with_exit_code_2(
+    pulse, tmp_path_factory
+):
+    """Moshi takes no condition, so --cfg-coef other than 1 is refused (once the model is
+    loaded: its generator checks it)."""
+    moshi = weight_flags(cached_tiny_moshi(tmp_path_factory))
+    done = _run_local(pulse, *moshi, "--codec", fast_codec(), *DEVICES, "--cfg-coef", 3)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    error = "error: this model takes no condition, so no guidance (cfg_coef 1)"
+    assert lines == [error], done.stderr
 
 
 def test_a_load_error_is_one_line_with_exit_code_2(pulse, tmp_path):
@@ -202,7 +260,6 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
     """PersonaPlex: the prompt of --voice and --role is computed (and said so) before the
     streams start; a Moshi model refuses both in one line."""
     files = cached_tiny_personaplex(tmp_path_factory)
-    devices = ["--input-device", "pulse", "--output-device", "pulse"]
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr:
         proc = _local(
@@ -210,7 +267,7 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
             *weight_flags(files),
             "--codec",
             fast_codec(),
-            *devices,
+            *DEVICES,
             "--voice",
             "NATM1",
             "--role",
@@ -220,7 +277,7 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=10)
         finally:
@@ -232,7 +289,7 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
     assert prompt < err.index("talking: mic"), err
 
     moshi = cached_tiny_moshi(tmp_path_factory)
-    done = _run_local(pulse, *weight_flags(moshi), *devices, "--voice", "NATF2")
+    done = _run_local(pulse, *weight_flags(moshi), *DEVICES, "--voice", "NATF2")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "this model is Moshi" in lines[0], done.stderr
@@ -272,7 +329,7 @@ def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             talking = time.monotonic()
             pulse.feed_mic(read_audio(speech_file))
             time.sleep(3.5)
@@ -323,7 +380,7 @@ def _talk_in_the_room(pulse, files, folder, speech, *flags) -> tuple[np.ndarray,
             stderr=stderr,
         )
         try:
-            _wait_for(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
             pulse.feed_mic(speech)
             time.sleep(len(speech) / 24000 + ROOM_SECONDS)
             proc.send_signal(signal.SIGINT)

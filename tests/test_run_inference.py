@@ -5,6 +5,7 @@ import pytest
 import soundfile as sf
 from tiny_moshi import (
     VOICE_NAMES,
+    cached_tiny_hibiki,
     cached_tiny_moshi,
     cached_tiny_personaplex,
     espeak_speech,
@@ -170,30 +171,7 @@ def test_persona_errors_are_one_line(tmp_path, capsys, persona, prompt_cache, fl
 
 @pytest.fixture(scope="module")
 def hibiki_flags(tmp_path_factory):
-    """A tiny random Hibiki (LUT condition, delays 2) with the tiny Moshi's codec and text."""
-    from dataclasses import replace
-
-    from tiny_moshi import tiny_config
-
-    from moshi_mlx.models.config import GenDefaults, LmConfig
-    from moshi_mlx.testing import write_random_lm_checkpoint
-
-    lut = {"type": "lut", "lut": {"n_bins": 31, "dim": 16, "possible_values": HIBIKI_VALUES}}
-    hibiki = tiny_config().to_dict() | {
-        "delays": [0, 0] + [2] * 7 + [0] + [2] * 7,
-        "conditioners": {"description": lut},
-        "fuser": {"sum": ["description"]},
-        "model_type": "hibiki",
-    }
-    config = replace(LmConfig.from_dict(hibiki), lm_gen_config=GenDefaults(cfg_coef=3.0))
-    root = tmp_path_factory.mktemp("tiny_hibiki")
-    write_random_lm_checkpoint(root, config, seed=4, write_config=True)
-    files = cached_tiny_moshi(tmp_path_factory)
-    files = files | {"moshi": root / "model.safetensors", "lm_config": root / "config.json"}
-    return [*weight_flags(files), "--codec", fast_codec()]
-
-
-HIBIKI_VALUES = ["very_bad", "bad", "neutral", "good", "very_good"]
+    return [*weight_flags(cached_tiny_hibiki(tmp_path_factory)), "--codec", fast_codec()]
 
 
 def test_hibiki_translates_past_the_end_of_its_source(tmp_path, capsys, speech, hibiki_flags):

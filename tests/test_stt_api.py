@@ -9,34 +9,21 @@ import pytest
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.errors import AudioError
 from moshi_mlx.stt.events import EndOfTurn, WordEnded, WordStarted
-from moshi_mlx.stt.transcriber import SttModel, transcribe
+from moshi_mlx.stt.transcriber import transcribe
 from moshi_mlx.stt.words import finished_words
-from tests.tiny_moshi import (
-    cached_tiny_moshi,
-    espeak_speech,
-    fast_codec,
-    tiny_moshi_command,
-    write_tiny_stt,
-)
+from tests.tiny_moshi import cached_tiny_stt, espeak_speech, load_tiny_stt, tiny_moshi_command
 
 SENTENCES = ["hello there how are you today", "the quick brown fox jumps over the lazy dog"]
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    moshi = cached_tiny_moshi(tmp_path_factory)
-    return write_tiny_stt(tmp_path_factory.mktemp("stt"), moshi["mimi"], moshi["tokenizer"])
+    return cached_tiny_stt(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def model(files):
-    return SttModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
+    return load_tiny_stt(files)
 
 
 @pytest.fixture(scope="module")

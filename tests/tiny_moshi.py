@@ -8,6 +8,10 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moshi_mlx.models.config import LmConfig
 
 SENTENCES = [
     "hello there how are you today",
@@ -170,6 +174,39 @@ def write_tiny_moshi(root: Path) -> dict[str, Path]:
     }
 
 
+HIBIKI_VALUES = ["very_bad", "bad", "neutral", "good", "very_good"]
+
+
+def tiny_hibiki_config():
+    """`tiny_config` in Hibiki's layout: a "description" LUT condition summed into the input,
+    delays 2, and guidance 3 in its `lm_gen_config` (as the published config.json)."""
+    from moshi_mlx.models.config import GenDefaults, LmConfig
+
+    lut = {"type": "lut", "lut": {"n_bins": 31, "dim": 16, "possible_values": HIBIKI_VALUES}}
+    hibiki = tiny_config().to_dict() | {
+        "delays": [0, 0] + [2] * 7 + [0] + [2] * 7,
+        "conditioners": {"description": lut},
+        "fuser": {"sum": ["description"]},
+        "model_type": "hibiki",
+    }
+    return replace(LmConfig.from_dict(hibiki), lm_gen_config=GenDefaults(cfg_coef=3.0))
+
+
+def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random Hibiki (`tiny_hibiki_config`, bf16, MLX naming) and its config.json with
+    `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
+    from moshi_mlx.testing import write_random_lm_checkpoint
+
+    root = tmp_path_factory.getbasetemp() / "tiny_hibiki"
+    files = cached_tiny_moshi(tmp_path_factory) | {
+        "moshi": root / "model.safetensors",
+        "lm_config": root / "config.json",
+    }
+    if not all(path.is_file() for path in files.values()):
+        write_random_lm_checkpoint(root, tiny_hibiki_config(), seed=4, write_config=True)
+    return files
+
+
 def tiny_stt_config(heads: int = 4):
     """A tiny model in Kyutai's STT layout (32 audio streams in, no depformer, voice-activity
     heads, text 0.5 s behind the audio) over Mimi's 2048 tokens per codebook."""
@@ -183,10 +220,13 @@ def tiny_stt_config(heads: int = 4):
     )  # fmt: skip
 
 
-def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
-    """A tiny random STT checkpoint (bf16, PyTorch naming, as kyutai/stt-1b-en_fr) and its
-    config.json in `root`, beside the given Mimi and tokenizer. Its text head favours
-    padding (3) and word boundaries (0), as a trained model's does, so that words come out."""
+def write_tiny_stt(
+    root: Path, mimi: Path, tokenizer: Path, config: LmConfig | None = None
+) -> dict[str, Path]:
+    """A tiny random STT checkpoint of `config` (default `tiny_stt_config()`; bf16 values,
+    PyTorch naming, as kyutai/stt-1b-en_fr) and its config.json in `root`, beside the given
+    Mimi and tokenizer. Its text head favours padding (3) and word boundaries (0), as a
+    trained model's does, so that words come out."""
     import json
 
     import mlx.core as mx
@@ -198,7 +238,7 @@ def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    config = tiny_stt_config()
+    config = config or tiny_stt_config()
     weights = mx.load(str(write_random_lm_checkpoint(root / "mlx.safetensors", config, seed=11)))
     text_linear = np.array(weights["text_linear.weight"].astype(mx.float32))
     text_linear[[0, 3]] *= 6.0
@@ -212,6 +252,30 @@ def write_tiny_stt(root: Path, mimi: Path, tokenizer: Path) -> dict[str, Path]:
     (root / "mlx.safetensors").unlink()
     (root / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     return {"moshi": moshi, "lm_config": root / "config.json", "mimi": mimi, "tokenizer": tokenizer}
+
+
+def cached_tiny_stt(tmp_path_factory) -> dict[str, Path]:
+    """`write_tiny_stt` beside `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest
+    session."""
+    moshi = cached_tiny_moshi(tmp_path_factory)
+    root = tmp_path_factory.getbasetemp() / "tiny_stt"
+    files = {**moshi, "moshi": root / "model.safetensors", "lm_config": root / "config.json"}
+    if not all(path.is_file() for path in files.values()):
+        files = write_tiny_stt(root, moshi["mimi"], moshi["tokenizer"])
+    return files
+
+
+def load_tiny_stt(files: dict[str, Path]):
+    """`SttModel.load` over `files` (`cached_tiny_stt`), with `fast_codec`."""
+    from moshi_mlx.stt.transcriber import SttModel
+
+    return SttModel.load(
+        moshi_weight=files["moshi"],
+        mimi_weight=files["mimi"],
+        tokenizer=files["tokenizer"],
+        lm_config=files["lm_config"],
+        codec_backend=fast_codec(),
+    )
 
 
 def fast_codec() -> str:
@@ -264,15 +328,18 @@ def cached_tiny_moshi(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
-def espeak_speech(path: Path, text: str, rate: int = 24_000, channels: int = 1) -> Path | None:
-    """Speech from `espeak-ng` converted by `sox` to `rate`/`channels`; None if not installed."""
+def espeak_speech(
+    path: Path, text: str, rate: int = 24_000, channels: int = 1, voice: str = "en"
+) -> Path | None:
+    """Speech from `espeak-ng` in `voice` (a language: "en", "fr", ...) converted by `sox` to
+    `rate`/`channels`; None if not installed."""
     import shutil
     import subprocess
 
     if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
         return None
     raw = path.with_suffix(".espeak.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-w", str(raw), text], check=True)
     subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), str(path)], check=True)
     return path
 

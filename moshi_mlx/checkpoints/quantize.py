@@ -206,6 +206,11 @@ def quantize_checkpoint(
     if not_float:
         raise WeightsError(f"{input_path}: tensor {not_float[0]} is not floating point")
     layout = output_layout({r.target: r.shape for r in recipes}, bits, group_size)
+    if group_size is not None and not any(name.endswith(".scales") for name in layout):
+        raise MoshiError(  # its metadata would declare a quantization that no tensor has
+            f"{input_path}: no layer's input width divides by the group size {group_size}, so "
+            "nothing would be quantized; pick a smaller --group-size, or --bits 16"
+        )
     metadata = quantization_metadata(bits, group_size) | config_metadata(config)
     by_source: dict[str, list[TensorRecipe]] = defaultdict(list)
     for recipe in recipes:

@@ -26,7 +26,7 @@ from moshi_mlx.cli import run_cli
 from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.output_files import check_output, written_atomically
-from moshi_mlx.stt.events import EndOfTurn
+from moshi_mlx.stt.events import EndOfTurn, SttStep
 from moshi_mlx.stt.serve_cli import add_server_args
 from moshi_mlx.stt.serve_cli import serve as serve_streams
 from moshi_mlx.stt.transcriber import SttModel, transcribe
@@ -34,6 +34,7 @@ from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words
 
 FORMATS = {"text": (to_text, ".txt"), "json": (to_json, ".json"), "srt": (to_srt, ".srt")}
+END_OF_TURN = " [end of turn]\n"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -130,9 +131,17 @@ def transcribe_files(args: argparse.Namespace) -> int:
     return 0
 
 
+def caption(step: SttStep) -> str:
+    """What live captions print for one step: its text, then `END_OF_TURN` when the
+    voice-activity heads hear the speaker finish."""
+    if any(isinstance(event, EndOfTurn) for event in step.events):
+        return step.text + END_OF_TURN
+    return step.text
+
+
 def live_captions(args: argparse.Namespace) -> int:
-    """Print what the microphone says as it is said, and `[end of turn]` when the
-    voice-activity heads hear the speaker finish; Ctrl-C to stop."""
+    """Print the microphone's `caption` of each step as it is said; Ctrl-C ends the captions
+    (exit code 0)."""
     sd = import_sounddevice()
     device = resolve_device(args.input_device, "input")
     model = _load(args)
@@ -145,20 +154,22 @@ def live_captions(args: argparse.Namespace) -> int:
         except queue.Full:  # the model fell behind: this frame is dropped
             pass
 
-    with sd.InputStream(
+    stream = sd.InputStream(
         samplerate=SAMPLE_RATE,
         channels=1,
         dtype="float32",
         blocksize=FRAME_SIZE,
         device=device,
         callback=on_audio,
-    ):
-        print("listening (Ctrl-C to stop)", file=sys.stderr)
-        while True:
-            step = stt.step(frames.get())
-            print(step.text, end="", flush=True)
-            if any(isinstance(event, EndOfTurn) for event in step.events):
-                print(" [end of turn]", flush=True)
+    )
+    try:
+        with stream:
+            print("listening (Ctrl-C to stop)", file=sys.stderr)
+            while True:
+                print(caption(stt.step(frames.get())), end="", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C: how live captions end, not an interruption
+        print(flush=True)
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:

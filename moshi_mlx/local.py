@@ -18,7 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from moshi_mlx.audio.devices import device_name, format_devices, import_sounddevice, resolve_device
+from moshi_mlx.audio.devices import (
+    device_name,
+    format_devices,
+    import_sounddevice,
+    open_failure,
+    resolve_device,
+)
 from moshi_mlx.audio.echo import EchoCanceller
 from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
@@ -172,6 +178,7 @@ class LiveSession:
         self.loop: LiveLoop | None = None
         self.worker: threading.Thread | None = None
         self._conversation = None
+        self._model_name = ""  # set with the conversation, once the model is loaded
         self._outputs: _Outputs | None = None
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -198,6 +205,7 @@ class LiveSession:
             self.loop.stop_event.set()
             return
         self._conversation = conversation
+        self._model_name = model.lm.cfg.model_name
         self._ready.set()
         with wired_memory(model.memory):  # Apple GPUs: keep the model resident while talking
             self.loop.run()
@@ -232,10 +240,7 @@ class LiveSession:
             for stream in streams:
                 stream.close()
             kind, index = ("input", input_device) if not streams else ("output", output_device)
-            raise AudioError(
-                f"cannot open {kind} device {index} ({device_name(index)}) at 24000 Hz, "
-                f"mono: {exc}; choose another with --{kind}-device (see --list-devices)"
-            ) from None
+            raise open_failure(kind, index, exc) from None
         return streams
 
     def run(self) -> int:
@@ -272,7 +277,7 @@ class LiveSession:
         try:
             self.worker = threading.Thread(target=self._work, name=WORKER_NAME, daemon=True)
             self.worker.start()
-            print("[loading Moshi...]", file=sys.stderr, flush=True)
+            print("[loading the model...]", file=sys.stderr, flush=True)
             while not self._ready.wait(0.05):
                 if stop.is_set():
                     break
@@ -302,7 +307,7 @@ class LiveSession:
         for stream in streams:
             stream.start()
         print(
-            f"talking: mic {device_name(input_device)!r} -> Moshi -> speaker "
+            f"talking: mic {device_name(input_device)!r} -> {self._model_name} -> speaker "
             f"{device_name(output_device)!r} (seed {self._conversation.seed}, "
             f"{self._echo_label(streams)}); Ctrl-C to stop",
             file=sys.stderr,

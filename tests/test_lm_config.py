@@ -135,3 +135,11 @@ def test_an_stt_checkpoint_loads_in_either_naming_with_the_heads_it_holds(tmp_pa
         tree_flatten(lm.parameters()), tree_flatten(written.parameters()), strict=True
     ):
         assert mx.array_equal(ours, theirs).item(), name
+
+
+def test_each_model_is_called_by_its_name():
+    assert LmConfig.moshi_7b().model_name == "Moshi"
+    assert LmConfig.personaplex_7b().model_name == "PersonaPlex"
+    assert LmConfig.from_dict(STT_2B6).model_name == "Kyutai STT"
+    hibiki = LmConfig.moshi_7b().to_dict() | {"model_type": "hibiki"}
+    assert LmConfig.from_dict(hibiki).model_name == "Hibiki"

@@ -210,7 +210,7 @@ def test_hibiki_translates_french_speech_with_guidance(pulse, tmp_path, tmp_path
             text=True,
         )
         try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
+            wait_for_text(stderr_path, "-> Hibiki -> speaker", proc, timeout=90)
             pulse.feed_mic(speech)  # real-time paced, then silence
             time.sleep(len(speech) / 24000 + 2.0)
             proc.send_signal(signal.SIGINT)

@@ -92,3 +92,12 @@ def device_name(index: int) -> str:
     """The name of device `index`."""
     sd = import_sounddevice()
     return str(sd.query_devices(index)["name"])
+
+
+def open_failure(kind: str, index: int, reason: Exception) -> AudioError:
+    """The one-line error for a `kind` ("input" or "output") device that PortAudio cannot open
+    in Moshi's format (24 kHz mono)."""
+    return AudioError(
+        f"cannot open {kind} device {index} ({device_name(index)}) at 24000 Hz, "
+        f"mono: {reason}; choose another with --{kind}-device (see --list-devices)"
+    )

@@ -445,6 +445,13 @@ class LmConfig:
         return self.n_q - self.num_user_codebooks
 
     @property
+    def model_name(self) -> str:
+        """What users call this model: Moshi, PersonaPlex, Hibiki or Kyutai STT."""
+        if self.generator == "personaplex":
+            return "PersonaPlex"
+        return {"hibiki": "Hibiki", "stt": "Kyutai STT"}.get(self.model_type, "Moshi")
+
+    @property
     def prompted(self) -> bool:
         """Whether conversations start with PersonaPlex's voice and role prompts."""
         return self.generator == "personaplex"

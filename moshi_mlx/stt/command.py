@@ -18,7 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from moshi_mlx.audio.devices import format_devices, import_sounddevice, resolve_device
+from moshi_mlx.audio.devices import (
+    format_devices,
+    import_sounddevice,
+    open_failure,
+    resolve_device,
+)
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
@@ -154,14 +159,17 @@ def live_captions(args: argparse.Namespace) -> int:
         except queue.Full:  # the model fell behind: this frame is dropped
             pass
 
-    stream = sd.InputStream(
-        samplerate=SAMPLE_RATE,
-        channels=1,
-        dtype="float32",
-        blocksize=FRAME_SIZE,
-        device=device,
-        callback=on_audio,
-    )
+    try:
+        stream = sd.InputStream(
+            samplerate=SAMPLE_RATE,
+            channels=1,
+            dtype="float32",
+            blocksize=FRAME_SIZE,
+            device=device,
+            callback=on_audio,
+        )
+    except sd.PortAudioError as exc:
+        raise open_failure("input", device, exc) from None
     try:
         with stream:
             print("listening (Ctrl-C to stop)", file=sys.stderr)

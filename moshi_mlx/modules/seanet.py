@@ -7,11 +7,20 @@ Channels-last throughout: (B, T, C). Streaming state is a nested list of `ConvSt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
+
+
+@partial(mx.compile, shapeless=True)
+def elu(x: mx.array) -> mx.array:
+    """ELU (alpha 1) as `expm1` of the negative part: one fused pass, and exact near 0 where
+    `exp(x) - 1` loses digits. Twice as fast as `nn.elu` on MLX's CPU, where `exp` dominates
+    SEANet's time."""
+    return mx.where(x > 0, x, mx.expm1(mx.minimum(x, 0)))
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,8 @@ class ResnetBlock(nn.Module):
         return [ConvState(), ConvState()]
 
     def __call__(self, x: mx.array, state: list[ConvState]) -> mx.array:
-        h = self.conv1(nn.elu(x), state[0])
-        return x + self.conv2(nn.elu(h), state[1])
+        h = self.conv1(elu(x), state[0])
+        return x + self.conv2(elu(h), state[1])
 
 
 class EncoderBlock(nn.Module):
@@ -68,7 +77,7 @@ class EncoderBlock(nn.Module):
     def __call__(self, x: mx.array, state: list) -> mx.array:
         for block, block_state in zip(self.residuals, state):
             x = block(x, block_state)
-        return self.downsample(nn.elu(x), state[-1])
+        return self.downsample(elu(x), state[-1])
 
 
 class DecoderBlock(nn.Module):
@@ -85,7 +94,7 @@ class DecoderBlock(nn.Module):
         return [ConvTransposeState()] + [block.make_state() for block in self.residuals]
 
     def __call__(self, x: mx.array, state: list) -> mx.array:
-        x = self.upsample(nn.elu(x), state[0])
+        x = self.upsample(elu(x), state[0])
         for block, block_state in zip(self.residuals, state[1:]):
             x = block(x, block_state)
         return x
@@ -101,7 +110,7 @@ class _SeanetStack(nn.Module):
         x = self.init_conv(x, state[0])
         for block, block_state in zip(self.blocks, state[1:-1]):
             x = block(x, block_state)
-        return self.final_conv(nn.elu(x), state[-1])
+        return self.final_conv(elu(x), state[-1])
 
 
 class SeanetEncoder(_SeanetStack):

@@ -269,13 +269,7 @@ def load_tiny_stt(files: dict[str, Path]):
     """`SttModel.load` over `files` (`cached_tiny_stt`), with `fast_codec`."""
     from moshi_mlx.stt.transcriber import SttModel
 
-    return SttModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
+    return SttModel.load(**_load_arguments(files))
 
 
 def fast_codec() -> str:
@@ -348,13 +342,18 @@ def load_tiny_model(files: dict[str, Path]):
     """`MoshiModel.load` over `files` (`cached_tiny_moshi`), with `fast_codec`."""
     from moshi_mlx.api import MoshiModel
 
-    return MoshiModel.load(
-        moshi_weight=files["moshi"],
-        mimi_weight=files["mimi"],
-        tokenizer=files["tokenizer"],
-        lm_config=files["lm_config"],
-        codec_backend=fast_codec(),
-    )
+    return MoshiModel.load(**_load_arguments(files))
+
+
+def _load_arguments(files: dict[str, Path]) -> dict:
+    """A model's `load` arguments for the tiny `files`, with `fast_codec`."""
+    return {
+        "moshi_weight": files["moshi"],
+        "mimi_weight": files["mimi"],
+        "tokenizer": files["tokenizer"],
+        "lm_config": files["lm_config"],
+        "codec_backend": fast_codec(),
+    }
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ its own connection. Caps, deadlines and liveness checks come from `moshi_mlx.web
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 from dataclasses import dataclass, field
@@ -23,12 +22,14 @@ from moshi_mlx.stt.events import WordEnded, WordStarted
 from moshi_mlx.stt.protocol import ProtocolError
 from moshi_mlx.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
 from moshi_mlx.web.guard import (
-    CLOSE_SECONDS,
     ConnectionGuard,
     EventTally,
     Limits,
     SessionSlots,
     SilenceWatchdog,
+    broken_reason,
+    close_ended,
+    close_going_away,
     live_websocket,
     send_and_close,
 )
@@ -172,19 +173,14 @@ class _Connection:
             self._worker.release(self._channel)
         if failure is not None:
             await _fail(self._ws, failure)
-        elif not self._ws.closed:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._ws.close(), CLOSE_SECONDS)
+        else:
+            await close_ended(self._ws)
         return "the server is stopping" if self._stopping else reason
 
     async def stop(self) -> None:
         """Close with 1001 (going away): the server is shutting down."""
         self._stopping = True
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                self._ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
-                CLOSE_SECONDS,
-            )
+        await close_going_away(self._ws)
 
     def _on_event(self, event: Opened | Stepped | MarkerReached | Failed) -> None:
         """A worker result, on the loop: queued for the client as protocol messages."""
@@ -209,12 +205,7 @@ class _Connection:
         max_buffered = self._config.max_buffered_seconds * protocol.SAMPLE_RATE
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.ERROR:
-                if isinstance(self._ws.exception(), asyncio.TimeoutError):
-                    return (
-                        f"no pong within {self._config.limits.client_silence_timeout / 4:g} s of "
-                        "a ping (the client froze or its network went away)"
-                    )
-                return f"the connection failed: {self._ws.exception()}"
+                return broken_reason(self._ws, self._config.limits)
             if message.type != aiohttp.WSMsgType.BINARY:
                 raise ProtocolError(
                     f"{message.type.name.lower()} messages are not part of the protocol; "

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -548,3 +549,30 @@ async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:
         await asyncio.wait_for(ws.send_bytes(message), CLOSE_SECONDS)
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+
+
+async def close_going_away(ws: web.WebSocketResponse) -> None:
+    """Close with 1001 (going away): the server is shutting down."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(
+            ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
+            CLOSE_SECONDS,
+        )
+
+
+async def close_ended(ws: web.WebSocketResponse) -> None:
+    """Close the websocket of a session that ended without an error, unless the client did."""
+    if not ws.closed:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+
+
+def broken_reason(ws: web.WebSocketResponse, limits: Limits) -> str:
+    """Why reading a `live_websocket` gave an ERROR message, for the log: the heartbeat's
+    missed pong, or the connection's failure."""
+    if isinstance(ws.exception(), asyncio.TimeoutError):
+        return (
+            f"no pong within {limits.client_silence_timeout / 4:g} s of a ping "
+            "(the client froze or its network went away)"
+        )
+    return f"the connection failed: {ws.exception()}"

@@ -25,12 +25,14 @@ from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.sampling import SamplingConfig
 from moshi_mlx.web import protocol
 from moshi_mlx.web.guard import (
-    CLOSE_SECONDS,
     ConnectionGuard,
     EventTally,
     Limits,
     SessionSlots,
     SilenceWatchdog,
+    broken_reason,
+    close_ended,
+    close_going_away,
     live_websocket,
     send_and_close,
 )
@@ -236,19 +238,13 @@ class _Connection:
             keepalive.cancel()
             if self._session is not None:
                 self._worker.release(self._session)
-            if not self._ws.closed:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._ws.close(), CLOSE_SECONDS)
+            await close_ended(self._ws)
         return "the server is stopping" if self._stopping else reason
 
     async def stop(self) -> None:
         """Close with 1001 (going away): the server is shutting down."""
         self._stopping = True
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(
-                self._ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
-                CLOSE_SECONDS,
-            )
+        await close_going_away(self._ws)
 
     async def _send(self, message: bytes) -> None:
         self._last_sent = time.monotonic()
@@ -303,12 +299,7 @@ class _Connection:
         """Client messages until it leaves; audio before the handshake is kept for the model."""
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.ERROR:
-                if isinstance(self._ws.exception(), asyncio.TimeoutError):
-                    return (
-                        f"no pong within {self._config.limits.client_silence_timeout / 4:g} s of "
-                        "a ping (the client froze or its network went away)"
-                    )
-                return f"the connection failed: {self._ws.exception()}"
+                return broken_reason(self._ws, self._config.limits)
             if message.type != aiohttp.WSMsgType.BINARY:
                 raise ProtocolError(
                     f"{message.type.name.lower()} messages are not part of the protocol; "

@@ -41,7 +41,7 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     add_limit_args,
-    fit_to_descriptor_limit,
+    fitted_limits,
     limits_from_args,
     stop_on_sigterm,
 )
@@ -128,24 +128,10 @@ async def _serve(args: argparse.Namespace, started: threading.Event) -> None:
     stop_on_sigterm()
     config = server_config(args)
     context = ssl_context(args.ssl) if args.ssl else None
-    limits, descriptors = fit_to_descriptor_limit(config.limits)
-    if limits.max_connections < config.limits.max_connections:
-        _say(
-            f"at most {limits.max_connections} connections: the process may open "
-            f"{descriptors} files (ulimit -n)"
-        )
-    config = replace(config, limits=limits)
+    config = replace(config, limits=fitted_limits(config.limits, _say))
     worker = ModelWorker(lambda: load_model(args), config.sampling, args.voice, args.role)
-    guard = ConnectionGuard(limits, EventTally(log))
-    runner = guard.app_runner(
-        create_app(worker, config, guard), access_log=None, shutdown_timeout=0.5
-    )
-    await runner.setup()
-    try:
-        await guard.site(runner, args.host, args.port, context).start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    guard = ConnectionGuard(config.limits, EventTally(log))
+    runner = await guard.serve(create_app(worker, config, guard), args.host, args.port, context)
     worker.start()  # pages and websockets are served (with pings) while the model loads
     started.set()
     url = server_url(args.host, args.port, secure=context is not None)

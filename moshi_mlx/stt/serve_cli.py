@@ -21,7 +21,7 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     add_limit_args,
-    fit_to_descriptor_limit,
+    fitted_limits,
     limits_from_args,
     stop_on_sigterm,
 )
@@ -99,23 +99,9 @@ def _say(message: str) -> None:
 
 async def _serve(args: argparse.Namespace, config: SttServerConfig, worker: SttWorker) -> None:
     stop_on_sigterm()
-    limits, descriptors = fit_to_descriptor_limit(config.limits)
-    if limits.max_connections < config.limits.max_connections:
-        _say(
-            f"at most {limits.max_connections} connections: the process may open "
-            f"{descriptors} files (ulimit -n)"
-        )
-    config = replace(config, limits=limits)
-    guard = ConnectionGuard(limits, EventTally(log))
-    runner = guard.app_runner(
-        create_app(worker, config, guard), access_log=None, shutdown_timeout=0.5
-    )
-    await runner.setup()
-    try:
-        await guard.site(runner, args.host, args.port).start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    config = replace(config, limits=fitted_limits(config.limits, _say))
+    guard = ConnectionGuard(config.limits, EventTally(log))
+    runner = await guard.serve(create_app(worker, config, guard), args.host, args.port)
     worker.start()
     name = f"[{args.host}]" if ":" in args.host else args.host
     url = f"ws://{name}:{args.port}{ASR_PATH}"

@@ -247,6 +247,17 @@ class _GuardedConnection(asyncio.Protocol):
         self._inner.resume_writing()
 
 
+def fitted_limits(limits: Limits, say: Callable[[str], None]) -> Limits:
+    """`fit_to_descriptor_limit`'s limits, with `say` telling the user when it lowered them."""
+    fitting, descriptors = fit_to_descriptor_limit(limits)
+    if fitting.max_connections < limits.max_connections:
+        say(
+            f"at most {fitting.max_connections} connections: the process may open "
+            f"{descriptors} files (ulimit -n)"
+        )
+    return fitting
+
+
 class ConnectionGuard:
     """Accepts a server's connections within `limits` and counts what it refuses in `tally`.
 
@@ -279,6 +290,24 @@ class ConnectionGuard:
     ) -> GuardedSite:
         """A site of `runner` on `host`:`port` whose connections this guard accepts."""
         return GuardedSite(runner, self, host, port, ssl_context)
+
+    async def serve(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> web.AppRunner:
+        """Serve `app` on `host`:`port` through this guard; the started runner (clean it up to
+        stop), or a one-line `ConfigError` when the address cannot be listened on."""
+        runner = self.app_runner(app, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            await self.site(runner, host, port, ssl_context).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        return runner
 
     @web.middleware
     async def middleware(self, request: web.Request, handler) -> web.StreamResponse:

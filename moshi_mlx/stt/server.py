@@ -25,7 +25,7 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     Limits,
-    SessionSlots,
+    Sessions,
     SilenceWatchdog,
     broken_reason,
     close_ended,
@@ -69,7 +69,7 @@ def create_app(
         middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
     app.router.add_get(ASR_PATH, handler.handle)
-    app.on_shutdown.append(handler.close_all)
+    app.on_shutdown.append(handler.sessions.close_all)
     return app
 
 
@@ -89,8 +89,7 @@ class _SttHandler:
         self._worker = worker
         self._config = config
         self._tally = tally
-        self._slots = SessionSlots(config.max_streams)
-        self._connections: set[_Connection] = set()
+        self.sessions = Sessions(config.max_streams, tally, log, "stream")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
@@ -103,27 +102,13 @@ class _SttHandler:
             raise web.HTTPForbidden(text=f"websocket origin {origin} is not this server")
         ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
-        peer = request.remote
-        if not await self._slots.take():
-            self._tally.count("websockets told the server is busy", peer)
-            limit = self._config.max_streams
-            await _fail(ws, f"busy: all {limit} streams are in use; try again later")
-            return ws
-        connection = _Connection(ws, self._worker, self._config)
-        self._connections.add(connection)
-        reason = "the server stopped"
-        try:
-            log.info("%s: stream started", peer)
-            reason = await connection.run()
-        finally:
-            self._connections.discard(connection)
-            await self._slots.release()
-            log.info("%s: stream ended: %s", peer, reason)
+        busy = f"busy: all {self._config.max_streams} streams are in use; try again later"
+        await self.sessions.run(
+            request.remote,
+            lambda: _Connection(ws, self._worker, self._config),
+            lambda: _fail(ws, busy),
+        )
         return ws
-
-    async def close_all(self, _app: web.Application) -> None:
-        """Server shutdown: close every stream's websocket with 1001 (going away)."""
-        await asyncio.gather(*(connection.stop() for connection in self._connections))
 
 
 class _StreamEnded(Exception):

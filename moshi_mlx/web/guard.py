@@ -8,7 +8,10 @@
 - `EventTally` counts repeated events (refused connections, malformed requests, transport
   errors that aiohttp and asyncio would log with a traceback each) and logs one line per kind
   and interval.
-- `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished.
+- `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
+  `broken_reason` says why one broke.
+- `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
+  `close_going_away`) stops each; `send_and_close` and `close_ended` end one.
 - `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
 """
 
@@ -24,8 +27,9 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -568,6 +572,57 @@ class SessionSlots:
         async with self._changed:
             self._active -= 1
             self._changed.notify_all()
+
+
+class LiveConnection(Protocol):
+    """One websocket's session, run by `Sessions`."""
+
+    async def run(self) -> str:
+        """Serve the client until the session ends; why it ended, for the log."""
+        ...
+
+    async def stop(self) -> None:
+        """End the session: the server is shutting down."""
+        ...
+
+
+class Sessions:
+    """The sessions of one websocket route (`noun`: "conversation", "stream"): at most `limit`
+    at once (`SessionSlots`), each logged as it starts and ends, all stopped by `close_all`."""
+
+    def __init__(self, limit: int, tally: EventTally, logger: logging.Logger, noun: str):
+        self._slots = SessionSlots(limit)
+        self._tally = tally
+        self._log = logger
+        self._noun = noun
+        self._running: set[LiveConnection] = set()
+
+    async def run(
+        self,
+        peer: str | None,
+        start: Callable[[], LiveConnection],
+        refuse: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run the session `start` makes once a slot is free; without one, `refuse` (tell the
+        client the server is busy)."""
+        if not await self._slots.take():
+            self._tally.count("websockets told the server is busy", peer)
+            await refuse()
+            return
+        connection = start()
+        self._running.add(connection)
+        reason = "the server stopped"
+        try:
+            self._log.info("%s: %s started", peer, self._noun)
+            reason = await connection.run()
+        finally:
+            self._running.discard(connection)
+            await self._slots.release()
+            self._log.info("%s: %s ended: %s", peer, self._noun, reason)
+
+    async def close_all(self, _app: web.Application) -> None:
+        """Server shutdown: stop every session (its websocket closes with 1001)."""
+        await asyncio.gather(*(connection.stop() for connection in self._running))
 
 
 async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:

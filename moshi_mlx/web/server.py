@@ -28,7 +28,7 @@ from moshi_mlx.web.guard import (
     ConnectionGuard,
     EventTally,
     Limits,
-    SessionSlots,
+    Sessions,
     SilenceWatchdog,
     broken_reason,
     close_ended,
@@ -87,7 +87,7 @@ def create_app(
         middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
     app.router.add_get("/api/chat", chat.handle)
-    app.on_shutdown.append(chat.close_all)
+    app.on_shutdown.append(chat.sessions.close_all)
 
     async def persona(_request: web.Request) -> web.StreamResponse:
         if not worker.ready.is_set():
@@ -157,8 +157,7 @@ class _ChatHandler:
         self._worker = worker
         self._config = config
         self._tally = tally
-        self._slots = SessionSlots(config.max_conversations)
-        self._connections: set[_Connection] = set()
+        self.sessions = Sessions(config.max_conversations, tally, log, "conversation")
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         origin = request.headers.get("Origin")
@@ -167,26 +166,12 @@ class _ChatHandler:
             raise web.HTTPForbidden(text=f"websocket origin {origin} is not this server")
         ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
-        peer = request.remote
-        if not await self._slots.take():
-            self._tally.count("websockets told the server is busy", peer)
-            await _fail(ws, "busy: Moshi is talking with someone else; try again later")
-            return ws
-        connection = _Connection(ws, self._worker, self._config, request.query)
-        self._connections.add(connection)
-        reason = "the server stopped"
-        try:
-            log.info("%s: conversation started", peer)
-            reason = await connection.run()
-        finally:
-            self._connections.discard(connection)
-            await self._slots.release()
-            log.info("%s: conversation ended: %s", peer, reason)
+        await self.sessions.run(
+            request.remote,
+            lambda: _Connection(ws, self._worker, self._config, request.query),
+            lambda: _fail(ws, "busy: Moshi is talking with someone else; try again later"),
+        )
         return ws
-
-    async def close_all(self, _app: web.Application) -> None:
-        """Server shutdown: close every conversation's websocket with 1001 (going away)."""
-        await asyncio.gather(*(connection.stop() for connection in self._connections))
 
 
 class _ConversationEnded(Exception):

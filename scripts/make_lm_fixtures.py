@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fixture_weights import round_to_bf16
 from moshi.models.lm import LMGen, LMModel
 from safetensors.torch import save_file
 
@@ -106,14 +107,7 @@ def to_mlx_names(state: dict[str, torch.Tensor], dep_q: int) -> dict[str, torch.
 
 def build_model() -> LMModel:
     torch.manual_seed(1234)
-    model = LMModel(dtype=torch.float32, **TINY_CONFIG)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".alpha"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            # Exactly representable in bf16, so the committed bf16 file loses nothing.
-            param.copy_(param.to(torch.bfloat16).to(torch.float32))
-    return model.eval()
+    return round_to_bf16(LMModel(dtype=torch.float32, **TINY_CONFIG))
 
 
 def teacher_forcing(model: LMModel, rng: np.random.Generator) -> dict[str, np.ndarray]:

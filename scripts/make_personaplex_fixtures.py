@@ -54,6 +54,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
+from fixture_weights import round_to_bf16
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from moshi.models.lm import SILENCE_TOKENS, SINE_TOKENS, LMGen, LMModel
@@ -136,14 +137,7 @@ def lm_kwargs() -> dict:
 
 def build_lm() -> LMModel:
     torch.manual_seed(1234)
-    model = LMModel(device="cpu", dtype=torch.float32, **lm_kwargs())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".alpha"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            # Exactly representable in bf16, so the committed bf16 files lose nothing.
-            param.copy_(param.to(torch.bfloat16).to(torch.float32))
-    return model.eval()
+    return round_to_bf16(LMModel(device="cpu", dtype=torch.float32, **lm_kwargs()))
 
 
 def eight_step_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -73,6 +73,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
+from fixture_weights import round_to_bf16
 from moshi.conditioners import ConditionAttributes
 from moshi.models import loaders
 from moshi.models.lm import LMGen, LMModel
@@ -219,14 +220,12 @@ def build_lm(config: dict, seed: int, boosted: tuple[int, ...]) -> LMModel:
     random model samples these special tokens (padding, end of padding, EOS) now and then.
     """
     torch.manual_seed(seed)
-    model = loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs(config), dtype=torch.float32)
+    model = round_to_bf16(
+        loaders.get_moshi_lm(None, lm_kwargs=lm_kwargs(config), dtype=torch.float32)
+    )
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".alpha"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            param.copy_(param.to(torch.bfloat16).to(torch.float32))
         model.text_linear.weight[list(boosted)] *= BOOST
-    return model.eval()
+    return model
 
 
 def save_weights(model: LMModel, path: Path) -> None:

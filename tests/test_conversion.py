@@ -121,7 +121,7 @@ def test_unknown_or_incomplete_checkpoints_are_clear_errors(pytorch_7b):
     with pytest.raises(WeightsError, match=r"layer indices .* are not 0\.\.N-1"):
         plan_conversion(gap)
     bad_rows = pytorch_7b | {"depformer.layers.0.self_attn.in_proj_weight": (3001, 1024)}
-    with pytest.raises(WeightsError, match="not a multiple of the 8 depformer slices"):
+    with pytest.raises(WeightsError, match="not a multiple of the 8 depformer weight sets"):
         plan_conversion(bad_rows)
     both = pytorch_7b | {"transformer.layers.0.self_attn.in_projs.0.weight": (12288, 4096)}
     with pytest.raises(WeightsError, match="several tensors give"):

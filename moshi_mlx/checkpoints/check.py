@@ -65,7 +65,8 @@ def check_source(path: str | Path, config: LmConfig) -> None:
     """Raise `WeightsMismatchError` unless the unquantized checkpoint at `path` (Kyutai's MLX
     or PyTorch naming) fits `config`; from its tensors' shapes, no weight is read."""
     tensors, _ = read_safetensors(path)
-    converted = to_mlx_naming(tensors, str(path), config.dep_q)
+    schedule = config.depformer_weights_per_step_schedule
+    converted = to_mlx_naming(tensors, str(path), config.dep_q, schedule=schedule)
     check_fits_model(Lm(config, full_depformer=True), converted, str(path))
 
 

@@ -9,6 +9,10 @@ A plan can ask for a number of depformer slices: slices a checkpoint lacks are r
 NVIDIA's PersonaPlex loader repairs a file stored for fewer steps:
 step s repeats step s - stored (its attention rows, projections, feed-forward, embedding),
 each kind of repair named in a one-line notice (logger `moshi_mlx.checkpoints`).
+
+A depformer with a weights-per-step schedule (the TTS) stores its input projections,
+attention and feed-forward once per weight set; a plan given the schedule gives each slice
+the tensors of its set (`NameRule.per_set`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import mlx.core as mx
@@ -49,11 +53,13 @@ class NameRule:
     aliases: tuple[str, ...] = ()  # other PyTorch spellings accepted on input
     slice_offset: int = 0  # `depformer_emb.{k}` feeds slice k + 1 (slice 0 embeds text)
     invertible: bool = True  # False for input-only spellings covered by another rule
+    per_set: bool = False  # indexed by weight set, under a weights-per-step schedule
 
 
 NAME_RULES: tuple[NameRule, ...] = (
     # Temporal transformer (Helium) and its embeddings.
     NameRule("text_emb.weight", "text_emb.weight"),
+    NameRule("text_emb.out{stream}.weight", "text_emb.out{stream}.weight"),
     NameRule("emb.{codebook}.weight", "audio_embs.{codebook}.weight"),
     NameRule("text_linear.weight", "text_linear.weight"),
     NameRule("out_norm.alpha", "out_norm.weight", "flatten"),
@@ -62,6 +68,24 @@ NAME_RULES: tuple[NameRule, ...] = (
     *(
         NameRule(f"{_CONDITIONER}{part}", f"{_CONDITIONER}{part}")
         for part in ("embed.weight", "output_proj.weight", "learnt_padding")
+    ),
+    # The TTS's cross-attention to its speaker embeddings.
+    NameRule(
+        "transformer.layers.{layer}.cross_attention.in_proj_weight",
+        "transformer.layers.{layer}.cross_attention.in_proj.weight",
+        aliases=(
+            "transformer.layers.{layer}.cross_attention.in_proj.weight",
+            "transformer.layers.{layer}.cross_attention.in_projs.0.weight",
+        ),
+    ),
+    NameRule(
+        "transformer.layers.{layer}.cross_attention.out_proj.weight",
+        "transformer.layers.{layer}.cross_attention.out_proj.weight",
+        aliases=("transformer.layers.{layer}.cross_attention.out_projs.0.weight",),
+    ),
+    NameRule(
+        "transformer.layers.{layer}.norm_cross.{affine}",
+        "transformer.layers.{layer}.norm_cross.{affine}",
     ),
     NameRule(
         "transformer.layers.{layer}.self_attn.in_proj_weight",
@@ -87,40 +111,62 @@ NAME_RULES: tuple[NameRule, ...] = (
     ),
     # Depformer: one set of weights per slice (= per generated codebook) in MLX.
     NameRule("depformer_text_emb.weight", "depformer.slices.0.emb.weight"),
+    NameRule("depformer_text_emb.{widen}.weight", "depformer.slices.0.emb.{widen}.weight"),
     NameRule("depformer_emb.{slice}.weight", "depformer.slices.{slice}.emb.weight", slice_offset=1),
-    NameRule("depformer_in.{slice}.weight", "depformer.slices.{slice}.linear_in.weight"),
+    NameRule(
+        "depformer_emb.{slice}.low_rank.weight",
+        "depformer.slices.{slice}.emb.low_rank.weight",
+        slice_offset=1,
+    ),
+    NameRule(
+        "depformer_in.{slice}.weight", "depformer.slices.{slice}.linear_in.weight", per_set=True
+    ),
     NameRule("linears.{slice}.weight", "depformer.slices.{slice}.linear_out.weight"),
     NameRule(
         "depformer.layers.{dep_layer}.self_attn.in_proj_weight",
         _DEP + "self_attn.in_proj.weight",
         "split_slices",
         aliases=("depformer.layers.{dep_layer}.self_attn.in_proj.weight",),
+        per_set=True,
     ),
     NameRule(
         "depformer.layers.{dep_layer}.self_attn.in_projs.{slice}.weight",
         _DEP + "self_attn.in_proj.weight",
         invertible=False,
+        per_set=True,
     ),
     NameRule(
         "depformer.layers.{dep_layer}.self_attn.out_proj.weight",
         _DEP + "self_attn.out_proj.weight",
         "split_slices",
+        per_set=True,
     ),
     NameRule(
         "depformer.layers.{dep_layer}.self_attn.out_projs.{slice}.weight",
         _DEP + "self_attn.out_proj.weight",
         invertible=False,
+        per_set=True,
     ),
     NameRule(
         "depformer.layers.{dep_layer}.gating.{slice}.linear_{io}.weight",
         _DEP + "gating.linear_{io}.weight",
+        per_set=True,
     ),
     NameRule(
         "depformer.layers.{dep_layer}.norm{norm}.alpha", _DEP + "norm{norm}.weight", "every_slice"
     ),
 )
 
-_FIELD_PATTERNS = {"io": "in|out", "norm": "1|2", "condition": r"[A-Za-z_]\w*"}
+_FIELD_PATTERNS = {
+    "io": "in|out",
+    "norm": "1|2",
+    "condition": r"[A-Za-z_]\w*",
+    "stream": "1|2",
+    "affine": "weight|bias",
+    "widen": "low_rank|out1|out2",
+}
+# Parts only some models have (the TTS's cross-attention and low-rank depformer embeddings).
+_OPTIONAL_PARTS = (".cross_attention.", ".norm_cross.", ".emb.low_rank.")
 _SLICE_NAME = re.compile(r"depformer\.slices\.([0-9]+)\.")
 log = logging.getLogger("moshi_mlx.checkpoints")
 _MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}
@@ -178,7 +224,9 @@ def detect_format(names: Iterable[str], source: str = "checkpoint") -> Checkpoin
     return found[0]
 
 
-def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe]:
+def _plan_pytorch(
+    shapes: Mapping[str, Shape], source: str, schedule: Sequence[int] | None = None
+) -> list[TensorRecipe]:
     # Slices are counted from their input and output projections, one tensor each per slice.
     slices = [
         int(fields["slice"])
@@ -187,11 +235,17 @@ def _plan_pytorch(shapes: Mapping[str, Shape], source: str) -> list[TensorRecipe
         if (fields := _match(template, name)) is not None
     ]
     num_slices = max(slices) + 1 if slices else 0  # Kyutai's STT has no depformer
+    if schedule is None:
+        slices_of_set = {k: [k] for k in range(num_slices)}
+    else:
+        slices_of_set = {w: [k for k, s in enumerate(schedule) if s == w] for w in set(schedule)}
     recipes, unknown = [], []
     for name, shape in shapes.items():
         shape = tuple(shape)
         for rule, fields in _find_rule(name):
-            recipes.extend(_pytorch_recipes(rule, fields, name, shape, num_slices, source))
+            recipes.extend(
+                _pytorch_recipes(rule, fields, name, shape, num_slices, slices_of_set, source)
+            )
             break
         else:
             unknown.append(name)
@@ -212,8 +266,31 @@ def _find_rule(name: str) -> Iterable[tuple[NameRule, dict[str, str]]]:
 
 
 def _pytorch_recipes(
-    rule: NameRule, fields: dict[str, str], name: str, shape: Shape, num_slices: int, source: str
+    rule: NameRule,
+    fields: dict[str, str],
+    name: str,
+    shape: Shape,
+    num_slices: int,
+    slices_of_set: dict[int, list[int]],
+    source: str,
 ) -> list[TensorRecipe]:
+    if "slice" in fields and rule.per_set:
+        weight_set = int(fields.pop("slice"))
+        if weight_set not in slices_of_set:
+            raise WeightsError(f"{source}: tensor {name} is for no depformer slice")
+        return [
+            recipe
+            for k in slices_of_set[weight_set]
+            for recipe in _pytorch_recipes(
+                replace(rule, per_set=False),
+                {**fields, "slice": str(k)},
+                name,
+                shape,
+                num_slices,
+                slices_of_set,
+                source,
+            )
+        ]
     if "slice" in fields:
         fields = {**fields, "slice": str(int(fields["slice"]) + rule.slice_offset)}
     if rule.layout == "same":
@@ -226,17 +303,19 @@ def _pytorch_recipes(
             for k in range(num_slices)
         ]
     rows, rest = shape[0], tuple(shape[1:])
-    if rows % num_slices:
+    sets = len(slices_of_set)
+    if rows % sets:
         raise WeightsError(
-            f"{source}: tensor {name} has {rows} rows, not a multiple of the {num_slices} "
-            "depformer slices"
+            f"{source}: tensor {name} has {rows} rows, not a multiple of the {sets} "
+            "depformer weight sets"
         )
-    step = rows // num_slices
+    step = rows // sets
     return [
         TensorRecipe(
-            rule.mlx.format(**fields, slice=k), name, (step, *rest), (k * step, (k + 1) * step)
+            rule.mlx.format(**fields, slice=k), name, (step, *rest), (w * step, (w + 1) * step)
         )
-        for k in range(num_slices)
+        for w, ks in sorted(slices_of_set.items())
+        for k in ks
     ]
 
 
@@ -272,6 +351,9 @@ def check_complete(names: Iterable[str], source: str = "checkpoint") -> None:
                 raise WeightsError(f"{source}: {field} indices {indices} are not 0..N-1")
     if not any(name.startswith("depformer.") for name in names):  # Kyutai's STT has none
         templates = [t for t in templates if not t.startswith("depformer.")]
+    for part in _OPTIONAL_PARTS:  # required only of a model that has them
+        if not any(part in name for name in names):
+            templates = [t for t in templates if part not in t]
     missing = []
     for template in templates:
         fields = re.findall(r"\{(\w+)\}", template)
@@ -288,17 +370,22 @@ def plan_conversion(
     source: str = "checkpoint",
     num_slices: int | None = None,
     used_slices: int | None = None,
+    schedule: Sequence[int] | None = None,
 ) -> tuple[CheckpointFormat, list[TensorRecipe]]:
     """Detect the naming of a bf16 Moshi LM checkpoint and plan its MLX tensors, with
     `num_slices` depformer slices if given (see the module docstring), else the file's; a
     repair is noticed only if the caller uses a repaired slice (`used_slices`, default all).
+    A depformer's weights-per-step `schedule` says which weight set each slice uses.
 
     `shapes` maps tensor names to shapes (arrays are not needed). Raises `WeightsError` for
     unknown, duplicated or missing tensors.
     """
     shapes = {name: tuple(shape) for name, shape in shapes.items()}
     fmt = detect_format(shapes, source)
-    recipes = _plan_pytorch(shapes, source) if fmt == "pytorch" else _plan_mlx(shapes, source)
+    if fmt == "pytorch":
+        recipes = _plan_pytorch(shapes, source, schedule)
+    else:
+        recipes = _plan_mlx(shapes, source)
     targets = [r.target for r in recipes]
     duplicated = [name for name, count in Counter(targets).items() if count > 1]
     if duplicated:
@@ -375,11 +462,12 @@ def to_mlx_naming(
     source: str = "checkpoint",
     num_slices: int | None = None,
     used_slices: int | None = None,
+    schedule: Sequence[int] | None = None,
 ) -> dict[str, mx.array]:
     """Lazily convert a Moshi LM state dict in either naming to MLX naming (with
-    `num_slices` depformer slices, as `plan_conversion`)."""
+    `num_slices` depformer slices and a weights-per-step `schedule`, as `plan_conversion`)."""
     shapes = {name: a.shape for name, a in tensors.items()}
-    _, recipes = plan_conversion(shapes, source, num_slices, used_slices)
+    _, recipes = plan_conversion(shapes, source, num_slices, used_slices, schedule)
     return {r.target: r.apply(tensors[r.source]) for r in recipes}
 
 

@@ -197,7 +197,9 @@ def loaded_layout(layout: Layout, config: LmConfig, source: str = "the LM file")
     num_slices = depformer_slices(config)
     if in_pytorch_naming(layout):
         shapes = {name: shape for name, (shape, _) in layout.items()}
-        _, recipes = plan_conversion(shapes, source, config.dep_q, num_slices)
+        _, recipes = plan_conversion(
+            shapes, source, config.dep_q, num_slices, config.depformer_weights_per_step_schedule
+        )
         layout = {r.target: (r.shape, layout[r.source][1]) for r in recipes}
     return _held_slices_only(layout, config, num_slices)
 
@@ -208,7 +210,8 @@ def _model_tensors(
     """A checkpoint's tensors in MLX naming, with the depformer slices the model holds."""
     num_slices = depformer_slices(config, full_depformer)
     if in_pytorch_naming(tensors):
-        tensors = to_mlx_naming(tensors, source, config.dep_q, num_slices)
+        schedule = config.depformer_weights_per_step_schedule
+        tensors = to_mlx_naming(tensors, source, config.dep_q, num_slices, schedule)
     return _held_slices_only(tensors, config, num_slices)
 
 

@@ -200,7 +200,10 @@ def quantize_checkpoint(
         config = lm_config_of(input_path, config_in(input_path.parent))
     tensors, _ = read_safetensors(input_path)
     source_format, recipes = plan_conversion(
-        {name: a.shape for name, a in tensors.items()}, str(input_path), config.dep_q
+        {name: a.shape for name, a in tensors.items()},
+        str(input_path),
+        config.dep_q,
+        schedule=config.depformer_weights_per_step_schedule,
     )
     not_float = [n for n, a in tensors.items() if not mx.issubdtype(a.dtype, mx.floating)]
     if not_float:

@@ -13,13 +13,19 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.models.condition_config import (
+    Conditioner,
+    Fuser,
+    conditioner_from_dict,
+    known_keys,
+)
 from moshi_mlx.modules.transformer import TransformerConfig
 
 MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 NORM_EPS = {"rms_norm_f32": 1e-8, "rms_norm": 1e-5}
 _POSITIONAL = ("rope", "none")
 _GENERATORS = ("moshi", "personaplex")
-MODEL_TYPES = ("moshi", "stt", "hibiki")
+MODEL_TYPES = ("moshi", "stt", "hibiki", "tts")
 
 # Keys of Kyutai's config.json that change the architecture in ways this model does not
 # implement, with the only value accepted for each (None also accepts false, 0 and {}).
@@ -31,9 +37,6 @@ _FIXED_KEYS: dict[str, Any] = {
     "depformer_multi_linear": True,
     "depformer_weights_per_step": True,
     "depformer_norm": None,
-    "demux_second_stream": False,
-    "demux_second_text_stream": False,
-    "cross_attention": False,
     "norm_emb": False,
     "bias_proj": False,
     "bias_ff": False,
@@ -42,7 +45,6 @@ _FIXED_KEYS: dict[str, Any] = {
     "text_card_out": None,
     "depformer_gating": "silu",
     "lora_name": None,
-    "tts_config": None,
     "mimi_config_name": None,
 }
 # The fixed keys written out by `to_dict`, as the reference's defaults differ from Moshi's.
@@ -55,7 +57,7 @@ _WRITTEN_FIXED_KEYS = (
     "depformer_gating",
 )
 # Published keys that describe a checkpoint and do not change the model.
-_INFORMATIVE_KEYS = ("model_id",)
+_INFORMATIVE_KEYS = ()
 _REQUIRED_KEYS = ("dim", "num_heads", "num_layers", "card", "text_card", "n_q", "dep_q", "delays")
 _DEPFORMER_KEYS = ("depformer_dim", "depformer_num_heads", "depformer_num_layers")
 
@@ -77,7 +79,7 @@ class SttTiming:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SttTiming:
-        data = _known_keys(
+        data = known_keys(
             "stt_config", data, ("audio_delay_seconds", "audio_silence_prefix_seconds")
         )
         try:
@@ -107,7 +109,10 @@ class GenDefaults:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GenDefaults:
-        data = _known_keys("lm_gen_config", data, _GEN_DEFAULT_KEYS)
+        data = known_keys("lm_gen_config", data, (*_GEN_DEFAULT_KEYS, "text_temp"))
+        data = dict(data)
+        if "text_temp" in data:  # the TTS's spelling of temp_text
+            data.setdefault("temp_text", data.pop("text_temp"))
         try:
             defaults = cls(
                 **{
@@ -122,60 +127,45 @@ class GenDefaults:
 
 
 @dataclass(frozen=True)
-class LutConditioner:
-    """A condition looked up in a table (Kyutai's "lut" conditioner): one of
-    `possible_values` -> a learned vector of `dim`, projected to the model's width."""
+class TtsTiming:
+    """`tts_config`: the audio streams lag the text by `audio_delay` seconds; the second text
+    stream carries the word `second_stream_ahead` words ahead of the one being spoken."""
 
-    name: str
-    possible_values: tuple[str, ...]
-    dim: int
-    n_bins: int
-    tokenizer: str = "noop"
+    audio_delay: float
+    second_stream_ahead: int = 0
 
     @classmethod
-    def from_dict(cls, name: str, data: dict[str, Any]) -> LutConditioner:
-        if not isinstance(data, dict) or data.get("type") != "lut":
-            kind = data.get("type") if isinstance(data, dict) else data
-            raise ConfigError(f"LM config conditioner {name!r} of type {kind!r} is not supported")
-        lut = _known_keys(
-            f"conditioner {name!r}",
-            data.get("lut", {}),
-            ("n_bins", "dim", "tokenizer", "possible_values"),
-        )
+    def from_dict(cls, data: dict[str, Any]) -> TtsTiming:
+        data = known_keys("tts_config", data, ("audio_delay", "second_stream_ahead", "multistream"))
+        if data.get("multistream"):
+            raise ConfigError("LM config tts_config multistream models are not supported")
         try:
-            conditioner = cls(
-                name,
-                tuple(str(v) for v in lut["possible_values"]),
-                int(lut["dim"]),
-                int(lut["n_bins"]),
-                str(lut.get("tokenizer", "noop")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"LM config conditioner {name!r} is incomplete: {exc}") from None
-        if conditioner.tokenizer != "noop":
-            raise ConfigError(
-                f"LM config conditioner {name!r}: tokenizer {conditioner.tokenizer!r} "
-                "is not supported (only 'noop')"
-            )
-        return conditioner
+            timing = cls(float(data["audio_delay"]), int(data.get("second_stream_ahead", 0)))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"LM config tts_config needs a numeric audio_delay, got {data}")
+        if timing.audio_delay < 0 or timing.second_stream_ahead < 0:
+            raise ConfigError(f"LM config tts_config values must be >= 0, got {data}")
+        return timing
 
     def to_dict(self) -> dict[str, Any]:
-        lut = {
-            "n_bins": self.n_bins,
-            "dim": self.dim,
-            "tokenizer": self.tokenizer,
-            "possible_values": list(self.possible_values),
-        }
-        return {"type": "lut", "lut": lut}
+        return {"audio_delay": self.audio_delay, "second_stream_ahead": self.second_stream_ahead}
 
 
-def _known_keys(what: str, data: Any, known: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ConfigError(f"LM config {what} must be an object, got {data!r}")
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ConfigError(f"LM config {what} has unknown key(s): {', '.join(unknown)}")
-    return data
+@dataclass(frozen=True)
+class ModelId:
+    """`model_id`: the training run (`sig`) and epoch of a checkpoint; Kyutai's voice files
+    are named after the model they were made for (`{voice}.{sig}@{epoch}.safetensors`)."""
+
+    sig: str
+    epoch: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelId:
+        data = known_keys("model_id", data, ("sig", "epoch"))
+        try:
+            return cls(str(data["sig"]), int(data["epoch"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"LM config model_id needs a sig and an epoch, got {data}")
 
 
 @dataclass(frozen=True)
@@ -212,10 +202,19 @@ class LmConfig:
     # Heads on the temporal transformer's output beside the text (STT's voice activity).
     extra_heads_num_heads: int = 0
     extra_heads_dim: int = 6
-    # Conditions summed into every step's input (Hibiki's "description").
-    conditioners: tuple[LutConditioner, ...] = ()
+    # Conditions summed into every step's input (Hibiki's "description", the TTS's "cfg" and
+    # "control") or attended to by cross-attention (the TTS's "speaker_wavs"), as `fuser` says.
+    conditioners: tuple[Conditioner, ...] = ()
+    fuser: Fuser = field(default_factory=Fuser)
+    # Temporal layers attend to the cross-attended conditions (TTS).
+    cross_attention: bool = False
+    # The text stream carries two tokens per step, `(second + 1) * (text_card + 1) + first`,
+    # embedded by one table and two projections (TTS).
+    demux_second_stream: bool = False
     model_type: str = "moshi"
     stt_config: SttTiming | None = None
+    tts_config: TtsTiming | None = None
+    model_id: ModelId | None = None
     lm_gen_config: GenDefaults = field(default_factory=GenDefaults)
     # PersonaPlex's layout: its depformer also predicts the user's codebooks (dep_q = n_q),
     # which inference never samples; None: the audio streams past Moshi's dep_q are the
@@ -298,10 +297,13 @@ class LmConfig:
                     f"LM config key {key!r} = {value!r} is not supported (expected {accepted!r})"
                 )
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known - set(_FIXED_KEYS) - set(_INFORMATIVE_KEYS) - {"fuser"})
+        aliases = {"demux_second_text_stream"}
+        unknown = sorted(set(data) - known - set(_FIXED_KEYS) - set(_INFORMATIVE_KEYS) - aliases)
         if unknown:
             raise ConfigError(f"LM config has key(s) moshi_mlx does not know: {', '.join(unknown)}")
         kwargs = {key: data[key] for key in known if key in data and data[key] is not None}
+        if data.get("demux_second_text_stream"):  # PyTorch's LMModel spelling
+            kwargs["demux_second_stream"] = True
         kwargs.setdefault("hidden_scale", 4.125)
         kwargs.setdefault("context", 3000)
         if data["dep_q"]:
@@ -321,9 +323,13 @@ class LmConfig:
         if not isinstance(conditioners, dict):
             raise ConfigError(f"LM config conditioners must be an object, got {conditioners!r}")
         kwargs["conditioners"] = tuple(
-            LutConditioner.from_dict(name, spec) for name, spec in conditioners.items()
+            conditioner_from_dict(name, spec) for name, spec in conditioners.items()
         )
-        _check_fuser(data.get("fuser"), [c.name for c in kwargs["conditioners"]])
+        kwargs["fuser"] = Fuser.from_dict(data.get("fuser"), kwargs["conditioners"])
+        if "tts_config" in kwargs:
+            kwargs["tts_config"] = TtsTiming.from_dict(kwargs["tts_config"])
+        if "model_id" in kwargs:
+            kwargs["model_id"] = ModelId.from_dict(kwargs["model_id"])
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
@@ -350,9 +356,19 @@ class LmConfig:
         data["lm_gen_config"] = {k: v for k, v in data["lm_gen_config"].items() if v is not None}
         if self.conditioners:
             data["conditioners"] = {c.name: c.to_dict() for c in self.conditioners}
-            data["fuser"] = {"sum": [c.name for c in self.conditioners]}
+            data["fuser"] = self.fuser.to_dict()
         else:
-            del data["conditioners"]
+            del data["conditioners"], data["fuser"]
+        for key in ("tts_config", "model_id"):
+            value = getattr(self, key)
+            if value is None:
+                del data[key]
+            elif key == "tts_config":
+                data[key] = value.to_dict()
+        if not self.cross_attention:
+            del data["cross_attention"]
+        if not self.demux_second_stream:
+            del data["demux_second_stream"]
         data.update({key: _FIXED_KEYS[key] for key in _WRITTEN_FIXED_KEYS})
         return data
 
@@ -388,6 +404,13 @@ class LmConfig:
             )
         if self.model_type == "stt" and self.dep_q:
             raise ConfigError(f"LM config of an STT model must have dep_q = 0, got {self.dep_q}")
+        if (self.model_type == "tts") != (self.tts_config is not None):
+            raise ConfigError("LM config needs tts_config exactly when model_type is 'tts'")
+        if self.cross_attention != bool(self.fuser.cross):
+            raise ConfigError(
+                "LM config cross_attention must be true exactly when the fuser has 'cross' "
+                f"conditions, got cross_attention {self.cross_attention} and {list(self.fuser.cross)}"
+            )
         heads = [("", self.dim, self.num_heads)]
         if self.dep_q:
             heads.append(("depformer_", self.depformer_dim, self.depformer_num_heads))
@@ -446,10 +469,11 @@ class LmConfig:
 
     @property
     def model_name(self) -> str:
-        """What users call this model: Moshi, PersonaPlex, Hibiki or Kyutai STT."""
+        """What users call this model: Moshi, PersonaPlex, Hibiki, Kyutai STT or Kyutai TTS."""
         if self.generator == "personaplex":
             return "PersonaPlex"
-        return {"hibiki": "Hibiki", "stt": "Kyutai STT"}.get(self.model_type, "Moshi")
+        names = {"hibiki": "Hibiki", "stt": "Kyutai STT", "tts": "Kyutai TTS"}
+        return names.get(self.model_type, "Moshi")
 
     @property
     def prompted(self) -> bool:
@@ -496,6 +520,7 @@ class LmConfig:
             norm_eps=NORM_EPS[self.norm],
             positional_embedding=self.positional_embedding,
             max_period=self.max_period,
+            cross_attention=self.cross_attention,
         )
 
     def depformer_config(self) -> TransformerConfig:
@@ -516,21 +541,3 @@ class LmConfig:
 def _check_positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"LM config {name} must be a positive integer, got {value!r}")
-
-
-def _check_fuser(fuser: Any, conditioners: list[str]) -> None:
-    """Kyutai's `fuser` says how each condition enters the model; ours sums them all into the
-    input ("sum"), as Hibiki's does. Cross-attention and prepended conditions are not built."""
-    if not fuser:
-        if conditioners:
-            raise ConfigError("LM config has conditioners but no fuser saying how to use them")
-        return
-    keys = ("sum", "cross", "prepend", "cross_attention_pos_emb", "cross_attention_pos_emb_scale")
-    fuser = _known_keys("fuser", fuser, keys)
-    for how in ("cross", "prepend"):
-        if fuser.get(how):
-            raise ConfigError(f"LM config fuser {how!r} conditions are not supported")
-    if sorted(fuser.get("sum", [])) != sorted(conditioners):
-        raise ConfigError(
-            f"LM config fuser sums {fuser.get('sum', [])}, expected the conditioners {conditioners}"
-        )

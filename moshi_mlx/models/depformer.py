@@ -4,6 +4,12 @@ Slice k has its own weights (input projection, token embedding, transformer laye
 head). It reads the temporal transformer's output plus the embedding of the previous token
 (the text token for slice 0, codebook k-1 otherwise). All slices of one step attend to each
 other through one small KV cache per layer, emptied at the start of every step.
+
+With a weights-per-step schedule (the TTS: 32 slices over 11 sets of weights), slice k takes
+its input projection and transformer layers from set `schedule[k]`: the slices of one set
+share those modules (one copy in memory; each slice's name still lists them, as in Kyutai's
+MLX files). Embeddings may be low-rank, and slice 0's text embedding two-stream
+(`moshi_mlx.modules.embeddings`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx import nn
 
+from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
@@ -37,9 +44,9 @@ def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
 
 
 class DepformerSlice(nn.Module):
-    def __init__(self, in_vocab: int, lm_dim: int, card: int, cfg: TransformerConfig):
+    def __init__(self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig):
         super().__init__()
-        self.emb = nn.Embedding(in_vocab, cfg.d_model)
+        self.emb = emb
         self.linear_in = nn.Linear(lm_dim, cfg.d_model, bias=False)
         self.transformer = Transformer(cfg)
         self.linear_out = nn.Linear(cfg.d_model, card, bias=False)
@@ -66,11 +73,31 @@ class Depformer(nn.Module):
     def __init__(self, cfg: LmConfig, num_slices: int | None = None):
         super().__init__()
         tcfg = cfg.depformer_config()
+        rank = cfg.depformer_low_rank_embeddings
         self.slices = [
-            DepformerSlice(cfg.text_card + 1 if k == 0 else cfg.card + 1, cfg.dim, cfg.card, tcfg)
+            DepformerSlice(
+                make_embedding(cfg.text_card + 1, tcfg.d_model, rank, cfg.demux_second_stream)
+                if k == 0
+                else make_embedding(cfg.card + 1, tcfg.d_model, rank),
+                cfg.dim,
+                cfg.card,
+                tcfg,
+            )
             for k in range(cfg.moshi_codebooks if num_slices is None else num_slices)
         ]
         self.sampled_slices = cfg.moshi_codebooks
+        self.share_scheduled_weights(cfg.depformer_weights_per_step_schedule)
+
+    def share_scheduled_weights(self, schedule: tuple[int, ...] | None) -> None:
+        """Make each slice use the input projection and transformer of the first slice of its
+        weight set (`schedule[k]`); again after quantizing, which copies shared modules."""
+        if schedule is None:
+            return
+        first = {}
+        for k, depformer_slice in enumerate(self.slices):
+            leader = self.slices[first.setdefault(schedule[k], k)]
+            depformer_slice.linear_in = leader.linear_in
+            depformer_slice.transformer = leader.transformer
 
     def make_caches(self) -> list[KVCache]:
         """One KV cache per layer, shared by all slices of a step."""

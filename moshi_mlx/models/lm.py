@@ -5,7 +5,9 @@ At each 80 ms step the temporal transformer reads one text token and the audio t
 depformer (`moshi_mlx.models.depformer`), which predicts Moshi's 8 audio codebooks. Kyutai's
 speech-to-text has no depformer (`dep_q` 0): 32 audio streams in, the text and its
 voice-activity heads (`extra_heads`) out. Hibiki adds a condition vector
-(`moshi_mlx.modules.conditioners`) to every step's input.
+(`moshi_mlx.modules.conditioners`) to every step's input. Kyutai's TTS adds one too, and its
+temporal layers cross-attend to speaker embeddings; its text stream packs two tokens per step
+(`moshi_mlx.modules.embeddings`) and its depformer's 32 slices share 11 sets of weights.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.config import NORM_EPS, LmConfig
 from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.conditioners import ConditionProvider
+from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.transformer import RMSNorm, Transformer
+from moshi_mlx.modules.transformer import CrossKV, RMSNorm, Transformer
 
 
 class Lm(nn.Module):
@@ -34,9 +37,9 @@ class Lm(nn.Module):
 
     def __init__(self, cfg: LmConfig, full_depformer: bool = False):
         super().__init__()
-        _check_built(cfg)
         self.cfg = cfg
-        self.text_emb = nn.Embedding(cfg.text_card + 1, cfg.dim)  # id text_card: start token
+        # id text_card: the start token
+        self.text_emb = make_embedding(cfg.text_card + 1, cfg.dim, demux=cfg.demux_second_stream)
         self.audio_embs = [nn.Embedding(cfg.card + 1, cfg.dim) for _ in range(cfg.n_q)]
         self.transformer = Transformer(cfg.temporal_config())
         self.out_norm = RMSNorm(cfg.dim, NORM_EPS[cfg.norm])
@@ -48,14 +51,23 @@ class Lm(nn.Module):
         if cfg.dep_q:
             self.depformer = Depformer(cfg, cfg.dep_q if full_depformer else None)
         if cfg.conditioners:
-            self.condition_provider = ConditionProvider(cfg.conditioners, cfg.dim)
+            self.condition_provider = ConditionProvider(cfg.conditioners, cfg.fuser, cfg.dim)
 
-    def condition(self, conditions: Sequence[Mapping[str, str]]) -> mx.array:
+    def condition(self, conditions: Sequence[Mapping[str, str | None]]) -> mx.array:
         """The condition vector (B, dim) that `step_text` adds to each input, for each batch
-        row's values (conditioner name -> value, e.g. Hibiki's {"description": "very_good"})."""
-        if not self.cfg.conditioners:
+        row's values (conditioner name -> value, e.g. Hibiki's {"description": "very_good"};
+        None: absent)."""
+        if not self.cfg.fuser.sum:
             raise ConfigError("this model takes no conditions")
         return self.condition_provider.sum(conditions)
+
+    def cross_keys_values(self, tensors: Mapping[str, tuple[mx.array, mx.array]]) -> list[CrossKV]:
+        """Each temporal layer's cross-attention keys and values for the cross conditions
+        (name -> (tensor (B, T, dim), mask (B, T) bool), e.g. the TTS's "speaker_wavs")."""
+        if not self.cfg.cross_attention:
+            raise ConfigError("this model takes no cross-attended conditions")
+        source = self.condition_provider.cross_source(tensors)
+        return self.transformer.cross_keys_values(source.astype(self.out_norm.weight.dtype))
 
     def make_caches(self) -> list[KVCache]:
         """Fresh streaming state of the temporal transformer."""
@@ -80,13 +92,23 @@ class Lm(nn.Module):
         embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
 
-    def forward_text(self, tokens: mx.array, caches: list[KVCache]) -> tuple[mx.array, mx.array]:
-        """Run the temporal transformer on tokens (B, n_q + 1, T).
+    def forward_text(
+        self,
+        tokens: mx.array,
+        caches: list[KVCache],
+        condition: mx.array | None = None,
+        cross: list[CrossKV] | None = None,
+    ) -> tuple[mx.array, mx.array]:
+        """Run the temporal transformer on tokens (B, n_q + 1, T), with a conditioned model's
+        `condition` (B, dim) added to each input and its `cross_keys_values`.
 
         Returns the normed transformer output (B, T, dim), which conditions the depformer,
         and the text logits (B, T, text_card).
         """
-        x = self.transformer(self.embed(tokens), caches)
+        x = self.embed(tokens)
+        if condition is not None:
+            x = x + condition[:, None].astype(x.dtype)
+        x = self.transformer(x, caches, cross)
         x = self.out_norm(x)
         return x, self.text_linear(x)
 
@@ -102,29 +124,20 @@ class Lm(nn.Module):
         return mx.softmax(logits.astype(mx.float32), axis=-1)
 
     def step_text(
-        self, tokens: mx.array, ring: KVRing, condition: mx.array | None = None
+        self,
+        tokens: mx.array,
+        ring: KVRing,
+        condition: mx.array | None = None,
+        cross: list[CrossKV] | None = None,
     ) -> tuple[mx.array, mx.array]:
         """`forward_text` of one position through a `KVRing`, in `mx.compile`-able form:
         tokens (B, n_q + 1, 1) -> the normed output (B, dim) and the text logits (B, text_card).
-        A conditioned model's `condition` (B, dim) is added to the input.
+        A conditioned model's `condition` (B, dim) is added to the input; a cross-attending
+        one attends to `cross` (`cross_keys_values`).
         """
         x = self.embed(tokens)
         x = x.reshape(x.shape[0], -1)
         if condition is not None:
             x = x + condition.astype(x.dtype)
-        x = self.out_norm(self.transformer.step(x, ring))
+        x = self.out_norm(self.transformer.step(x, ring, cross))
         return x, self.text_linear(x)
-
-
-def _check_built(cfg: LmConfig) -> None:
-    """`ConfigError` for what the config reads but this model does not build yet."""
-    unbuilt = [
-        name
-        for name, value in (
-            ("depformer_weights_per_step_schedule", cfg.depformer_weights_per_step_schedule),
-            ("depformer_low_rank_embeddings", cfg.depformer_low_rank_embeddings),
-        )
-        if value
-    ]
-    if unbuilt:
-        raise ConfigError(f"LM config {', '.join(unbuilt)}: not supported by this model yet")

@@ -3,6 +3,9 @@
 Helium and the depformer use RMSNorm and a gated SiLU feed-forward; Mimi uses LayerNorm, a
 GELU feed-forward and layer scale. Attention is causal over a window of `context` positions,
 with interleaved ("traditional") RoPE as in Kyutai's reference, or no positional embedding.
+The TTS's temporal layers also attend, after self-attention, to a fixed sequence (its
+speaker embeddings) through a LayerNorm'd cross-attention without positions or mask, whose
+keys and values are computed once per sequence (`Transformer.cross_keys_values`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class TransformerConfig:
     positional_embedding: Literal["rope", "none"] = "rope"
     max_period: float = 10_000.0
     layer_scale: float | None = None
+    cross_attention: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -132,6 +136,55 @@ class Attention(nn.Module):
         return self.out_proj(out.reshape(batch, -1))
 
 
+def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:
+    """Output features start..stop-1 of a `Linear` or `QuantizedLinear` (no bias) on x."""
+    if isinstance(linear, nn.QuantizedLinear):
+        return mx.quantized_matmul(
+            x,
+            linear.weight[start:stop],
+            scales=linear.scales[start:stop],
+            biases=linear.get("biases")[start:stop] if "biases" in linear else None,
+            transpose=True,
+            group_size=linear.group_size,
+            bits=linear.bits,
+            mode=linear.mode,
+        )
+    return x @ linear.weight[start:stop].T
+
+
+CrossKV = tuple[mx.array, mx.array]  # a layer's cross-attention keys and values (B, H, S, hd)
+
+
+class CrossAttention(nn.Module):
+    """Attention of each position to a fixed source sequence: queries from the first third of
+    `in_proj`, keys and values from the rest (Kyutai's packed layout)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.d_model = cfg.d_model
+        self.scale = cfg.head_dim**-0.5
+        self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def keys_values(self, source: mx.array) -> CrossKV:
+        """source (B, S, D) -> keys and values (B, H, S, head_dim)."""
+        batch, length, dim = source.shape
+        kv = rows_of(self.in_proj, source, dim, 3 * dim)
+        kv = kv.reshape(batch, length, 2, self.num_heads, -1).transpose(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def __call__(self, x: mx.array, cross: CrossKV) -> mx.array:
+        """x (B, T, D) or (B, D) -> the same shape."""
+        shape = x.shape
+        queries = rows_of(self.in_proj, x, 0, self.d_model)
+        queries = queries.reshape(shape[0], -1, self.num_heads, self.d_model // self.num_heads)
+        out = mx.fast.scaled_dot_product_attention(
+            queries.transpose(0, 2, 1, 3), *cross, scale=self.scale
+        )
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(shape))
+
+
 def rope_tables(
     position: mx.array, head_dim: int, base: float, dtype: mx.Dtype
 ) -> tuple[mx.array, mx.array]:
@@ -189,29 +242,41 @@ class TransformerLayer(nn.Module):
         if cfg.layer_scale is not None:
             self.layer_scale_1 = LayerScale(cfg.d_model, cfg.layer_scale)
             self.layer_scale_2 = LayerScale(cfg.d_model, cfg.layer_scale)
+        if cfg.cross_attention:  # always a LayerNorm, as in Kyutai's reference
+            self.norm_cross = nn.LayerNorm(cfg.d_model, eps=1e-5)
+            self.cross_attention = CrossAttention(cfg)
 
     def _feed_forward(self, x: mx.array) -> mx.array:
         if self.gated:
             return self.gating(x)
         return self.linear2(nn.gelu(self.linear1(x)))
 
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
-        return self._residuals(x, self.self_attn(self.norm1(x), cache))
+    def __call__(self, x: mx.array, cache: KVCache, cross: CrossKV | None = None) -> mx.array:
+        return self._residuals(x, self.self_attn(self.norm1(x), cache), cross)
 
-    def prefill(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
+    def prefill(
+        self, x: mx.array, ring: KVRing, layer: int, cross: CrossKV | None = None
+    ) -> mx.array:
         """The first T positions x (B, T, D) through layer `layer` (see `Attention.prefill`)."""
-        return self._residuals(x, self.self_attn.prefill(self.norm1(x), ring, layer))
+        return self._residuals(x, self.self_attn.prefill(self.norm1(x), ring, layer), cross)
 
     def step(
-        self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
+        self,
+        x: mx.array,
+        ring: KVRing,
+        layer: int,
+        rope: tuple[mx.array, mx.array] | None,
+        cross: CrossKV | None = None,
     ) -> mx.array:
         """One position x (B, D) through layer `layer` of a `KVRing` (see `Attention.step`)."""
-        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer, rope))
+        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer, rope), cross)
 
-    def _residuals(self, x: mx.array, attn: mx.array) -> mx.array:
+    def _residuals(self, x: mx.array, attn: mx.array, cross: CrossKV | None) -> mx.array:
         if self.has_layer_scale:
             attn = self.layer_scale_1(attn)
         x = x + attn
+        if cross is not None:
+            x = x + self.cross_attention(self.norm_cross(x), cross)
         ff = self._feed_forward(self.norm2(x))
         if self.has_layer_scale:
             ff = self.layer_scale_2(ff)
@@ -230,10 +295,16 @@ class Transformer(nn.Module):
         """Fresh streaming state: one KV cache per layer."""
         return [KVCache(self.cfg.context) for _ in self.layers]
 
-    def __call__(self, x: mx.array, caches: list[KVCache]) -> mx.array:
-        for layer, cache in zip(self.layers, caches):
-            x = layer(x, cache)
+    def __call__(
+        self, x: mx.array, caches: list[KVCache], cross: list[CrossKV] | None = None
+    ) -> mx.array:
+        for index, (layer, cache) in enumerate(zip(self.layers, caches)):
+            x = layer(x, cache, None if cross is None else cross[index])
         return x
+
+    def cross_keys_values(self, source: mx.array) -> list[CrossKV]:
+        """Each layer's cross-attention keys and values of a source sequence (B, S, D)."""
+        return [layer.cross_attention.keys_values(source) for layer in self.layers]
 
     def make_ring(
         self, batch: int, dtype: mx.Dtype, quantization: KVQuantization | None = None
@@ -243,7 +314,9 @@ class Transformer(nn.Module):
         shape = (batch, cfg.num_heads, cfg.head_dim)
         return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
 
-    def prefill(self, x: mx.array, ring: KVRing) -> tuple[mx.array, KVRing]:
+    def prefill(
+        self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None
+    ) -> tuple[mx.array, KVRing]:
         """The first T positions x (B, T, D) through all layers at once, from a `KVRing` at
         position 0: the outputs (B, T, D) and the ring after them, as T `step`s leave them
         (lazily; T must be less than the context, the ring's capacity is grown to fit)."""
@@ -253,10 +326,10 @@ class Transformer(nn.Module):
         ring = ring.grown(steps)
         ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists
         for index, layer in enumerate(self.layers):
-            x = layer.prefill(x, ring, index)
+            x = layer.prefill(x, ring, index, None if cross is None else cross[index])
         return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
 
-    def step(self, x: mx.array, ring: KVRing) -> mx.array:
+    def step(self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None) -> mx.array:
         """One position x (B, D) through all layers, reading and updating `ring`: the same
         numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
         cfg = self.cfg
@@ -264,5 +337,5 @@ class Transformer(nn.Module):
         if cfg.positional_embedding == "rope":
             rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.dtype)
         for index, layer in enumerate(self.layers):
-            x = layer.step(x, ring, index, rope)
+            x = layer.step(x, ring, index, rope, None if cross is None else cross[index])
         return x

@@ -79,7 +79,9 @@ def _user_path(path: str | Path, flag: str) -> Path:
     return path
 
 
-def _download(repo: str, filename: str, flag: str) -> Path:
+def download_file(repo: str, filename: str, flag: str) -> Path:
+    """`filename` of the Hugging Face repo `repo` (cached); `WeightsError` saying where to put
+    it by hand (or which `flag` to pass) when it cannot be had."""
     from huggingface_hub import hf_hub_download
 
     try:
@@ -140,7 +142,7 @@ def resolve_voices(files: WeightFiles) -> Path:
             return folder / VOICES_FILE
     facts = KNOWN_REPOS.get(files.repo)
     repo = files.repo if facts is not None and facts.voices else PERSONAPLEX_REPO
-    return _download(repo, VOICES_FILE, "--voice FILE")
+    return download_file(repo, VOICES_FILE, "--voice FILE")
 
 
 def resolve_config_named(
@@ -156,7 +158,7 @@ def resolve_config_named(
     if lm_config is not None:
         config = _user_path(lm_config, "--lm-config")
     else:
-        config = config_in(weights_dir()) or _download(hf_repo, CONFIG_FILE, "--lm-config")
+        config = config_in(weights_dir()) or download_file(hf_repo, CONFIG_FILE, "--lm-config")
     names = read_json(config)
     wanted = {  # field: (file name in the repo, flag, path given by the user)
         "moshi": (names.get("moshi_name", LM_FILES[16][1]), "--moshi-weight", moshi_weight),
@@ -185,6 +187,6 @@ def _find_files(
         if local.is_file():
             found[field] = local
         else:
-            found[field] = _download(repo, filename, flag)
+            found[field] = download_file(repo, filename, flag)
             from_hub = from_hub or field == "moshi"
     return found, from_hub

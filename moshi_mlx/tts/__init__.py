@@ -1,0 +1,1 @@
+"""Kyutai's streaming text-to-speech."""

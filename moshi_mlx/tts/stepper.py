@@ -1,0 +1,183 @@
+"""The TTS's step on the device: a batch of streams, one 80 ms frame each per call.
+
+Step semantics follow Kyutai's PyTorch `LMGen` as `moshi.models.tts.TTSModel.generate` drives
+it. Every stream is generated (no input audio): the token ring feeds stream k its start token
+while step t <= delays[k], then what was written for step t. The temporal transformer reads
+the step's tokens, plus the summed conditions ("control", "cfg") and, by cross-attention, the
+voices. The text token is sampled, then replaced by what the text schedule says to feed
+(`moshi_mlx.tts.machine`); the depformer then samples the 32 codebooks from it. For the first
+`delay_steps` steps the depformer does not run and the audio is the "no input" token -1; each
+codebook also stays -1 until its delay plus `delay_steps` has passed.
+
+The schedule's choice needs the sampled token, which lives on the device. Rather than wait
+for it in the middle of the step, the host gives, per stream, the token to feed if the model
+predicts a new word and the token otherwise (`TextSchedule.outcomes`); the step picks one and
+returns the prediction, and the host commits it before the next step. A step is thus one
+`mx.compile`d graph and one wait per frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from moshi_mlx.generate import UNGENERATED, token_ring_width
+from moshi_mlx.models.depformer import ZERO_TOKEN
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.modules.transformer import CrossKV
+from moshi_mlx.sampling import sample
+
+NEW_WORD, PAD = 0, 3  # the text tokens the TTS predicts: a word starts next, or nothing
+
+
+@dataclass(frozen=True)
+class TtsSampling:
+    """Temperatures and top-k of the text and audio tokens (Kyutai's TTS: 0.6 for both,
+    `LMGen`'s top-k 25 and 250), and the bonus added to the padding logit (> 0: slower)."""
+
+    temp: float = 0.6
+    text_top_k: int = 25
+    audio_top_k: int = 250
+    padding_bonus: float = 0.0
+
+
+@dataclass
+class TtsStepOutput:
+    """One step's lazy results: `predicted` (B,) the text token the model predicted (before
+    the schedule), `frame` (B, 1 + dep_q) the tokens of the frame `max_delay` steps back
+    (text then codebooks, delays undone; valid once step > max_delay)."""
+
+    predicted: mx.array
+    frame: mx.array
+
+
+class _StepFunctions:
+    """The compiled steps of one model and sampling (with and without the depformer)."""
+
+    def __init__(self, lm: Lm, sampling: TtsSampling, delay_steps: int):
+        self.lm = lm
+        self.sampling = sampling
+        cfg = lm.cfg
+        self.delays = mx.array(cfg.delays, mx.int32)
+        self.initial = mx.array(cfg.start_tokens, mx.int32)
+        self.audio_start = self.delays[1:] + delay_steps  # codebook k is -1 before this step
+        self.width = token_ring_width(cfg)
+        self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
+        self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
+
+    def step(
+        self,
+        tokens: mx.array,
+        key: mx.array,
+        keys: list[mx.array],
+        values: list[mx.array],
+        position: mx.array,
+        condition: mx.array,
+        cross: list[CrossKV],
+        if_word: mx.array,
+        otherwise: mx.array,
+        depformer: bool,
+    ) -> tuple:
+        cfg, sampling = self.lm.cfg, self.sampling
+        t, width = position, self.width
+        batch = tokens.shape[0]
+        current = mx.take(tokens, t % width, axis=2)  # (B, K)
+        inputs = mx.where(t <= self.delays, self.initial, current)
+        ring = KVRing(keys, values, position, cfg.attention_window)
+        temporal_out, text_logits = self.lm.step_text(inputs[..., None], ring, condition, cross)
+        key, text_key, audio_key = mx.random.split(key, 3)
+        text_logits = text_logits.astype(mx.float32)
+        if sampling.padding_bonus:
+            bonus = mx.zeros(text_logits.shape[-1]).at[PAD].add(sampling.padding_bonus)
+            text_logits = text_logits + bonus
+        predicted = sample(text_logits, sampling.temp, sampling.text_top_k, text_key)
+        text = mx.where(predicted == NEW_WORD, if_word, otherwise)
+        if depformer:
+            audio_keys = mx.random.split(audio_key, cfg.dep_q)
+
+            def sample_audio(logits: mx.array, k: int) -> mx.array:
+                return sample(logits, sampling.temp, sampling.audio_top_k, audio_keys[k])
+
+            audio = self.lm.depformer.sample_step(temporal_out, text, sample_audio)
+        else:
+            audio = mx.full((batch, cfg.dep_q), ZERO_TOKEN, mx.int32)
+        audio = mx.where(t < self.audio_start, ZERO_TOKEN, audio)
+        t = t + 1
+        column = mx.concatenate([text[:, None], audio], axis=1)[..., None]  # (B, K, 1)
+        index = mx.broadcast_to((t % width).reshape(1, 1, 1), column.shape)
+        tokens = mx.put_along_axis(tokens, index, column, axis=2)
+        frame_columns = (t - cfg.max_delay + self.delays + width) % width
+        frame_index = mx.broadcast_to(frame_columns[None, :, None], (batch, cfg.num_codebooks, 1))
+        frame = mx.take_along_axis(tokens, frame_index, axis=2)[..., 0]
+        ring = ring.advanced()
+        return predicted, frame, tokens, key, ring.keys, ring.values, ring.position
+
+
+class TtsStepper:
+    """Steps a batch of B TTS streams under fixed conditions: `condition` (B, dim), the summed
+    conditions (`Lm.condition`), and `cross`, the voices' cross-attention keys and values
+    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps."""
+
+    def __init__(
+        self,
+        lm: Lm,
+        condition: mx.array,
+        cross: list[CrossKV],
+        delay_steps: int,
+        sampling: TtsSampling | None = None,
+        seed: int = 0,
+    ):
+        self.lm = lm
+        self.batch = condition.shape[0]
+        self.condition = condition
+        self.cross = cross
+        self.delay_steps = delay_steps
+        self.sampling = sampling or TtsSampling()
+        shared = vars(lm).setdefault("_tts_step_functions", {})
+        choice = (self.sampling, delay_steps)
+        if choice not in shared:
+            shared.clear()  # one sampling at a time: traces are cheap to redo
+            shared[choice] = _StepFunctions(lm, self.sampling, delay_steps)
+        self._functions = shared[choice]
+        cfg = lm.cfg
+        self._tokens = mx.full(
+            (self.batch, cfg.num_codebooks, token_ring_width(cfg)), UNGENERATED, mx.int32
+        )
+        self._ring = lm.make_ring(self.batch)
+        self._key = mx.random.key(seed)
+        self.step_index = 0
+
+    def step(self, if_word: list[int], otherwise: list[int]) -> TtsStepOutput:
+        """Queue one step; each stream feeds `if_word[b]` as its text token if the model
+        predicts a new word, else `otherwise[b]`. Returns at once (lazy results, evaluation
+        queued)."""
+        self._ring = self._ring.grown(self.step_index)
+        ring = self._ring
+        function = (
+            self._functions.full
+            if self.step_index >= self.delay_steps
+            else self._functions.text_only
+        )
+        outputs = function(
+            self._tokens,
+            self._key,
+            ring.keys,
+            ring.values,
+            ring.position,
+            self.condition,
+            self.cross,
+            mx.array(if_word, mx.int32),
+            mx.array(otherwise, mx.int32),
+        )
+        predicted, frame, self._tokens, self._key, *ring_state = outputs
+        self._ring = self._ring.replaced(*ring_state)
+        mx.async_eval(predicted, frame, self._tokens, self._key, *ring_state)
+        self.step_index += 1
+        return TtsStepOutput(predicted, frame)
+
+    @property
+    def frame_ready(self) -> bool:
+        """Whether the last step's frame holds tokens (its delays are filled)."""
+        return self.step_index > self.lm.cfg.max_delay

@@ -1,0 +1,92 @@
+"""Voices: Kyutai's speaker embeddings, found by name in `kyutai/tts-voices` or given as files.
+
+A voice file is a safetensors file holding `speaker_wavs` (1, dim, frames) float32 (published:
+(1, 512, 125)), made for one model: the repo names it `{voice}.{sig}@{epoch}.safetensors` after
+the model's `model_id`. Only safetensors are read, so a voice from a stranger never runs code.
+The model attends to up to `MAX_SPEAKERS` voices at once, each in its own slot of `frames`
+positions; empty slots are masked (the conditioner's learned padding), as Kyutai's
+`TTSModel.make_condition_attributes` builds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.checkpoints.hub import download_file
+from moshi_mlx.errors import TtsError, WeightsError
+from moshi_mlx.models.config import LmConfig
+
+DEFAULT_VOICE_REPO = "kyutai/tts-voices"
+DEFAULT_VOICE = "expresso/ex03-ex01_happy_001_channel1_334s.wav"
+MAX_SPEAKERS = 5
+VOICE_TENSOR = "speaker_wavs"
+
+
+def voice_file_name(voice: str, config: LmConfig) -> str:
+    """The name of `voice`'s embedding for this model in the voice repo."""
+    if config.model_id is None:
+        raise TtsError("the model's config.json has no model_id, so it names no voice files")
+    return f"{voice}.{config.model_id.sig}@{config.model_id.epoch}.safetensors"
+
+
+def resolve_voice(
+    voice: str | Path, config: LmConfig, voice_repo: str = DEFAULT_VOICE_REPO
+) -> Path:
+    """A local `.safetensors` file as given, else the voice `voice` of `voice_repo` for this
+    model (downloaded once by the Hugging Face cache)."""
+    path = Path(voice).expanduser()
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise TtsError(f"voice file {path} not found")
+        return path
+    if path.is_file():
+        raise TtsError(f"voice file {path} is not a .safetensors embedding")
+    try:
+        return download_file(voice_repo, voice_file_name(str(voice), config), "--voice")
+    except WeightsError as exc:
+        raise TtsError(f"voice {voice!r}: {exc}") from None
+
+
+def load_voice(path: str | Path, dim: int) -> mx.array:
+    """The embedding (frames, dim) float32 of a voice file; `TtsError` naming what is wrong."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise TtsError(f"voice file {path} is not a readable safetensors file: {exc}") from None
+    if VOICE_TENSOR not in tensors:
+        raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
+    embedding = tensors[VOICE_TENSOR]
+    if embedding.ndim != 3 or embedding.shape[0] != 1 or embedding.shape[1] != dim:
+        raise TtsError(
+            f"voice file {path}: {VOICE_TENSOR} has shape {list(embedding.shape)}, this model "
+            f"needs [1, {dim}, frames]"
+        )
+    if not np.issubdtype(embedding.dtype, np.floating) or not np.isfinite(embedding).all():
+        raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
+    return mx.array(embedding[0].T.astype(np.float32))
+
+
+def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.array]:
+    """Each batch row's voices ((frames, dim) each, 1 to `MAX_SPEAKERS`) as the tensor
+    condition (B, MAX_SPEAKERS * frames, dim) and its mask (B, MAX_SPEAKERS * frames)."""
+    frames = max(voice.shape[0] for voices in rows for voice in voices)
+    dim = rows[0][0].shape[1]
+    tensors, masks = [], []
+    for voices in rows:
+        if not 1 <= len(voices) <= MAX_SPEAKERS:
+            raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
+        slots = np.zeros((MAX_SPEAKERS, frames, dim), np.float32)
+        mask = np.zeros((MAX_SPEAKERS, frames), bool)
+        for slot, voice in enumerate(voices):
+            slots[slot, : voice.shape[0]] = np.array(voice)
+            mask[slot, : voice.shape[0]] = True
+        tensors.append(slots.reshape(-1, dim))
+        masks.append(mask.reshape(-1))
+    return mx.array(np.stack(tensors)), mx.array(np.stack(masks))

@@ -1,0 +1,1 @@
+"""Kyutai's text-to-speech (delayed streams modeling) on moshi_mlx."""

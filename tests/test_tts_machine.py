@@ -168,9 +168,12 @@ def test_a_long_text_runs_in_time_linear_in_its_length():
     assert len(schedule.transcript) == 3000 and step < 3000 * 12
 
 
-@pytest.mark.parametrize(
-    "case", SCRIPTS["cases"], ids=lambda case: f"{case['turns']!r:.40}-{case['multi_speaker']}"
-)
+def script_id(case: dict) -> str:
+    speakers = "multi" if case["multi_speaker"] else "single"
+    return f"{case['turns']!r:.40}-{speakers}-pad{case['padding_between']}-{case['frame_rate']}"
+
+
+@pytest.mark.parametrize("case", SCRIPTS["cases"], ids=script_id)
 def test_script_to_entries_is_kyutais(case, tokenizer):
     def entries():
         return script_to_entries(

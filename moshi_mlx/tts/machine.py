@@ -163,8 +163,9 @@ class TextSchedule:
 
     Words come in with `push`, and `close` says no more will come; until then, a word the
     model asks for that has not arrived (or whose lookahead word has not) is answered with
-    padding, and asked for again at a later step. Entries pushed before step 0 and closed
-    give Kyutai's schedule exactly.
+    padding, and asked for again at a later step (`waiting` tells when the last step did,
+    `needs_text` when the next would). Entries pushed before step 0 and closed give Kyutai's
+    schedule exactly.
 
     Per step: `speculate()` gives the answer to either prediction without changing anything,
     `commit(step, token)` applies the model's actual prediction and returns its answer.

@@ -27,3 +27,7 @@ class TtsError(MoshiError):
 
 class WeightsMismatchError(WeightsError):
     """A readable checkpoint whose tensors (names, shapes, dtypes) do not match the model."""
+
+
+class TtsError(MoshiError):
+    """Text-to-speech input that cannot be scheduled: a bad script, entry or step."""

@@ -1,1 +1,1 @@
-"""Kyutai's streaming text-to-speech."""
+"""Kyutai's streaming text-to-speech: text schedule, device step, voices, API and command."""

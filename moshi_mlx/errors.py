@@ -21,13 +21,9 @@ class AudioError(MoshiError):
     """An audio device, PortAudio or audio-file problem."""
 
 
-class TtsError(MoshiError):
-    """A text-to-speech request that cannot be run: a bad voice, script or option."""
-
-
 class WeightsMismatchError(WeightsError):
     """A readable checkpoint whose tensors (names, shapes, dtypes) do not match the model."""
 
 
 class TtsError(MoshiError):
-    """Text-to-speech input that cannot be scheduled: a bad script, entry or step."""
+    """A text-to-speech request that cannot be run: a bad voice, script, entry or option."""

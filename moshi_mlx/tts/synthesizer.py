@@ -1,0 +1,323 @@
+"""The text-to-speech API: load Kyutai's TTS once, then speak texts, in batches or as words
+arrive.
+
+    from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
+
+    model = TtsModel.load()  # kyutai/tts-1.6b-en_fr, or local files
+    [speech] = model.synthesize([TtsRequest("Hello there.", voices=("expresso/...",))])
+    speech.pcm  # float32 at 24 kHz; speech.words: (word, start seconds)
+
+    stream = model.stream(voice="expresso/...")  # words in as they come, 80 ms frames out
+    stream.push("Hello")  # more words at any time; close() after the last
+    for pcm in stream.frames():  # yields as soon as the model has spoken; None: waiting
+        ...
+
+Both run `TtsRun`: B requests in one batch, each with its own text schedule
+(`moshi_mlx.tts.machine`), voices and distilled-guidance value, stepped together by
+`TtsStepper` and decoded by one batched Mimi. Audio is cut as Kyutai's `TTSModel` cuts it:
+from `delay_steps + 2` frames on, `end_step` frames per request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.spec import lm_config_of
+from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.errors import ConfigError, TtsError
+from moshi_mlx.models.config import LmConfig
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.tokenizer import load_tokenizer
+from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
+from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
+from moshi_mlx.tts.voices import (
+    DEFAULT_VOICE,
+    DEFAULT_VOICE_REPO,
+    VOICE_TENSOR,
+    load_voice,
+    resolve_voice,
+    speaker_condition,
+)
+
+DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
+FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
+DEFAULT_CFG_COEF = 2.0  # Kyutai's default guidance, given as the "cfg" condition
+FINAL_PADDING = 4  # steps generated past the last word's audio (Kyutai's)
+SKIPPED_FRAMES = 2  # decoded but not played at the start of the audio (Kyutai's)
+
+
+@dataclass(frozen=True)
+class TtsRequest:
+    """One text to speak: `text` (words, `<break time="0.5s"/>` pauses; a list: turns of
+    alternating speakers, the first the main one), one to five voices (names in the voice repo
+    or `.safetensors` files), and the guidance strength `cfg_coef` (one of the config's "cfg"
+    values; None: none given)."""
+
+    text: str | Sequence[str]
+    voices: tuple[str | Path, ...] = (DEFAULT_VOICE,)
+    cfg_coef: float | None = DEFAULT_CFG_COEF
+
+
+@dataclass
+class Speech:
+    """A spoken request: `pcm` float32 at 24 kHz, `words` [(word, start seconds)], and
+    `complete`: False when the step budget ran out before the text's end."""
+
+    pcm: np.ndarray
+    words: list[tuple[str, float]] = field(default_factory=list)
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class TtsModel:
+    """Loaded TTS weights: the LM, the Mimi codec (all 32 codebooks), the tokenizer."""
+
+    lm: Lm
+    codec: Codec
+    tokenizer: object  # sentencepiece.SentencePieceProcessor
+    files: WeightFiles
+    voice_repo: str = DEFAULT_VOICE_REPO
+
+    @classmethod
+    def load(
+        cls,
+        hf_repo: str | None = None,
+        moshi_weight: str | Path | None = None,
+        mimi_weight: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        lm_config: str | Path | None = None,
+        voice_repo: str = DEFAULT_VOICE_REPO,
+        dtype: mx.Dtype | None = None,
+    ) -> TtsModel:
+        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
+        kyutai/tts-1.6b-en_fr, whose config.json names them) and load them."""
+        files = resolve_config_named(
+            hf_repo or DEFAULT_TTS_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        )
+        config = lm_config_of(files.moshi, files.lm_config)
+        if config.tts_config is None:
+            raise ConfigError(f"{files.lm_config} is not a text-to-speech config (no tts_config)")
+        lm = load_lm(files.moshi, config, dtype=dtype)
+        codec = load_codec(files.mimi, "mlx", num_codebooks=config.dep_q)
+        return cls(lm, codec, load_tokenizer(files.tokenizer), files, voice_repo)
+
+    @property
+    def config(self) -> LmConfig:
+        return self.lm.cfg
+
+    @property
+    def delay_steps(self) -> int:
+        """Steps the audio lags the text (Kyutai truncates `audio_delay * 12.5`)."""
+        return int(self.config.tts_config.audio_delay * FRAME_RATE)
+
+    @property
+    def token_ids(self) -> TokenIds:
+        return TokenIds(self.config.text_card + 1)
+
+    def entries(self, text: str | Sequence[str], padding_between: int = 1) -> list[Entry]:
+        """The words and pauses of `text` (or of its turns), as the schedule takes them."""
+        turns = [text] if isinstance(text, str) else list(text)
+        multi_speaker = bool(self.config.fuser.cross)
+        return script_to_entries(
+            self.tokenizer, self.token_ids, FRAME_RATE, turns, multi_speaker, padding_between
+        )
+
+    def schedule(self) -> TextSchedule:
+        """An empty text schedule for one stream (Kyutai's paddings: 8 at most, 2 first)."""
+        ahead = self.config.tts_config.second_stream_ahead
+        return TextSchedule(self.token_ids, second_stream_ahead=ahead)
+
+    def voice(self, voice: str | Path) -> mx.array:
+        """A voice's embedding (frames, dim), by name in the voice repo or as a file."""
+        spec = self.lm.condition_provider.conditioners[VOICE_TENSOR].spec
+        return load_voice(resolve_voice(voice, self.config, self.voice_repo), spec.dim)
+
+    def synthesize(
+        self,
+        requests: Sequence[TtsRequest],
+        sampling: TtsSampling | None = None,
+        seed: int | None = None,
+        max_steps: int = 30_000,
+    ) -> list[Speech]:
+        """Speak every request, in one batch."""
+        run = TtsRun(self, requests, sampling, seed)
+        for request, schedule in zip(requests, run.schedules):
+            schedule.push(self.entries(request.text))
+            schedule.close()
+        pcm: list[list[np.ndarray]] = [[] for _ in requests]
+        while not run.finished and run.step_index < max_steps:
+            for row, frame in enumerate(run.step()):
+                if frame is not None:
+                    pcm[row].append(frame)
+        return [
+            Speech(
+                np.concatenate(frames) if frames else np.zeros(0, np.float32),
+                run.words(row),
+                run.schedules[row].end_step is not None,
+            )
+            for row, frames in enumerate(pcm)
+        ]
+
+    def stream(
+        self,
+        voice: str | Path = DEFAULT_VOICE,
+        cfg_coef: float | None = DEFAULT_CFG_COEF,
+        sampling: TtsSampling | None = None,
+        seed: int | None = None,
+    ) -> TtsStream:
+        """A stream that speaks words pushed at any time (`TtsStream`)."""
+        return TtsStream(self, TtsRun(self, [TtsRequest("", (voice,), cfg_coef)], sampling, seed))
+
+
+def _condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:
+    """The summed conditions of a request: "control" ok, "cfg" the distilled guidance."""
+    values: dict[str, str | None] = {name: None for name in config.fuser.sum}
+    if "control" in values:
+        values["control"] = "ok"
+    if cfg_coef is not None:
+        if "cfg" not in values:
+            raise TtsError("this model was not trained with a guidance (cfg) condition")
+        values["cfg"] = format(cfg_coef, ".1f")
+    return values
+
+
+class TtsRun:
+    """B requests stepped together: each has a `TextSchedule` (push its words), and each
+    `step` returns, per request, an 80 ms frame of audio (float32 (1920,)) or None."""
+
+    def __init__(
+        self,
+        model: TtsModel,
+        requests: Sequence[TtsRequest],
+        sampling: TtsSampling | None = None,
+        seed: int | None = None,
+    ):
+        if not requests:
+            raise TtsError("nothing to speak: no request given")
+        self.model = model
+        lm = model.lm
+        voices = [[model.voice(v) for v in request.voices] for request in requests]
+        tensor, mask = speaker_condition(voices)
+        cross = lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
+        condition = lm.condition([_condition_values(lm.cfg, r.cfg_coef) for r in requests])
+        self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.stepper = TtsStepper(
+            lm, condition, cross, model.delay_steps, sampling or TtsSampling(), self.seed
+        )
+        self.schedules = [model.schedule() for _ in requests]
+        self._mimi = model.codec.model
+        self._mimi_state = self._mimi.make_state()
+        self._first_audio = model.delay_steps  # the first frame Mimi can decode
+
+    @property
+    def step_index(self) -> int:
+        return self.stepper.step_index
+
+    @property
+    def finished(self) -> bool:
+        """Kyutai's stop rule: every request's text ended, and its audio had its final
+        padding."""
+        step = self.stepper.step_index
+        delay = self.model.delay_steps
+        return all(s.done(step, delay, FINAL_PADDING) for s in self.schedules)
+
+    def step(self) -> list[np.ndarray | None]:
+        """One step for every request: its next 80 ms of audio, or None (none yet, or its
+        audio ended)."""
+        outcomes = [schedule.speculate() for schedule in self.schedules]
+        t = self.stepper.step_index
+        out = self.stepper.step([o.word for o in outcomes], [o.other for o in outcomes])
+        predicted = np.array(out.predicted).tolist()
+        for schedule, token in zip(self.schedules, predicted):
+            schedule.commit(t, token)
+        if not self.stepper.frame_ready:
+            return [None] * len(self.schedules)
+        frame_index = t - self.model.lm.cfg.max_delay  # the audio time this frame is
+        if frame_index < self._first_audio:
+            return [None] * len(self.schedules)
+        codes = out.frame[:, 1:, None].astype(mx.uint32)
+        pcm = np.array(self._mimi.decode_step(codes, self._mimi_state)[:, 0], np.float32)
+        played = frame_index - self._first_audio - SKIPPED_FRAMES
+        frames: list[np.ndarray | None] = []
+        for row, schedule in enumerate(self.schedules):
+            ended = schedule.end_step is not None and played >= schedule.end_step
+            frames.append(None if played < 0 or ended else np.clip(pcm[row], -1, 1))
+        return frames
+
+    def words(self, row: int) -> list[tuple[str, float]]:
+        """Request `row`'s words with the time (s) each starts in its audio."""
+        return [(word, step / FRAME_RATE) for word, step in self.schedules[row].transcript]
+
+
+def _last_word_end(text: str) -> int:
+    """Where the text's complete words end: at its last whitespace outside a `<break .../>`
+    tag (0 if none)."""
+    depth, end = 0, 0
+    for index, char in enumerate(text):
+        depth += (char == "<") - (char == ">")
+        if char.isspace() and depth == 0:
+            end = index
+    return end
+
+
+class TtsStream:
+    """Words in as they come, audio out as it is made (`TtsModel.stream`).
+
+    `push(text)` adds words (a fragment may end mid-sentence; words are split on spaces as
+    they arrive, the last one held until a space or `close` ends it), `close()` says the text
+    is complete, and `frames()` steps the model, yielding 80 ms of audio per step once speech
+    has started (None while the model waits for text it has not got), and ends after the
+    text's last word has been spoken.
+    """
+
+    def __init__(self, model: TtsModel, run: TtsRun):
+        self.model = model
+        self.run = run
+        self._schedule = run.schedules[0]
+        self._pending = ""  # the text after the last complete word
+        self._started = False  # the first word (which carries the speaker token) is in
+
+    def push(self, text: str) -> None:
+        """Add text; complete words enter the schedule at once."""
+        text = self._pending + text
+        cut = _last_word_end(text)
+        self._pending = text[cut:]
+        self._push_words(text[:cut])
+
+    def close(self) -> None:
+        """The text is complete."""
+        self._push_words(self._pending)
+        self._pending = ""
+        self._schedule.close()
+
+    def _push_words(self, text: str) -> None:
+        entries = self.model.entries(text) if text.strip() else []
+        if entries and self._started:  # the same turn goes on: no new speaker token
+            first = next(i for i, entry in enumerate(entries) if entry.tokens)
+            word = entries[first]
+            if word.tokens[0] == self.model.token_ids.main:
+                padding = max(0, word.padding - 1)
+                entries[first] = Entry(word.tokens[1:], word.text, padding)
+        self._started = self._started or any(entry.tokens for entry in entries)
+        self._schedule.push(entries)
+
+    @property
+    def words(self) -> list[tuple[str, float]]:
+        """The words spoken so far, with the time (s) each starts."""
+        return self.run.words(0)
+
+    def frames(self) -> Iterator[np.ndarray | None]:
+        """Step until the text is closed and spoken: 80 ms of audio per step once it plays,
+        None while waiting."""
+        while not self.run.finished:
+            frame = self.run.step()[0]
+            if frame is not None or self._schedule.waiting:
+                yield frame

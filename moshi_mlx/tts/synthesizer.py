@@ -189,6 +189,17 @@ def _condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str
     return values
 
 
+@dataclass(frozen=True)
+class TtsTokens:
+    """One step's tokens: per request the text token the model `predicted` and the one `fed`
+    back (the schedule's), and the `frame` (B, 1 + dep_q) of the step `max_delay` back (text
+    then codebooks, -1: no audio yet), None for the first `max_delay` steps."""
+
+    predicted: list[int]
+    fed: list[int]
+    frame: mx.array | None
+
+
 class TtsRun:
     """B requests stepped together: each has a `TextSchedule` (push its words), and each
     `step` returns, per request, an 80 ms frame of audio (float32 (1920,)) or None."""
@@ -213,8 +224,7 @@ class TtsRun:
             lm, condition, cross, model.delay_steps, sampling or TtsSampling(), self.seed
         )
         self.schedules = [model.schedule() for _ in requests]
-        self._mimi = model.codec.model
-        self._mimi_state = self._mimi.make_state()
+        self._mimi_state = None  # made at the first frame decoded
         self._first_audio = model.delay_steps  # the first frame Mimi can decode
 
     @property
@@ -229,22 +239,27 @@ class TtsRun:
         delay = self.model.delay_steps
         return all(s.done(step, delay, FINAL_PADDING) for s in self.schedules)
 
-    def step(self) -> list[np.ndarray | None]:
-        """One step for every request: its next 80 ms of audio, or None (none yet, or its
-        audio ended)."""
+    def step_tokens(self) -> TtsTokens:
+        """One step of the LM for every request, its schedule updated; no audio decoded."""
         outcomes = [schedule.speculate() for schedule in self.schedules]
         t = self.stepper.step_index
         out = self.stepper.step([o.word for o in outcomes], [o.other for o in outcomes])
         predicted = np.array(out.predicted).tolist()
-        for schedule, token in zip(self.schedules, predicted):
-            schedule.commit(t, token)
-        if not self.stepper.frame_ready:
+        fed = [s.commit(t, token) for s, token in zip(self.schedules, predicted)]
+        return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
+
+    def step(self) -> list[np.ndarray | None]:
+        """One step for every request: its next 80 ms of audio, or None (none yet, or its
+        audio ended)."""
+        t = self.stepper.step_index
+        tokens = self.step_tokens()
+        frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
+        if tokens.frame is None or frame_index < self._first_audio:
             return [None] * len(self.schedules)
-        frame_index = t - self.model.lm.cfg.max_delay  # the audio time this frame is
-        if frame_index < self._first_audio:
-            return [None] * len(self.schedules)
-        codes = out.frame[:, 1:, None].astype(mx.uint32)
-        pcm = np.array(self._mimi.decode_step(codes, self._mimi_state)[:, 0], np.float32)
+        codes = tokens.frame[:, 1:, None].astype(mx.uint32)
+        mimi = self.model.codec.model
+        self._mimi_state = self._mimi_state or mimi.make_state()
+        pcm = np.array(mimi.decode_step(codes, self._mimi_state)[:, 0], np.float32)
         played = frame_index - self._first_audio - SKIPPED_FRAMES
         frames: list[np.ndarray | None] = []
         for row, schedule in enumerate(self.schedules):

@@ -168,13 +168,16 @@ class TtsModel:
 
     def stream(
         self,
-        voice: str | Path = DEFAULT_VOICE,
+        voice: str | Path | Sequence[str | Path] = DEFAULT_VOICE,
         cfg_coef: float | None = DEFAULT_CFG_COEF,
         sampling: TtsSampling | None = None,
         seed: int | None = None,
     ) -> TtsStream:
-        """A stream that speaks words pushed at any time (`TtsStream`)."""
-        return TtsStream(self, TtsRun(self, [TtsRequest("", (voice,), cfg_coef)], sampling, seed))
+        """A stream that speaks words pushed at any time (`TtsStream`), in `voice` (or the
+        voices of several speakers)."""
+        voices = (voice,) if isinstance(voice, str | Path) else tuple(voice)
+        request = TtsRequest("", voices, cfg_coef)
+        return TtsStream(self, TtsRun(self, [request], sampling, seed))
 
 
 def _condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:

@@ -71,10 +71,11 @@ depformer dim 32 with 6 weight sets over the 8 codebooks; audio delay 0.32 s = 4
   tiny random MimiModel (only its frame_rate 12.5 is used), the tokenizer,
   StateMachine(TokenIds(101), second_stream_ahead=2, max_padding=8, initial_padding=2),
   delay_steps 4, temp 0 (LMGen's `sample_token` takes the argmax when temp is 0: checked
-  against the recorded logits), cfg_coef 1.0, n_q 8, final_padding 4, max_gen_length 400):
+  against the recorded logits), cfg_coef 1.0, n_q 8, final_padding 4, max_gen_length 2000):
   - "settings": those settings,
   - "runs": "batch" (2 rows: the TEXTS with voices alice / bob and cfg 2.0 / 1.5) and
-    "padding_bonus" (1 row: SHORT_TEXT, alice, cfg 2.0, padding_bonus 1.5); each run has
+    "padding_bonus" (1 row: SHORT_TEXT, alice, cfg 2.0, padding_bonus 1.5) and "long" (1 row:
+    LONG_TEXT, all the sentences, bob, cfg 2.0: dozens of contexts); each run has
     "padding_bonus", "steps" (the number of `LMGen.step` calls) and "rows", each row with
     "text", "voice", "cfg", "entries" (`prepare_script([text], padding_between=1)`: tokens,
     text, padding), "logged_text_tokens" ([predicted, fed] per step: the argmax text token and
@@ -229,6 +230,7 @@ TEXTS = [
     ),
 ]
 SHORT_TEXT = "Good morning to you all."
+# Long enough to slide the 16-step attention window dozens of times.
 SENTENCES = [
     "Hello there, how are you today? I hope the weather is nice.",
     "The quick brown fox jumps over the lazy dog while we talk about the weather.",
@@ -260,9 +262,12 @@ GENERATION = {
     "cfg_coef": 1.0,
     "n_q": 8,
     "final_padding": 4,
-    "max_gen_length": 400,
+    "max_gen_length": 2000,
     "padding_between": 1,
 }
+
+
+LONG_TEXT = " ".join(SENTENCES)
 
 
 def lm_kwargs(config: dict) -> dict:
@@ -566,9 +571,11 @@ def main() -> None:
     np.savez_compressed(OUT / "golden_forced.npz", **forced)
     batch = run_generate(model, tokenizer, TEXTS, voices, list(CFGS), 0.0)
     bonus = run_generate(model, tokenizer, [SHORT_TEXT], voices[:1], list(CFGS[:1]), 1.5)
-    golden = {"settings": GENERATION, "runs": {"batch": batch, "padding_bonus": bonus}}
+    long = run_generate(model, tokenizer, [LONG_TEXT], voices[1:], list(CFGS[:1]), 0.0)
+    runs = {"batch": batch, "padding_bonus": bonus, "long": long}
+    golden = {"settings": GENERATION, "runs": runs}
     (OUT / "golden_generate.json").write_text(dump_json(golden))
-    for run in (batch, bonus):
+    for run in (batch, bonus, long):
         for row in run["rows"]:
             decisions = "".join(
                 "w" if p == 0 else "p" if p == 3 else "." for p, _ in row["logged_text_tokens"]

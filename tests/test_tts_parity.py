@@ -1,0 +1,133 @@
+"""Kyutai's TTS against its PyTorch reference (`moshi` 0.2.13, `moshi.models.tts`), on the tiny
+random checkpoint of scripts/make_tts_fixtures.py in the published layout, float32: the
+conditions, the teacher-forced logits past the context, and greedy generation (the text
+schedule's decisions, the fed tokens and every frame) for batched multi-word requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.tokenizer import load_tokenizer
+from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tts"
+VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    return load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
+
+
+@pytest.fixture(scope="module")
+def forced():
+    return dict(np.load(FIXTURES / "golden_forced.npz"))
+
+
+def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+
+
+def _conditions(lm):
+    voices = [[load_voice(VOICES[name], 16)] for name in ("alice", "bob")]
+    tensor, mask = speaker_condition(voices)
+    condition = lm.condition([{"control": "ok", "cfg": "2.0"}, {"control": "ok", "cfg": "1.5"}])
+    return condition, {VOICE_TENSOR: (tensor, mask)}
+
+
+def test_the_conditions_equal_the_reference(lm, forced):
+    condition, tensors = _conditions(lm)
+    source = lm.condition_provider.cross_source(tensors)
+    assert _relative(np.array(condition), forced["sum_cond"][:, 0]) < 1e-6
+    assert _relative(np.array(source), forced["cross_src"]) < 1e-6
+
+
+def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
+    cfg = lm.cfg
+    codes, steps = forced["codes"], forced["codes"].shape[-1]
+    assert steps > 2 * cfg.context
+    # The delayed sequence one step longer than the inputs: position t + 1 is what the
+    # depformer reads beside the transformer's output at t.
+    delayed = np.empty(codes.shape[:2] + (steps + 1,), np.int64)
+    for k, delay in enumerate(cfg.delays):
+        for t in range(steps + 1):
+            source = t - 1 - delay
+            delayed[:, k, t] = cfg.start_tokens[k] if source < 0 else codes[:, k, source]
+    np.testing.assert_array_equal(delayed[..., :steps], forced["input_sequence"])
+    condition, tensors = _conditions(lm)
+    cross = lm.cross_keys_values(tensors)
+    ring = lm.make_ring(batch=2)
+    caches = lm.depformer.make_caches()
+    text_logits, audio_logits = [], []
+    for t in range(steps):
+        ring = ring.grown(t)
+        inputs = mx.array(delayed[:, :, t : t + 1], mx.int32)
+        out, text = lm.step_text(inputs, ring, condition, cross)
+        ring = ring.advanced()
+        previous = mx.array(delayed[:, : cfg.dep_q, t + 1], mx.int32)
+        audio = lm.depformer.logits(out[:, None], previous, caches)
+        mx.eval(text, audio, ring.keys, ring.values)
+        text_logits.append(np.array(text))
+        audio_logits.append(np.array(audio))
+    text_logits = np.stack(text_logits, axis=1)  # (B, T, text_card)
+    raw_audio = np.stack(audio_logits, axis=2)  # (B, dep_q, T, card), delayed
+    assert _relative(text_logits, forced["text_logits"]) < 1e-4
+    audio = np.full_like(forced["audio_logits"], np.nan)
+    for q in range(cfg.dep_q):
+        delay = cfg.delays[q + 1]
+        audio[:, q, : steps - delay] = raw_audio[:, q, delay:]
+    valid = ~np.isnan(forced["audio_logits"])
+    np.testing.assert_array_equal(valid, ~np.isnan(audio))
+    assert _relative(audio[valid], forced["audio_logits"][valid]) < 1e-4
+
+
+def _model(lm) -> TtsModel:
+    files = None  # not loaded from a repo: only what generation uses
+    return TtsModel(
+        lm, codec=None, tokenizer=load_tokenizer(FIXTURES / "tokenizer.model"), files=files
+    )
+
+
+@pytest.mark.parametrize("run_name", ["batch", "padding_bonus", "long"])
+def test_greedy_generation_equals_the_reference_step_for_step(lm, run_name):
+    golden = json.loads((FIXTURES / "golden_generate.json").read_text())
+    run_golden = golden["runs"][run_name]
+    model = _model(lm)
+    requests = [
+        TtsRequest(row["text"], (VOICES[row["voice"]],), row["cfg"]) for row in run_golden["rows"]
+    ]
+    sampling = TtsSampling(temp=0.0, padding_bonus=run_golden["padding_bonus"])
+    run = TtsRun(model, requests, sampling)
+    for row, schedule in zip(run_golden["rows"], run.schedules):
+        entries = model.entries(row["text"])
+        assert [(list(e.tokens), e.text, e.padding) for e in entries] == [
+            (e["tokens"], e["text"], e["padding"]) for e in row["entries"]
+        ]
+        schedule.push(entries)
+        schedule.close()
+    logged = [[] for _ in requests]
+    frames = [[] for _ in requests]
+    while not run.finished:
+        tokens = run.step_tokens()
+        for b in range(len(requests)):
+            logged[b].append([tokens.predicted[b], tokens.fed[b]])
+            if tokens.frame is not None:
+                frames[b].append(np.array(tokens.frame[b]).tolist())
+    assert run.step_index == run_golden["steps"] > 3 * lm.cfg.context
+    for b, row in enumerate(run_golden["rows"]):
+        assert logged[b] == row["logged_text_tokens"]
+        assert frames[b] == row["frames"]
+        schedule = run.schedules[b]
+        assert schedule.end_step == row["end_step"]
+        assert schedule.consumption_times == row["consumption_times"]
+        assert [list(w) for w in schedule.transcript] == row["transcript"]

@@ -52,10 +52,11 @@ def test_the_conditions_equal_the_reference(lm, forced):
     assert _relative(np.array(source), forced["cross_src"]) < 1e-6
 
 
-def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
+def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
+    """Text logits (B, T, text_card) and audio logits (B, dep_q, T, card) (NaN where the
+    reference masks them) of `lm` teacher-forced on the golden codes, step by step."""
     cfg = lm.cfg
     codes, steps = forced["codes"], forced["codes"].shape[-1]
-    assert steps > 2 * cfg.context
     # The delayed sequence one step longer than the inputs: position t + 1 is what the
     # depformer reads beside the transformer's output at t.
     delayed = np.empty(codes.shape[:2] + (steps + 1,), np.int64)
@@ -77,15 +78,20 @@ def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
         previous = mx.array(delayed[:, : cfg.dep_q, t + 1], mx.int32)
         audio = lm.depformer.logits(out[:, None], previous, caches)
         mx.eval(text, audio, ring.keys, ring.values)
-        text_logits.append(np.array(text))
-        audio_logits.append(np.array(audio))
-    text_logits = np.stack(text_logits, axis=1)  # (B, T, text_card)
+        text_logits.append(np.array(text.astype(mx.float32)))
+        audio_logits.append(np.array(audio.astype(mx.float32)))
     raw_audio = np.stack(audio_logits, axis=2)  # (B, dep_q, T, card), delayed
-    assert _relative(text_logits, forced["text_logits"]) < 1e-4
     audio = np.full_like(forced["audio_logits"], np.nan)
     for q in range(cfg.dep_q):
         delay = cfg.delays[q + 1]
         audio[:, q, : steps - delay] = raw_audio[:, q, delay:]
+    return np.stack(text_logits, axis=1), audio
+
+
+def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
+    assert forced["codes"].shape[-1] > 2 * lm.cfg.context
+    text, audio = _forced_logits(lm, forced)
+    assert _relative(text, forced["text_logits"]) < 1e-4
     valid = ~np.isnan(forced["audio_logits"])
     np.testing.assert_array_equal(valid, ~np.isnan(audio))
     assert _relative(audio[valid], forced["audio_logits"][valid]) < 1e-4
@@ -131,3 +137,32 @@ def test_greedy_generation_equals_the_reference_step_for_step(lm, run_name):
         assert schedule.end_step == row["end_step"]
         assert schedule.consumption_times == row["consumption_times"]
         assert [list(w) for w in schedule.transcript] == row["transcript"]
+
+
+@pytest.mark.parametrize(("bits", "tolerance"), [(8, 0.03), (4, 0.25)])
+def test_a_quantized_tts_loads_strictly_and_tracks_the_float_model(
+    lm, forced, tmp_path, bits, tolerance
+):
+    from safetensors import safe_open
+
+    from moshi_mlx.checkpoints.quantize import quantize_checkpoint
+
+    output = tmp_path / f"tts.q{bits}.safetensors"
+    quantize_checkpoint(FIXTURES / "weights.safetensors", output, bits, 32, config=lm.cfg)
+    with safe_open(str(output), "numpy") as file:
+        names = set(file.keys())
+    # Kyutai's MLX naming, every depformer slice listed; the two-stream text table quantized.
+    slice_7 = "depformer.slices.7.transformer.layers.1.gating.linear_in.scales"
+    assert {"text_emb.scales", slice_7} <= names
+    quantized = load_lm(output, lm.cfg, dtype=mx.float32)
+    assert quantized.text_emb.quantization == (32, bits, "affine")
+    slices = quantized.depformer.slices
+    assert slices[5].transformer is slices[4].transformer  # one copy per weight set
+    text, audio = _forced_logits(quantized, forced)
+    valid = ~np.isnan(forced["audio_logits"])
+    errors = (
+        _relative(text, forced["text_logits"]),
+        _relative(audio[valid], forced["audio_logits"][valid]),
+    )
+    print(f"q{bits} relative logit error: text {errors[0]:.4f}, audio {errors[1]:.4f}")
+    assert max(errors) < tolerance, errors

@@ -40,6 +40,7 @@ from moshi_mlx.checkpoints.spec import (
 )
 from moshi_mlx.errors import WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.modules.embeddings import TokenEmbedding
 
 _QUANTIZABLE = (nn.Linear, nn.Embedding)
 log = logging.getLogger("moshi_mlx.checkpoints")
@@ -70,6 +71,17 @@ def quantize_lm(model: Lm, bits: int, group_size: int | None = None) -> None:
         return isinstance(module, _QUANTIZABLE) and is_quantized(module.weight.shape, group_size)
 
     nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantized)
+    _quantize_tables(
+        model, group_size, bits, lambda _, table: is_quantized(table.weight.shape, group_size)
+    )
+
+
+def _quantize_tables(model: Lm, group_size: int, bits: int, chosen) -> None:
+    """Quantize the low-rank and two-stream embedding tables (`TokenEmbedding`, which hold
+    linears, so `nn.quantize` does not reach them) that `chosen(path, module)` picks."""
+    for path, module in model.named_modules():
+        if isinstance(module, TokenEmbedding) and chosen(path, module):
+            module.quantize_table(group_size, bits)
 
 
 def _resolve_file(path: str | Path) -> Path:
@@ -272,6 +284,7 @@ def lm_from_tensors(
             return isinstance(module, _QUANTIZABLE) and f"{prefix}.scales" in tensors
 
         nn.quantize(model, group_size=group_size, bits=bits, class_predicate=in_file)
+        _quantize_tables(model, group_size, bits, lambda path, _: f"{path}.scales" in tensors)
     load_strict(model, tensors, source, dtype=dtype)
     if mx.default_device().type == mx.DeviceType.cpu:
         _store_input_major(model)

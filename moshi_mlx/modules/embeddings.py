@@ -6,7 +6,8 @@ token that packs two, `(second + 1) * rows + first` (second -1: none), looks bot
 one table and sums their projections `out1(first) + out2(second)`: the TTS's text stream
 carries the word being spoken and a word ahead. Parameter names equal Kyutai's
 (`weight`, `low_rank.weight`, `out1.weight`, `out2.weight`). Token -1 ("no input") is zeroed
-by the caller (`moshi_mlx.models.depformer.embed`).
+by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
+`nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
 """
 
 from __future__ import annotations
@@ -29,16 +30,37 @@ class TokenEmbedding(nn.Module):
         if demux:
             self.out1 = nn.Linear(low_rank or dim, dim, bias=False)
             self.out2 = nn.Linear(low_rank or dim, dim, bias=False)
+        self.quantization: tuple[int, int, str] | None = None  # group size, bits, mode
+
+    def quantize_table(self, group_size: int, bits: int, mode: str = "affine") -> None:
+        """Quantize the table in place (its linears are quantized as Linears)."""
+        self.weight, self.scales, self.biases = mx.quantize(
+            self.weight, group_size=group_size, bits=bits, mode=mode
+        )
+        self.quantization = (group_size, bits, mode)
+
+    def _rows(self, tokens: mx.array) -> mx.array:
+        if self.quantization is None:
+            return self.weight[tokens]
+        group_size, bits, mode = self.quantization
+        return mx.dequantize(
+            self.weight[tokens],
+            self.scales[tokens],
+            self.biases[tokens],
+            group_size=group_size,
+            bits=bits,
+            mode=mode,
+        )
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """tokens (...) >= 0 -> vectors (..., dim)."""
         if not self.demux:
-            vectors = self.weight[tokens]
+            vectors = self._rows(tokens)
             return self.low_rank(vectors) if "low_rank" in self else vectors
         first = tokens % self.rows
         second = tokens // self.rows - 1
-        ahead = self.out2(self.weight[mx.maximum(second, 0)])
-        return self.out1(self.weight[first]) + mx.where((second < 0)[..., None], 0, ahead)
+        ahead = self.out2(self._rows(mx.maximum(second, 0)))
+        return self.out1(self._rows(first)) + mx.where((second < 0)[..., None], 0, ahead)
 
 
 def make_embedding(

@@ -17,7 +17,7 @@ from moshi_mlx.checkpoints.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
 from moshi_mlx.cli import run_cli
-from moshi_mlx.errors import WeightsMismatchError
+from moshi_mlx.errors import MoshiError, WeightsMismatchError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     config = lm_config_of(args.input, args.config or config_in(args.input.parent))
+    if args.check and config.model_type == "tts":
+        raise MoshiError(
+            "--check replays Moshi-style generation, which a text-to-speech model cannot run "
+            "without text and voices; convert without --check (the error report compares the "
+            "weights)"
+        )
     if args.check:  # a config that does not fit the weights is found before converting
         try:
             check_source(args.input, config)

@@ -138,8 +138,10 @@ def detect_quantization(
 
 
 def parameter_count(model: nn.Module) -> int:
-    """How many values the model's parameters hold (a lazily built model allocates nothing)."""
-    return sum(p.size for _, p in tree_flatten(model.parameters()))
+    """How many values the model's parameters hold (a lazily built model allocates nothing);
+    modules shared by several names (a depformer's scheduled weights) count once."""
+    unique = {id(p): p for _, p in tree_flatten(model.parameters())}
+    return sum(p.size for p in unique.values())
 
 
 def compute_dtype(num_parameters: int, quantized: bool) -> mx.Dtype:

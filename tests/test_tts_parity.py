@@ -166,3 +166,20 @@ def test_a_quantized_tts_loads_strictly_and_tracks_the_float_model(
     )
     print(f"q{bits} relative logit error: text {errors[0]:.4f}, audio {errors[1]:.4f}")
     assert max(errors) < tolerance, errors
+
+
+def test_the_model_has_kyutais_mlx_names_and_loads_its_mlx_naming(lm, forced, tmp_path):
+    from mlx.utils import tree_flatten
+
+    from moshi_mlx.checkpoints.quantize import quantize_checkpoint
+
+    manifest = Path(__file__).parent / "manifests" / "tts_tiny_mlx_names.tsv"
+    rows = [line.split("\t") for line in manifest.read_text().splitlines()[1:]]
+    kyutai = {name: tuple(int(d) for d in shape.split(",")) for name, shape in rows}
+    ours = {name: tuple(p.shape) for name, p in tree_flatten(lm.parameters())}
+    assert ours == kyutai
+    mlx_named = tmp_path / "tts.safetensors"
+    quantize_checkpoint(FIXTURES / "weights.safetensors", mlx_named, 16, config=lm.cfg)
+    reloaded = load_lm(mlx_named, lm.cfg, dtype=mx.float32)
+    text, _ = _forced_logits(reloaded, forced)
+    assert _relative(text, forced["text_logits"]) < 1e-4

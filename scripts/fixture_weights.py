@@ -1,8 +1,33 @@
-"""Random weights of the reference fixture scripts' PyTorch models (run in their venvs)."""
+"""The reference fixture scripts' PyTorch models: their kwargs from a config.json and their
+random weights (run in the scripts' venvs)."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+# Keys that Kyutai's CheckpointInfo.from_hf_repo pops before the rest become LMModel kwargs.
+CHECKPOINT_KEYS = (
+    "moshi_name",
+    "mimi_name",
+    "mimi_config_name",
+    "tokenizer_name",
+    "lora_name",
+    "model_type",
+    "lm_gen_config",
+    "tts_config",
+    "stt_config",
+    "model_id",
+)
+
+
+def lm_kwargs(config: dict) -> dict:
+    """The LMModel kwargs of a config.json, as CheckpointInfo.from_hf_repo leaves them."""
+    kwargs = copy.deepcopy(config)  # get_conditioner writes into the conditioner dicts
+    for key in CHECKPOINT_KEYS:
+        kwargs.pop(key, None)
+    return kwargs
 
 
 def round_to_bf16(model: torch.nn.Module) -> torch.nn.Module:

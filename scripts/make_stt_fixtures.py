@@ -63,7 +63,6 @@ parameter of Kyutai's moshi_mlx 0.3.0 `Lm(LmConfig.from_config_dict(config.json)
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -73,7 +72,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import round_to_bf16
+from fixture_weights import lm_kwargs, round_to_bf16
 from moshi.conditioners import ConditionAttributes
 from moshi.models import loaders
 from moshi.models.lm import LMGen, LMModel
@@ -83,20 +82,6 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MANIFESTS = ROOT / "tests" / "manifests"
 KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
-
-# Keys that Kyutai's CheckpointInfo.from_hf_repo pops before the rest become LMModel kwargs.
-CHECKPOINT_KEYS = (
-    "moshi_name",
-    "mimi_name",
-    "mimi_config_name",
-    "tokenizer_name",
-    "lora_name",
-    "model_type",
-    "lm_gen_config",
-    "tts_config",
-    "stt_config",
-    "model_id",
-)
 
 # Published STT structure (kyutai/stt-1b-en_fr-candle) at tiny sizes.
 STT_CONFIG = {
@@ -203,14 +188,6 @@ def train_tokenizer() -> bytes:
     return train_bpe_tokenizer(
         SENTENCES, STT_CONFIG["text_card"], STT_CONFIG["existing_text_padding_id"]
     )
-
-
-def lm_kwargs(config: dict) -> dict:
-    """The LMModel kwargs of a config.json, as CheckpointInfo.from_hf_repo leaves them."""
-    kwargs = copy.deepcopy(config)  # get_conditioner writes into the conditioner dicts
-    for key in CHECKPOINT_KEYS:
-        kwargs.pop(key, None)
-    return kwargs
 
 
 def build_lm(config: dict, seed: int, boosted: tuple[int, ...]) -> LMModel:

@@ -109,7 +109,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import round_to_bf16
+from fixture_weights import lm_kwargs, round_to_bf16
 from moshi.models import loaders
 from moshi.models.lm import LMModel
 from moshi.models.tts import DEFAULT_DSM_TTS_VOICE_REPO, StateMachine, TokenIds, TTSModel
@@ -120,20 +120,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "tts"
 MANIFEST = ROOT / "tests" / "manifests" / "tts_tiny_mlx_names.tsv"
 KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
-
-# Keys that Kyutai's CheckpointInfo.from_hf_repo pops before the rest become LMModel kwargs.
-CHECKPOINT_KEYS = (
-    "moshi_name",
-    "mimi_name",
-    "mimi_config_name",
-    "tokenizer_name",
-    "lora_name",
-    "model_type",
-    "lm_gen_config",
-    "tts_config",
-    "stt_config",
-    "model_id",
-)
 
 # Published TTS structure (kyutai/tts-1.6b-en_fr) at tiny sizes.
 TTS_CONFIG = {
@@ -268,14 +254,6 @@ GENERATION = {
 
 
 LONG_TEXT = " ".join(SENTENCES)
-
-
-def lm_kwargs(config: dict) -> dict:
-    """The LMModel kwargs of a config.json, as CheckpointInfo.from_hf_repo leaves them."""
-    kwargs = copy.deepcopy(config)  # get_conditioner writes into the conditioner dicts
-    for key in CHECKPOINT_KEYS:
-        kwargs.pop(key, None)
-    return kwargs
 
 
 def build_lm() -> LMModel:

@@ -318,13 +318,13 @@ class TtsStream:
 
     def _push_words(self, text: str) -> None:
         entries = self.model.entries(text) if text.strip() else []
-        if entries and self._started:  # the same turn goes on: no new speaker token
-            first = next(i for i, entry in enumerate(entries) if entry.tokens)
+        first = next((i for i, entry in enumerate(entries) if entry.tokens), None)
+        if self._started and first is not None:  # the same turn goes on: no speaker token
             word = entries[first]
             if word.tokens[0] == self.model.token_ids.main:
                 padding = max(0, word.padding - 1)
                 entries[first] = Entry(word.tokens[1:], word.text, padding)
-        self._started = self._started or any(entry.tokens for entry in entries)
+        self._started = self._started or first is not None
         self._schedule.push(entries)
 
     @property

@@ -275,14 +275,23 @@ class TtsRun:
         return [(word, step / FRAME_RATE) for word, step in self.schedules[row].transcript]
 
 
+_BREAK_OPENING = "<break"
+
+
 def _last_word_end(text: str) -> int:
     """Where the text's complete words end: at its last whitespace outside a `<break .../>`
-    tag (0 if none)."""
-    depth, end = 0, 0
-    for index, char in enumerate(text):
-        depth += (char == "<") - (char == ">")
-        if char.isspace() and depth == 0:
+    tag, and before a tag that is not closed yet (0 if none). Other `<` and `>` are text."""
+    end, index = 0, 0
+    while index < len(text):
+        char = text[index]
+        if char == "<" and _BREAK_OPENING.startswith(text[index : index + len(_BREAK_OPENING)]):
+            close = text.find(">", index)
+            if close < 0:  # the tag's end has not come yet
+                return end
+            index = close
+        elif char.isspace():
             end = index
+        index += 1
     return end
 
 

@@ -271,8 +271,11 @@ class TtsRun:
         return frames
 
     def words(self, row: int) -> list[tuple[str, float]]:
-        """Request `row`'s words with the time (s) each starts in its audio."""
-        return [(word, step / FRAME_RATE) for word, step in self.schedules[row].transcript]
+        """Request `row`'s words with the time (s) each starts in its audio. A word taken at
+        text step s is heard `delay_steps` frames later, and the audio `step` returns starts
+        at frame `delay_steps + SKIPPED_FRAMES`: at s - SKIPPED_FRAMES in it."""
+        transcript = self.schedules[row].transcript
+        return [(word, (step - SKIPPED_FRAMES) / FRAME_RATE) for word, step in transcript]
 
 
 _BREAK_OPENING = "<break"

@@ -58,15 +58,16 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
 
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:  # TypeError: bf16
         raise TtsError(f"voice file {path} is not a readable safetensors file: {exc}") from None
     if VOICE_TENSOR not in tensors:
         raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
     embedding = tensors[VOICE_TENSOR]
-    if embedding.ndim != 3 or embedding.shape[0] != 1 or embedding.shape[1] != dim:
+    shape = embedding.shape
+    if embedding.ndim != 3 or shape[0] != 1 or shape[1] != dim or shape[2] < 1:
         raise TtsError(
-            f"voice file {path}: {VOICE_TENSOR} has shape {list(embedding.shape)}, this model "
-            f"needs [1, {dim}, frames]"
+            f"voice file {path}: {VOICE_TENSOR} has shape {list(shape)}, this model "
+            f"needs [1, {dim}, frames] with at least one frame"
         )
     if not np.issubdtype(embedding.dtype, np.floating) or not np.isfinite(embedding).all():
         raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")

@@ -110,15 +110,18 @@ def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
         try:
             data = json.loads(line)
             turns, name = data["turns"], str(data["id"])
-            voices = tuple(data.get("voices") or (DEFAULT_VOICE,))
-            if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-                raise TypeError("turns must be a list of strings")
+            voices = data.get("voices") or [DEFAULT_VOICE]
+            for key, value in (("turns", turns), ("voices", voices)):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise TypeError(f"{key} must be a list of strings")
             cfg_coef = float(data.get("cfg_coef", DEFAULT_CFG_COEF))
         except (ValueError, KeyError, TypeError) as exc:
             raise TtsError(f"{path}:{number}: not a request ({type(exc).__name__}: {exc})")
         if not name or Path(name).name != name or name.startswith("."):
             raise TtsError(f"{path}:{number}: id {name!r} is not a plain file name")
-        requests.append((name, TtsRequest(turns, voices, cfg_coef)))
+        if any(name == earlier for earlier, _ in requests):
+            raise TtsError(f"{path}:{number}: id {name!r} is given twice")
+        requests.append((name, TtsRequest(turns, tuple(voices), cfg_coef)))
     if not requests:
         raise TtsError(f"{path} holds no request")
     return requests

@@ -77,12 +77,13 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
 def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.array]:
     """Each batch row's voices ((frames, dim) each, 1 to `MAX_SPEAKERS`) as the tensor
     condition (B, MAX_SPEAKERS * frames, dim) and its mask (B, MAX_SPEAKERS * frames)."""
+    for voices in rows:
+        if not 1 <= len(voices) <= MAX_SPEAKERS:
+            raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
     frames = max(voice.shape[0] for voices in rows for voice in voices)
     dim = rows[0][0].shape[1]
     tensors, masks = [], []
     for voices in rows:
-        if not 1 <= len(voices) <= MAX_SPEAKERS:
-            raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
         slots = np.zeros((MAX_SPEAKERS, frames, dim), np.float32)
         mask = np.zeros((MAX_SPEAKERS, frames), bool)
         for slot, voice in enumerate(voices):

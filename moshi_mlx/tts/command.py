@@ -205,7 +205,8 @@ class _Speaker:
     def finish(self) -> None:
         while len(self.ring):
             time.sleep(0.02)
-        time.sleep(0.1)
+        # The last frame has left the ring, not the speakers: stopping sooner cuts it off.
+        time.sleep(self.stream.latency + 2 * FRAME_SIZE / SAMPLE_RATE)
         self.stream.stop()
         self.stream.close()
 

@@ -78,10 +78,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--tokenizer", metavar="FILE", help="the SentencePiece text tokenizer")
     model.add_argument("--lm-config", metavar="FILE", help="the model's config.json")
     args = parser.parse_args(argv)
+    if args.list_devices:
+        return args
     inputs = [args.text is not None, args.text_file is not None, args.jsonl is not None]
     if sum(inputs) != 1:
         parser.error("give exactly one of TEXT, --text-file or --jsonl")
-    if args.jsonl is None and not (args.out or args.play) and not args.list_devices:
+    if args.jsonl is None and not (args.out or args.play):
         parser.error("say where the speech goes: -o WAV and/or --play")
     if args.jsonl is not None and (args.out or args.play):
         parser.error("--jsonl writes into --out-folder; -o and --play are for one text")

@@ -237,10 +237,13 @@ def test_bad_texts_and_voices_are_refused_in_one_line(env, tmp_path):
     pulseaudio_missing_reason() is not None, reason=str(pulseaudio_missing_reason())
 )
 def test_play_reaches_the_speaker(env, spoken, tmp_path):
-    """--play (with -o, same seed) through a null sink: the command ends once the speech is
-    played, and the sink's monitor heard every frame of the wav, the last one included."""
+    """--list-devices shows the server's device; --play (with -o, same seed) through a null
+    sink: the command ends once the speech is played, and the sink's monitor heard every
+    frame of the wav, the last one included."""
     pcm, _ = spoken
     with PulseServer(tmp_path / "pulse") as pulse:
+        listing = _ok(_tts({**env, **pulse.env()}, "--list-devices"))
+        assert "idx  in  out  name" in listing.stdout and "pulse" in listing.stdout
         recording = tmp_path / "speaker.raw"
         pulse.start_recording(recording)
         out = tmp_path / "played.wav"

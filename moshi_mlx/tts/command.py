@@ -78,10 +78,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--tokenizer", metavar="FILE", help="the SentencePiece text tokenizer")
     model.add_argument("--lm-config", metavar="FILE", help="the model's config.json")
     args = parser.parse_args(argv)
+    if args.list_devices:
+        return args
     inputs = [args.text is not None, args.text_file is not None, args.jsonl is not None]
     if sum(inputs) != 1:
         parser.error("give exactly one of TEXT, --text-file or --jsonl")
-    if args.jsonl is None and not (args.out or args.play) and not args.list_devices:
+    if args.jsonl is None and not (args.out or args.play):
         parser.error("say where the speech goes: -o WAV and/or --play")
     if args.jsonl is not None and (args.out or args.play):
         parser.error("--jsonl writes into --out-folder; -o and --play are for one text")
@@ -110,15 +112,18 @@ def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
         try:
             data = json.loads(line)
             turns, name = data["turns"], str(data["id"])
-            voices = tuple(data.get("voices") or (DEFAULT_VOICE,))
-            if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-                raise TypeError("turns must be a list of strings")
+            voices = data.get("voices") or [DEFAULT_VOICE]
+            for key, value in (("turns", turns), ("voices", voices)):
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise TypeError(f"{key} must be a list of strings")
             cfg_coef = float(data.get("cfg_coef", DEFAULT_CFG_COEF))
         except (ValueError, KeyError, TypeError) as exc:
             raise TtsError(f"{path}:{number}: not a request ({type(exc).__name__}: {exc})")
         if not name or Path(name).name != name or name.startswith("."):
             raise TtsError(f"{path}:{number}: id {name!r} is not a plain file name")
-        requests.append((name, TtsRequest(turns, voices, cfg_coef)))
+        if any(name == earlier for earlier, _ in requests):
+            raise TtsError(f"{path}:{number}: id {name!r} is given twice")
+        requests.append((name, TtsRequest(turns, tuple(voices), cfg_coef)))
     if not requests:
         raise TtsError(f"{path} holds no request")
     return requests
@@ -202,7 +207,8 @@ class _Speaker:
     def finish(self) -> None:
         while len(self.ring):
             time.sleep(0.02)
-        time.sleep(0.1)
+        # The last frame has left the ring, not the speakers: stopping sooner cuts it off.
+        time.sleep(self.stream.latency + 2 * FRAME_SIZE / SAMPLE_RATE)
         self.stream.stop()
         self.stream.close()
 

@@ -271,18 +271,30 @@ class TtsRun:
         return frames
 
     def words(self, row: int) -> list[tuple[str, float]]:
-        """Request `row`'s words with the time (s) each starts in its audio."""
-        return [(word, step / FRAME_RATE) for word, step in self.schedules[row].transcript]
+        """Request `row`'s words with the time (s) each starts in its audio. A word taken at
+        text step s is heard `delay_steps` frames later, and the audio `step` returns starts
+        at frame `delay_steps + SKIPPED_FRAMES`: at s - SKIPPED_FRAMES in it."""
+        transcript = self.schedules[row].transcript
+        return [(word, (step - SKIPPED_FRAMES) / FRAME_RATE) for word, step in transcript]
+
+
+_BREAK_OPENING = "<break"
 
 
 def _last_word_end(text: str) -> int:
     """Where the text's complete words end: at its last whitespace outside a `<break .../>`
-    tag (0 if none)."""
-    depth, end = 0, 0
-    for index, char in enumerate(text):
-        depth += (char == "<") - (char == ">")
-        if char.isspace() and depth == 0:
+    tag, and before a tag that is not closed yet (0 if none). Other `<` and `>` are text."""
+    end, index = 0, 0
+    while index < len(text):
+        char = text[index]
+        if char == "<" and _BREAK_OPENING.startswith(text[index : index + len(_BREAK_OPENING)]):
+            close = text.find(">", index)
+            if close < 0:  # the tag's end has not come yet
+                return end
+            index = close
+        elif char.isspace():
             end = index
+        index += 1
     return end
 
 
@@ -318,13 +330,13 @@ class TtsStream:
 
     def _push_words(self, text: str) -> None:
         entries = self.model.entries(text) if text.strip() else []
-        if entries and self._started:  # the same turn goes on: no new speaker token
-            first = next(i for i, entry in enumerate(entries) if entry.tokens)
+        first = next((i for i, entry in enumerate(entries) if entry.tokens), None)
+        if self._started and first is not None:  # the same turn goes on: no speaker token
             word = entries[first]
             if word.tokens[0] == self.model.token_ids.main:
                 padding = max(0, word.padding - 1)
                 entries[first] = Entry(word.tokens[1:], word.text, padding)
-        self._started = self._started or any(entry.tokens for entry in entries)
+        self._started = self._started or first is not None
         self._schedule.push(entries)
 
     @property

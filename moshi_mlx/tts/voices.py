@@ -58,15 +58,16 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
 
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:  # TypeError: bf16
         raise TtsError(f"voice file {path} is not a readable safetensors file: {exc}") from None
     if VOICE_TENSOR not in tensors:
         raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
     embedding = tensors[VOICE_TENSOR]
-    if embedding.ndim != 3 or embedding.shape[0] != 1 or embedding.shape[1] != dim:
+    shape = embedding.shape
+    if embedding.ndim != 3 or shape[0] != 1 or shape[1] != dim or shape[2] < 1:
         raise TtsError(
-            f"voice file {path}: {VOICE_TENSOR} has shape {list(embedding.shape)}, this model "
-            f"needs [1, {dim}, frames]"
+            f"voice file {path}: {VOICE_TENSOR} has shape {list(shape)}, this model "
+            f"needs [1, {dim}, frames] with at least one frame"
         )
     if not np.issubdtype(embedding.dtype, np.floating) or not np.isfinite(embedding).all():
         raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
@@ -76,12 +77,13 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
 def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.array]:
     """Each batch row's voices ((frames, dim) each, 1 to `MAX_SPEAKERS`) as the tensor
     condition (B, MAX_SPEAKERS * frames, dim) and its mask (B, MAX_SPEAKERS * frames)."""
+    for voices in rows:
+        if not 1 <= len(voices) <= MAX_SPEAKERS:
+            raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
     frames = max(voice.shape[0] for voices in rows for voice in voices)
     dim = rows[0][0].shape[1]
     tensors, masks = [], []
     for voices in rows:
-        if not 1 <= len(voices) <= MAX_SPEAKERS:
-            raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
         slots = np.zeros((MAX_SPEAKERS, frames, dim), np.float32)
         mask = np.zeros((MAX_SPEAKERS, frames), bool)
         for slot, voice in enumerate(voices):

@@ -1,0 +1,279 @@
+"""`python -m moshi_mlx.tts` on the tiny random TTS checkpoint of tests/fixtures/tts with a
+random full-size Mimi: a text (argument, stdin or file) to a wav, a JSONL batch to a folder,
+the speakers through a private PulseAudio server, and one-line refusals."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from pulse import PulseServer, pulseaudio_missing_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path("tests/fixtures/tts")  # relative to ROOT, where the command runs
+ALICE = str(FIXTURES / "voices" / "alice.safetensors")
+BOB = str(FIXTURES / "voices" / "bob.safetensors")
+TEXT = "Hello there."
+FRAME = 1920  # samples per 80 ms at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, full_mimi_checkpoint) -> dict[str, str]:
+    """Offline, no weights folder, this checkout's package; the random Mimi's path."""
+    root = tmp_path_factory.mktemp("tts_env")
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(root / "hf"),
+        MOSHI_MLX_WEIGHTS=str(root / "no_weights"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        TEST_MIMI=str(full_mimi_checkpoint),
+    )
+    return env
+
+
+def _tts(env: dict[str, str], *args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m moshi_mlx.tts` on the fixture's files, `args` after them."""
+    model = [
+        "--moshi-weight",
+        str(FIXTURES / "weights.safetensors"),
+        "--lm-config",
+        str(FIXTURES / "config.json"),
+        "--tokenizer",
+        str(FIXTURES / "tokenizer.model"),
+        "--mimi-weight",
+        env["TEST_MIMI"],
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.tts", *model, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return done
+
+
+def _error_line(done: subprocess.CompletedProcess) -> str:
+    """The one line of a refused command (exit 2, no traceback)."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def _usage_error(done: subprocess.CompletedProcess) -> str:
+    """argparse's refusal: exit 2, the usage, then one error line."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.startswith("usage: ")
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert errors == [done.stderr.strip().splitlines()[-1]], done.stderr
+    assert errors[0].startswith("python -m moshi_mlx.tts: error: ")
+    return errors[0]
+
+
+def _wav(path: Path) -> np.ndarray:
+    """A speech wav's samples, checked: mono 24 kHz, whole 80 ms frames."""
+    info = sf.info(str(path))
+    assert (info.samplerate, info.channels) == (24_000, 1), info
+    pcm, _ = sf.read(str(path), dtype="float32")
+    assert len(pcm) > 0 and len(pcm) % FRAME == 0
+    assert np.abs(pcm).max() > 0
+    return pcm
+
+
+@pytest.fixture(scope="module")
+def spoken(env, tmp_path_factory) -> tuple[np.ndarray, subprocess.CompletedProcess]:
+    """TEXT as an argument to a wav, with --words: (the samples, the finished run)."""
+    out = tmp_path_factory.mktemp("spoken") / "hello.wav"
+    done = _ok(_tts(env, TEXT, "-o", out, "--voice", ALICE, "--seed", 4, "--words"))
+    return _wav(out), done
+
+
+def test_a_text_to_a_wav_with_its_words(spoken):
+    pcm, done = spoken
+    lines = done.stdout.splitlines()
+    seconds = len(pcm) / 24_000
+    assert lines[0].endswith(f"hello.wav ({seconds:.1f} s)")
+    words = [line.split() for line in lines[1:]]
+    assert [word for _, word in words] == TEXT.split()
+    starts = [float(start) for start, _ in words]
+    assert starts[0] == 0.0 and starts == sorted(starts) and starts[-1] < seconds
+
+
+def test_stdin_and_a_text_file_speak_as_the_argument(env, spoken, tmp_path):
+    """Same text, voice and seed: the same samples; --force writes over an existing file."""
+    pcm, _ = spoken
+    from_stdin = tmp_path / "stdin.wav"
+    _ok(_tts(env, "-", "-o", from_stdin, "--voice", ALICE, "--seed", 4, stdin=TEXT + "\n"))
+    np.testing.assert_array_equal(_wav(from_stdin), pcm)
+    text_file, from_file = tmp_path / "text.txt", tmp_path / "file.wav"
+    text_file.write_text(TEXT, encoding="utf-8")
+    from_file.write_bytes(b"old")
+    args = ("--text-file", text_file, "-o", from_file, "--voice", ALICE, "--seed", 4, "--force")
+    _ok(_tts(env, *args))
+    np.testing.assert_array_equal(_wav(from_file), pcm)
+
+
+def test_an_existing_wav_is_kept_without_force(env, tmp_path):
+    out = tmp_path / "taken.wav"
+    out.write_bytes(b"keep me")
+    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE))
+    assert line == f"error: {out} already exists; pass --force to overwrite it"
+    assert out.read_bytes() == b"keep me"
+
+
+def _jsonl(path: Path, *requests) -> Path:
+    path.write_text("".join(f"{r if isinstance(r, str) else json.dumps(r)}\n" for r in requests))
+    return path
+
+
+def test_a_jsonl_batch_writes_a_wav_and_words_per_id(env, tmp_path):
+    requests = _jsonl(
+        tmp_path / "requests.jsonl",
+        {"id": "greeting", "turns": [TEXT], "voices": [ALICE]},
+        "",
+        {"id": "dialog", "turns": ["Hi.", "Yes."], "voices": [ALICE, BOB], "cfg_coef": 1.5},
+    )
+    out = tmp_path / "out"
+    done = _ok(_tts(env, "--jsonl", requests, "--out-folder", out, "--seed", 2))
+    assert sorted(path.name for path in out.iterdir()) == [
+        "dialog.json",
+        "dialog.wav",
+        "greeting.json",
+        "greeting.wav",
+    ]
+    for name, words in (("greeting", TEXT.split()), ("dialog", ["Hi.", "Yes."])):
+        pcm = _wav(out / f"{name}.wav")
+        assert f"{out / name}.wav ({len(pcm) / 24_000:.1f} s)" in done.stdout
+        info = json.loads((out / f"{name}.json").read_text())
+        assert info["complete"] is True
+        assert [entry["word"] for entry in info["words"]] == words
+        starts = [entry["start"] for entry in info["words"]]
+        assert starts[0] == 0.0 and starts == sorted(starts)
+        assert starts[-1] < len(pcm) / 24_000
+    assert "2 requests" in done.stderr
+
+
+JSONL_ERRORS = {  # name: (the lines, what the error says of them)
+    "not_json": (
+        [{"id": "a", "turns": [TEXT]}, "{oops"],
+        ":2: not a request (JSONDecodeError",
+    ),
+    "no_turns": ([{"id": "a"}], ":1: not a request (KeyError: 'turns')"),
+    "voices_not_a_list": (
+        [{"id": "a", "turns": [TEXT], "voices": ALICE}],
+        ":1: not a request (TypeError: voices must be a list of strings)",
+    ),
+    "id_leaves_the_folder": ([{"id": "../x", "turns": [TEXT]}], ":1: id '../x' is not a plain"),
+    "hidden_id": ([{"id": ".x", "turns": [TEXT]}], ":1: id '.x' is not a plain file name"),
+    "id_twice": (
+        [{"id": "a", "turns": [TEXT]}, {"id": "a", "turns": ["Hi."]}],
+        ":2: id 'a' is given twice",
+    ),
+    "no_request": ([""], " holds no request"),
+}
+
+
+@pytest.mark.parametrize("case", JSONL_ERRORS)
+def test_a_bad_jsonl_batch_is_refused_in_one_line(env, tmp_path, case):
+    lines, message = JSONL_ERRORS[case]
+    requests = _jsonl(tmp_path / "requests.jsonl", *lines)
+    out = tmp_path / "folder" / "out"
+    line = _error_line(_tts(env, "--jsonl", requests, "--out-folder", out))
+    assert line.startswith(f"error: {requests}") and message in line
+    assert not (tmp_path / "folder").exists() and not (tmp_path / "x.wav").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give exactly one of TEXT, --text-file or --jsonl"),
+        ((TEXT, "--text-file", "t.txt", "-o", "x.wav"), "give exactly one of TEXT"),
+        ((TEXT,), "say where the speech goes: -o WAV and/or --play"),
+        (("--jsonl", "r.jsonl", "-o", "x.wav"), "--jsonl writes into --out-folder"),
+        (("--jsonl", "r.jsonl", "--play"), "-o and --play are for one text"),
+    ],
+)
+def test_bad_arguments_are_refused(env, args, message):
+    assert message in _usage_error(_tts(env, *args))
+
+
+def test_bad_texts_and_voices_are_refused_in_one_line(env, tmp_path):
+    out = tmp_path / "out.wav"
+    assert _error_line(_tts(env, "  \n", "-o", out)) == "error: the text is empty"
+    missing = tmp_path / "missing.txt"
+    line = _error_line(_tts(env, "--text-file", missing, "-o", out))
+    assert line.startswith(f"error: cannot read --text-file {missing}")
+    voice = tmp_path / "nope.safetensors"
+    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", voice))
+    assert line == f"error: voice file {voice} not found"
+    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE, "--cfg-coef", 2.2))
+    assert "'2.2'" in line and "1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0" in line
+    assert not out.exists()
+
+
+# --- the speakers, through a private PulseAudio server ---------------------------------------
+
+
+@pytest.mark.audio
+@pytest.mark.skipif(
+    pulseaudio_missing_reason() is not None, reason=str(pulseaudio_missing_reason())
+)
+def test_play_reaches_the_speaker(env, spoken, tmp_path):
+    """--list-devices shows the server's device; --play (with -o, same seed) through a null
+    sink: the command ends once the speech is played, and the sink's monitor heard every
+    frame of the wav, the last one included."""
+    pcm, _ = spoken
+    with PulseServer(tmp_path / "pulse") as pulse:
+        listing = _ok(_tts({**env, **pulse.env()}, "--list-devices"))
+        assert "idx  in  out  name" in listing.stdout and "pulse" in listing.stdout
+        recording = tmp_path / "speaker.raw"
+        pulse.start_recording(recording)
+        out = tmp_path / "played.wav"
+        args = (TEXT, "--play", "--output-device", "pulse", "-o", out, "--voice", ALICE)
+        _ok(_tts({**env, **pulse.env()}, *args, "--seed", 4))
+        pulse.stop_recording()
+    np.testing.assert_array_equal(_wav(out), pcm)
+    heard = np.fromfile(recording, "<i2").astype(np.float32) / 32768
+    assert np.abs(heard).max() > 0, "the speaker's monitor heard nothing"
+    starts = _frames_in(heard, pcm.reshape(-1, FRAME))
+    assert None not in starts, f"frames not heard: {starts}"
+    # In order; silence may come between frames when the model is slower than real time.
+    assert all(b - a >= FRAME for a, b in itertools.pairwise(starts)), starts
+
+
+def _frames_in(heard: np.ndarray, frames: np.ndarray, tolerance: float = 2.5 / 32768) -> list:
+    """Where each frame is found in `heard` after the previous one (None: nowhere), sample
+    for sample within 16-bit rounding."""
+    starts, position = [], 0
+    for frame in frames:
+        candidates = np.flatnonzero(np.abs(heard[position:] - frame[0]) <= tolerance) + position
+        found = next(
+            (
+                int(start)
+                for start in candidates
+                if start + FRAME <= len(heard)
+                and np.abs(heard[start : start + FRAME] - frame).max() <= tolerance
+            ),
+            None,
+        )
+        starts.append(found)
+        position = found + FRAME if found is not None else position
+    return starts

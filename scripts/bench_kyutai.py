@@ -265,14 +265,15 @@ def _tts_run(tts, folder: Path, texts: list[str], steps: int) -> dict:
     """One `TTSModel.generate` of `len(texts)` requests (voice b for text b), as `run_tts`
     makes it (distilled guidance 2.0 given as the "cfg" condition, padding 1 between words),
     each produced frame decoded by Mimi as it comes (`on_frame`, as Kyutai's streaming
-    script plays it), `max_gen_length` cut to the first audio frame's step plus `steps`.
+    script plays it), `max_gen_length` cut to the first audio frame's step plus `steps` and
+    one more (which ends the last measured step).
 
     Returns seconds: `ttfa` (from preparing the requests to the first decoded frame), per
-    step past it the whole step (`frame`: between two text hooks, the last up to the end of
-    `generate`) and Mimi's decoding in it (`decode`); the first frame's step."""
+    step past it the whole step (`frame`: from its text hook to the next step's) and Mimi's
+    decoding in it (`decode`); the first frame's step."""
     cfg_coef = tts.cfg_coef
     first_step = tts.delay_steps + max(tts.lm.delays)  # the first frame without -1 codes
-    tts.max_gen_length = first_step + 1 + steps
+    tts.max_gen_length = first_step + 2 + steps
     hooks: list[float] = []
     decodes: list[tuple[int, float, float]] = []  # (step, decode start, end)
 
@@ -294,11 +295,10 @@ def _tts_run(tts, folder: Path, texts: list[str], steps: int) -> dict:
         tts.generate(entries, attributes, on_text_hook=on_text, on_frame=on_frame)
     finally:
         tts.cfg_coef = cfg_coef
-    end = time.perf_counter()
     assert decodes and decodes[0][0] == first_step, (decodes[:1], first_step)
-    marks = hooks + [end]
-    frame = [marks[t + 1] - marks[t] for t, _, _ in decodes[1:]]
-    decode = [stop - begin for _, begin, stop in decodes[1:]]
+    measured = decodes[1 : 1 + steps]
+    frame = [hooks[t + 1] - hooks[t] for t, _, _ in measured]
+    decode = [stop - begin for _, begin, stop in measured]
     return {
         "ttfa": decodes[0][2] - start,  # their first frame is played: no frame skipped
         "frame": frame,

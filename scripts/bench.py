@@ -3,6 +3,7 @@
     python scripts/bench.py                                  # tiny + 1B, bf16 + q4, all parts
     python scripts/bench.py --shapes tiny --quant bf16,q8,q4 --parts lm --steps 100
     python scripts/bench.py --shapes tiny,1b --quant bf16,q4 --kyutai --json bench.json
+    python scripts/bench.py --parts tts --shapes tts-small --steps 20 --kyutai --rounds 2
 
 Parts: `lm` (ms per LM step: the whole step as `LmGen.step` runs it, and its split into
 temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone),
@@ -13,6 +14,15 @@ room with double talk; the canceller comparison is `scripts/echo_compare.py`),
 `web` (`python -m moshi_mlx.local_web`'s own work per 80 ms frame, the model aside: decoding
 the client's Ogg Opus, encoding Moshi's frame, and a websocket round trip of the two audio
 messages on localhost; target <= 5 ms),
+`tts` (Kyutai's text-to-speech, `moshi_mlx.tts`, on random weights of a `tts-*` shape
+written in the published PyTorch layout with a tokenizer and voices (`tts_weights`): per
+batch of 1 and `--streams` requests, the time to the first audio (`ttfa_ms`: from making the
+requests with their whole texts to the first 80 ms returned; `ttfd_ms`: to the first frame
+Mimi decoded, which Kyutai's reference cuts with the next one), and per step past it the
+whole `TtsRun.step` (`frame_ms`), its LM part (`step_ms`: step, text schedule) and Mimi's
+decoding (`decode_ms`); real-time factor at batch 1, audio per second of the batch against
+batch 1. With `--kyutai`, Kyutai's `TTSModel.generate` on the same files, its frames decoded
+as they come; `--shapes` without a tts shape: tts-small),
 `persona` (PersonaPlex on the same weights: its prompt phase as one batched prefill against
 a conversation step and against replaying the prompt step by step, a conversation's start
 from a prompt state cached in memory or on disk, and PersonaPlex's step against Moshi's,
@@ -22,9 +32,9 @@ Peak memory is MLX's (`mx.get_peak_memory`), reset before every case. Percentile
 the measured steps, after `--warmup` steps. Weights are random, written in the published
 formats into `--weights-dir` (default: a temporary folder), never fetched.
 
-With `--kyutai`, every LM case and the MLX Mimi case also run Kyutai's `moshi_mlx` 0.3.0
-(`scripts/bench_kyutai.py` in `--kyutai-python`'s environment) on the same files, right after
-ours, and the table shows the ratio ours / theirs.
+With `--kyutai`, every LM case, the MLX Mimi case and the TTS cases also run Kyutai's
+`moshi_mlx` 0.3.0 (`scripts/bench_kyutai.py` in `--kyutai-python`'s environment) on the same
+files, alternating with ours, and the table shows the ratio ours / theirs.
 """
 
 from __future__ import annotations
@@ -40,17 +50,31 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
-from bench_stats import FRAME_MS, LM_SHAPES, QUANT_BITS, lm_result, pool_rounds, summarize
+from bench_stats import (
+    FRAME_MS,
+    LM_SHAPES,
+    QUANT_BITS,
+    TTS_SHAPES,
+    TTS_TEXTS,
+    lm_result,
+    pool_rounds,
+    pool_tts,
+    summarize,
+    tts_result,
+)
+from fixture_tokenizer import train_bpe_tokenizer
 from mlx.utils import tree_flatten
 
 from moshi_mlx.api import step_frame
-from moshi_mlx.checkpoints.io import read_safetensors
+from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
 from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.codec import load_codec
 from moshi_mlx.generate import (
     GenState,
@@ -75,12 +99,19 @@ from moshi_mlx.testing import (
     write_random_lm_checkpoint,
     write_random_mimi_checkpoint,
 )
+from moshi_mlx.tokenizer import load_tokenizer
+from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+from moshi_mlx.tts.voices import VOICE_TENSOR
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 SCRIPTS = Path(__file__).resolve().parent
 KYUTAI_PYTHON = "/opt/venvs/kyutai/bin/python"
+TTS_LM_FILE = "dsm_tts_1e68beda@240.safetensors"  # the published file's name
+TTS_TOKENIZER = "tokenizer.model"
+TTS_TOKENIZER_PIECES = 400
 
 
 # Our compute dtype: "auto" is `load_lm`'s own choice for the device (float32 on the CPU).
@@ -120,6 +151,112 @@ def mimi_weights(folder: Path) -> Path:
     if not path.exists():
         write_random_mimi_checkpoint(path, MimiConfig.moshi(), seed=0)
     return path
+
+
+def tts_pytorch_layout(config: dict) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
+    """Names, shapes and dtypes of a TTS LM file in the published PyTorch layout (that of
+    kyutai/tts-1.6b-en_fr's `dsm_tts_1e68beda@240.safetensors`) for a Kyutai `config.json`:
+    packed attention projections, the depformer's weight sets stacked or numbered by the
+    schedule's values, low-rank depformer embeddings, the conditioners in float32."""
+    dim, card, vocab = config["dim"], config["card"], config["text_card"] + 1
+    hidden = 2 * int(config["hidden_scale"] * dim) // 3  # the gated FFN's width (SiLU gating)
+    ddim, rank = config["depformer_dim"], config["depformer_low_rank_embeddings"]
+    dhidden = 2 * config["depformer_dim_feedforward"] // 3
+    sets = max(config["depformer_weights_per_step_schedule"]) + 1
+    dep_q = config["dep_q"]
+    bf16, f32 = mx.bfloat16, mx.float32
+    layout: dict[str, tuple[tuple[int, ...], mx.Dtype]] = {}
+    for name, conditioner in config["conditioners"].items():
+        prefix = f"condition_provider.conditioners.{name}"
+        if conditioner["type"] == "lut":
+            lut = conditioner["lut"]
+            layout[f"{prefix}.embed.weight"] = ((lut["n_bins"] + 1, lut["dim"]), f32)
+            layout[f"{prefix}.output_proj.weight"] = ((dim, lut["dim"]), f32)
+        else:
+            layout[f"{prefix}.output_proj.weight"] = ((dim, conditioner["tensor"]["dim"]), f32)
+        layout[f"{prefix}.learnt_padding"] = ((1, 1, dim), f32)
+    for layer in range(config["depformer_num_layers"]):
+        prefix = f"depformer.layers.{layer}"
+        for s in range(sets):
+            layout[f"{prefix}.gating.{s}.linear_in.weight"] = ((2 * dhidden, ddim), bf16)
+            layout[f"{prefix}.gating.{s}.linear_out.weight"] = ((ddim, dhidden), bf16)
+        layout[f"{prefix}.norm1.alpha"] = layout[f"{prefix}.norm2.alpha"] = ((1, 1, ddim), bf16)
+        layout[f"{prefix}.self_attn.in_proj_weight"] = ((sets * 3 * ddim, ddim), bf16)
+        layout[f"{prefix}.self_attn.out_proj.weight"] = ((sets * ddim, ddim), bf16)
+    for k in range(dep_q - 1):
+        layout[f"depformer_emb.{k}.low_rank.weight"] = ((ddim, rank), bf16)
+        layout[f"depformer_emb.{k}.weight"] = ((card + 1, rank), bf16)
+    for s in range(sets):
+        layout[f"depformer_in.{s}.weight"] = ((ddim, dim), bf16)
+    for part in ("low_rank", "out1", "out2"):
+        layout[f"depformer_text_emb.{part}.weight"] = ((ddim, rank), bf16)
+    layout["depformer_text_emb.weight"] = ((vocab, rank), bf16)
+    for k in range(config["n_q"]):
+        layout[f"emb.{k}.weight"] = ((card + 1, dim), bf16)
+    for k in range(dep_q):
+        layout[f"linears.{k}.weight"] = ((card, ddim), bf16)
+    layout["out_norm.alpha"] = ((1, 1, dim), bf16)
+    layout["text_emb.out1.weight"] = layout["text_emb.out2.weight"] = ((dim, dim), bf16)
+    layout["text_emb.weight"] = ((vocab, dim), bf16)
+    layout["text_linear.weight"] = ((config["text_card"], dim), bf16)
+    for layer in range(config["num_layers"]):
+        prefix = f"transformer.layers.{layer}"
+        for attention in ("self_attn", "cross_attention"):
+            layout[f"{prefix}.{attention}.in_proj_weight"] = ((3 * dim, dim), bf16)
+            layout[f"{prefix}.{attention}.out_proj.weight"] = ((dim, dim), bf16)
+        layout[f"{prefix}.gating.linear_in.weight"] = ((2 * hidden, dim), bf16)
+        layout[f"{prefix}.gating.linear_out.weight"] = ((dim, hidden), bf16)
+        layout[f"{prefix}.norm1.alpha"] = layout[f"{prefix}.norm2.alpha"] = ((1, 1, dim), bf16)
+        layout[f"{prefix}.norm_cross.bias"] = layout[f"{prefix}.norm_cross.weight"] = ((dim,), bf16)
+    return dict(sorted(layout.items()))
+
+
+def _random_tts_tensor(name: str, shape: tuple[int, ...], key: mx.array) -> mx.array:
+    """Norm gains in [0.8, 1.2], biases and learnt paddings in [-0.1, 0.1], matrices and
+    embeddings uniform with variance 1/fan_in (as `write_random_lm_checkpoint`)."""
+    if name.endswith((".alpha", "norm_cross.weight")):
+        return mx.random.uniform(0.8, 1.2, shape, key=key)
+    if name.endswith((".bias", "learnt_padding")):
+        return mx.random.uniform(-0.1, 0.1, shape, key=key)
+    bound = (3 / shape[-1]) ** 0.5
+    return mx.random.uniform(-bound, bound, shape, key=key)
+
+
+TTS_VOICE_FRAMES = 125  # a published voice: speaker_wavs (1, 512, 125) float32
+
+
+def tts_weights(folder: Path, shape: str, voices: int = 8) -> Path:
+    """The random TTS of a shape, written once into `folder / shape`: `config.json` (Kyutai's,
+    naming the files), the LM in the published PyTorch layout (bf16, conditioners float32),
+    a BPE tokenizer of the bench's texts (its few hundred pieces all below `text_card`) and
+    `voices` voice embeddings `voices/voice{i}.safetensors`. Mimi is `mimi_weights(folder)`."""
+    from safetensors.numpy import save_file
+
+    out = folder / shape
+    config_file = out / CONFIG_FILE
+    if config_file.exists():  # written last
+        return out
+    config = {**TTS_SHAPES[shape], "moshi_name": TTS_LM_FILE, "tokenizer_name": TTS_TOKENIZER}
+    out.mkdir(parents=True, exist_ok=True)
+    layout = tts_pytorch_layout(config)
+    keys = mx.random.split(mx.random.key(0), len(layout))
+    with open(out / TTS_LM_FILE, "wb") as file:
+        writer = SafetensorsWriter(file, layout, metadata={"format": "pt"})
+        for (name, (dims, dtype)), key in zip(layout.items(), keys):
+            array = _random_tts_tensor(name, dims, key).astype(dtype)
+            mx.eval(array)
+            writer.write_rows(name, 0, array)
+        writer.check_complete()
+    sentences = [s for text in TTS_TEXTS for s in text.split(". ")]
+    (out / TTS_TOKENIZER).write_bytes(train_bpe_tokenizer(sentences, TTS_TOKENIZER_PIECES, 3))
+    rng = np.random.default_rng(0)
+    dim = config["conditioners"]["speaker_wavs"]["tensor"]["dim"]
+    (out / "voices").mkdir(exist_ok=True)
+    for index in range(voices):
+        wavs = rng.standard_normal((1, dim, TTS_VOICE_FRAMES)).astype(np.float32)
+        save_file({VOICE_TENSOR: wavs}, str(out / "voices" / f"voice{index}.safetensors"))
+    config_file.write_text(json.dumps(config, indent=2))
+    return out
 
 
 def _user_codes(card: int, count: int, seed: int) -> np.ndarray:
@@ -964,6 +1101,98 @@ def bench_web(frames: int, warmup: int, seed: int) -> dict:
     }
 
 
+# Text-to-speech ---------------------------------------------------------------------------
+class _TimedMimi:
+    """A Mimi whose `decode_step`s are timed, each from its codes' evaluation (the LM step's
+    work, not Mimi's) to its pcm's; everything else is the Mimi's own."""
+
+    def __init__(self, mimi):
+        self.mimi = mimi
+        self.decodes: list[tuple[float, float]] = []  # (start, end) of each decode_step
+
+    def __getattr__(self, name: str):
+        return getattr(self.mimi, name)
+
+    def decode_step(self, codes: mx.array, state):
+        mx.eval(codes)
+        start = time.perf_counter()
+        pcm = self.mimi.decode_step(codes, state)
+        mx.eval(pcm)
+        self.decodes.append((start, time.perf_counter()))
+        return pcm
+
+
+def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -> dict:
+    """`batch` requests (text and voice b for request b) through `TtsRun.step` (the LM step,
+    the text schedule, Mimi's decoding and the audio on the host), from making the requests
+    to `steps` steps past the first audio. Seconds: `ttfa` to the first 80 ms of audio
+    returned (Kyutai's first `SKIPPED_FRAMES` frames are decoded but cut), `ttfd` to the
+    first frame decoded, per step past the first audio the whole step (`frame`) and Mimi's
+    decoding in it (`decode`); `first_step`: the steps run at the first audio."""
+    mimi = model.codec.model
+    mimi.decodes.clear()
+    start = time.perf_counter()
+    voices = [folder / "voices" / f"voice{b}.safetensors" for b in range(batch)]
+    requests = [TtsRequest(TTS_TEXTS[b], (voice,)) for b, voice in enumerate(voices)]
+    run = TtsRun(model, requests, TtsSampling(), seed)
+    for request, schedule in zip(requests, run.schedules):
+        schedule.push(model.entries(request.text))
+        schedule.close()
+    ttfa, first_step, frame, decode = None, None, [], []
+    while len(frame) < steps:
+        decoded = len(mimi.decodes)
+        started = time.perf_counter()
+        pcm = run.step()
+        ended = time.perf_counter()
+        if ttfa is not None:
+            frame.append(ended - started)
+            decode.append(sum(e - s for s, e in mimi.decodes[decoded:]))
+        elif any(p is not None for p in pcm):
+            ttfa, first_step = ended - start, run.step_index
+        if any(s.end_step is not None for s in run.schedules):  # texts as long as the bench
+            raise RuntimeError(f"a request's text ended at step {run.step_index}")
+    return {
+        "ttfa": ttfa,
+        "ttfd": mimi.decodes[0][1] - start,
+        "frame": frame,
+        "decode": decode,
+        "first_step": first_step,
+    }
+
+
+def bench_tts(
+    folder: Path,
+    mimi_file: Path,
+    batches: list[int],
+    steps: int,
+    warmup: int,
+    seed: int,
+    dtype: mx.Dtype | None = None,
+    model: TtsModel | None = None,
+) -> tuple[dict, TtsModel]:
+    """Our TTS on a `tts_weights` folder, per batch size: a warm-up run (`warmup` steps past
+    the first audio: every compiled step and ring size traced) on a fresh model, then a
+    measured run (`_tts_run`, `tts_result`'s figures). Returns the result and the model (pass
+    it back to measure again without the load and the warm-up)."""
+    fresh = model is None
+    if fresh:
+        _fresh_memory()
+        config = LmConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
+        lm = load_lm(folder / TTS_LM_FILE, config, dtype=dtype)
+        codec = SimpleNamespace(model=_TimedMimi(load_mimi(mimi_file, config.dep_q)))
+        model = TtsModel(lm, codec, load_tokenizer(folder / TTS_TOKENIZER), files=None)
+    result = {"impl": "ours", "dtype": _dtype_label(dtype, model.lm), "mlx": mx.__version__}
+    for batch in batches:
+        if fresh:
+            _tts_run(model, folder, batch, warmup, seed)
+        _fresh_memory()
+        run = _tts_run(model, folder, batch, steps, seed)
+        step = [f - d for f, d in zip(run["frame"], run["decode"])]
+        figures = (run["ttfa"], run["ttfd"], run["first_step"], run["frame"], step, run["decode"])
+        result.update(tts_result(batch, *figures, _peak_gb()))
+    return result, model
+
+
 # Kyutai -----------------------------------------------------------------------------------
 def run_kyutai(python: str, part: str, weights: Path, extra: list[str]) -> dict:
     """Run `bench_kyutai.py` in Kyutai's environment; its JSON result."""
@@ -1087,6 +1316,26 @@ def _persona_lines(data: dict) -> list[str]:
     return [prompt_line, start_line, step_line]
 
 
+# Rows of the `tts` part, per batch size (`tts_result`).
+TTS_METRICS = ("ttfa_ms", "ttfd_ms", "frame_ms", "step_ms", "decode_ms")
+
+
+def _tts_line(label: str, data: dict, batches: list[int]) -> str:
+    """The `tts` case's real-time factor at batch 1 and audio per second of each batch."""
+    parts = []
+    for batch in batches:
+        if f"error_b{batch}" in data:
+            parts.append(f"batch {batch} failed: {data[f'error_b{batch}']}")
+            continue
+        figure = f"batch {batch}: {data[f'audio_per_s_b{batch}']:.3f} s of audio/s"
+        if batch == 1:
+            figure = f"batch 1: real-time factor {data['real_time_factor_b1']:.3f}"
+        elif "audio_per_s_b1" in data:
+            figure += f" ({data[f'audio_per_s_b{batch}'] / data['audio_per_s_b1']:.2f}x batch 1)"
+        parts.append(f"{figure}, first audio at step {data[f'first_audio_step_b{batch}']}")
+    return f"  {label}: " + "; ".join(parts)
+
+
 def format_table(results: list[dict]) -> str:
     """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
     header = f"{'part':<9}{'shape':<13}{'quant':<6}{'impl':<18}{'metric':<14}"
@@ -1104,6 +1353,8 @@ def format_table(results: list[dict]) -> str:
     }
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
     for case in results:
+        if case["part"] == "tts":
+            metrics["tts"] = tuple(f"{m}_b{b}" for b in case["batches"] for m in TTS_METRICS)
         theirs = case.get("kyutai")
         for impl, data in (("ours", case["ours"]), ("kyutai", theirs)):
             if data is None or id(data) in shown:
@@ -1111,7 +1362,7 @@ def format_table(results: list[dict]) -> str:
             shown.add(id(data))
             if impl == "kyutai":
                 label = "kyutai"
-            elif case["part"] in ("lm", "persona"):
+            elif case["part"] in ("lm", "persona", "tts"):
                 label = f"ours-{data['dtype']}"
             elif case["part"] in ("kv", "kv-fidelity"):
                 label = f"{data['kv']}-{data['dtype']}"
@@ -1149,6 +1400,8 @@ def format_table(results: list[dict]) -> str:
                     )
             if case["part"] == "persona":
                 lines.extend(_persona_lines(data))
+            if case["part"] == "tts":
+                lines.append(_tts_line(label, data, case["batches"]))
             if "real_time_factor" in data:
                 extra = f"  real-time factor {data['real_time_factor']:.3f}"
                 if data.get("first_audio_ms") is not None:
@@ -1157,6 +1410,9 @@ def format_table(results: list[dict]) -> str:
                     extra += f", syncs per frame {data['syncs_per_frame']:.2f}"
                 lines.append(extra)
     return "\n".join(lines)
+
+
+PARTS = ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts")
 
 
 def _csv(value: str) -> list[str]:
@@ -1168,16 +1424,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--shapes", type=_csv, default=["tiny", "1b"], help="tiny,1b,7b,7b-structure"
+        "--shapes",
+        type=_csv,
+        default=["tiny", "1b"],
+        help="tiny,1b,7b,7b-structure,stt-1b; tts part: tts-tiny,tts-small,tts-1.6b",
     )
     parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
     parser.add_argument(
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt (stt: shape stt-1b)",
+        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts (stt: shape stt-1b)",
     )
-    parser.add_argument("--streams", type=int, default=8, help="stt: streams in one batch")
+    parser.add_argument(
+        "--streams", type=int, default=8, help="stt, tts: streams (requests) in one batch"
+    )
     parser.add_argument(
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
     )
@@ -1223,9 +1484,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     for name, allowed in (
-        ("shapes", LM_SHAPES),
+        ("shapes", {**LM_SHAPES, **TTS_SHAPES}),
         ("quant", QUANT_BITS),
-        ("parts", ("lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt")),
+        ("parts", PARTS),
         ("kv_bits", ("none", "8", "4")),
         ("codec", ("mlx", "rustymimi")),
         ("dtype", DTYPES),
@@ -1233,7 +1494,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         unknown = set(getattr(args, name)) - set(allowed)
         if unknown:
             parser.error(f"--{name}: unknown {', '.join(sorted(unknown))}")
-    context = min(LM_SHAPES[shape]["context"] for shape in args.shapes)
+    lm_contexts = [LM_SHAPES[shape]["context"] for shape in args.shapes if shape in LM_SHAPES]
+    context = min(lm_contexts, default=LM_SHAPES["tiny"]["context"])
     if not 2 * SILENCE_FRAMES <= args.prompt_steps < context:
         parser.error(f"--prompt-steps: from {2 * SILENCE_FRAMES} to {context - 1}")
     if args.persona_rounds < 1 or min(args.prefill_steps, args.replay_steps) < 0:
@@ -1241,8 +1503,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def tts_shapes(shapes: list[str]) -> list[str]:
+    """The TTS shapes of `--shapes`; tts-small when it names none."""
+    return [shape for shape in shapes if shape in TTS_SHAPES] or ["tts-small"]
+
+
+def run_tts_cases(args: argparse.Namespace, folder: Path) -> list[dict]:
+    """The `tts` part: per TTS shape and dtype of ours, `--rounds` rounds of our TTS at batch
+    1 and `--streams` and, with `--kyutai`, of Kyutai's on the same files (theirs first in
+    each round, then ours: a slow spell of the machine hits both); statistics over the
+    rounds' samples. Our model is loaded and warmed up once per case."""
+    mimi_file = mimi_weights(folder)
+    batches = sorted({1, args.streams})
+    cases = []
+    for shape in tts_shapes(args.shapes):
+        tts_dir = tts_weights(folder, shape, max(batches))
+        extra = ["--mimi", str(mimi_file), "--batches", ",".join(map(str, batches))]
+        extra += [
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--seed",
+            str(args.seed),
+        ]
+        theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
+        models: dict[str, TtsModel] = {}
+        for _ in range(args.rounds):
+            if args.kyutai:
+                theirs_runs.append(run_kyutai(args.kyutai_python, "tts", tts_dir, extra))
+            for dtype in args.dtype:
+                ours, models[dtype] = bench_tts(
+                    tts_dir, mimi_file, batches, args.steps, args.warmup, args.seed,
+                    DTYPES[dtype], models.get(dtype),
+                )  # fmt: skip
+                ours_runs[dtype].append(ours)
+        models.clear()
+        theirs = pool_tts(theirs_runs, batches) if theirs_runs else None
+        for dtype in args.dtype:
+            case = {"part": "tts", "shape": shape, "quant": "bf16", "batches": batches}
+            case.update(ours=pool_tts(ours_runs[dtype], batches), kyutai=theirs)
+            case["ld_preload"] = os.environ.get("LD_PRELOAD", "")
+            cases.append(case)
+    return cases
+
+
 def run(args: argparse.Namespace, folder: Path) -> list[dict]:
     results = []
+    lm_shapes = [shape for shape in args.shapes if shape in LM_SHAPES]
 
     def report(case: dict) -> None:  # kept for the JSON, and printed as it comes
         results.append(case)
@@ -1250,7 +1558,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
 
     common = ["--warmup", str(args.warmup), "--seed", str(args.seed)]
     if "lm" in args.parts:
-        for shape in args.shapes:
+        for shape in lm_shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 extra = ["--shape", shape, "--steps", str(args.steps), *common]
@@ -1292,7 +1600,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                 case["kyutai"] = run_kyutai(args.kyutai_python, "mimi", mimi_file, extra)
             report(case)
     if "pipeline" in args.parts:
-        for shape in args.shapes:
+        for shape in lm_shapes:
             for quant in args.quant:
                 lm_file = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
@@ -1317,7 +1625,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
         kv_bits = [None if kv == "none" else int(kv) for kv in args.kv_bits]
         if part == "kv-fidelity":  # each quantized cache against the unquantized one
             kv_bits = [bits for bits in kv_bits if bits is not None]
-        for shape in args.shapes:
+        for shape in lm_shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
@@ -1328,7 +1636,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                         report(case)
     if "stt" in args.parts:
         mimi_file = mimi_weights(folder)
-        for shape in [shape for shape in args.shapes if shape.startswith("stt")]:
+        for shape in [shape for shape in lm_shapes if shape.startswith("stt")]:
             for quant in args.quant:
                 for backend in args.codec:
                     ours = bench_stt(
@@ -1348,7 +1656,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                             flush=True,
                         )
     if "persona" in args.parts:
-        for shape in args.shapes:
+        for shape in lm_shapes:
             for quant in args.quant:
                 weights = lm_weights(folder, shape, quant)
                 for dtype in args.dtype:
@@ -1365,6 +1673,9 @@ def run(args: argparse.Namespace, folder: Path) -> list[dict]:
                         args.persona_rounds,
                     )
                     report({"part": "persona", "shape": shape, "quant": quant, "ours": ours})
+    if "tts" in args.parts:
+        for case in run_tts_cases(args, folder):
+            report(case)
     if "web" in args.parts:
         frames = max(args.frames, 10)
         case = {"part": "web", "ours": bench_web(frames, args.warmup, args.seed)}

@@ -6,11 +6,15 @@ Runs in Kyutai's virtual environment (it pins mlx 0.26.5), through its public cl
         --weights model.q4.safetensors --steps 50 --json kyutai_lm.json
     /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py mimi \
         --weights mimi.safetensors --frames 30 --json kyutai_mimi.json
+    /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py tts --weights WEIGHTS/tts-small \
+        --mimi WEIGHTS/mimi.safetensors --steps 20 --batches 1,8 --json kyutai_tts.json
 
 `bench.py --kyutai` calls it for every case, alternating with our own measurement.
 LM files are in the published MLX format (bf16, or q8/q4 packed by `mlx.nn.quantize`); the
 quantization is read from the file. The Mimi file is in the published PyTorch layout, which
-Kyutai's MLX Mimi converts with its own `load_pytorch_weights`.
+Kyutai's MLX Mimi converts with its own `load_pytorch_weights`. A TTS folder (`bench.py`'s
+`tts_weights`: config.json, the LM in the published PyTorch layout, tokenizer, voices) is
+loaded as Kyutai's `run_tts` loads its files, and `TTSModel.generate` timed per step.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from bench_stats import FRAME_MS, LM_SHAPES, lm_result, summarize
+from bench_stats import FRAME_MS, LM_SHAPES, TTS_TEXTS, lm_result, summarize, tts_result
 from mlx import nn
 
 
@@ -233,9 +237,105 @@ def bench_mimi(
     }
 
 
+def _tts_model(folder: Path, mimi_file: Path, max_steps: int):
+    """Kyutai's `TTSModel` over a bench TTS folder, loaded as its `run_tts` loads one: the LM
+    from PyTorch names (`Lm.load_pytorch_weights`, bf16), Mimi of all generated codebooks."""
+    import sentencepiece
+
+    models, _ = _kyutai()
+    from moshi_mlx.models.tts import TTSModel
+
+    raw_config = json.loads((folder / "config.json").read_text())
+    lm_config = models.LmConfig.from_config_dict(raw_config)
+    model = models.Lm(lm_config)
+    model.set_dtype(mx.bfloat16)
+    model.load_pytorch_weights(str(folder / raw_config["moshi_name"]), lm_config, strict=True)
+    mimi = models.mimi.Mimi(models.mimi_202407(lm_config.generated_codebooks))
+    mimi.load_pytorch_weights(str(mimi_file), strict=True)
+    tokenizer = sentencepiece.SentencePieceProcessor(str(folder / raw_config["tokenizer_name"]))
+    tts = TTSModel(
+        model, mimi, tokenizer, temp=0.6, cfg_coef=2.0, n_q=32, max_gen_length=max_steps,
+        raw_config=raw_config,
+    )  # fmt: skip
+    mx.eval(model.parameters(), mimi.parameters())
+    return tts
+
+
+def _tts_run(tts, folder: Path, texts: list[str], steps: int) -> dict:
+    """One `TTSModel.generate` of `len(texts)` requests (voice b for text b), as `run_tts`
+    makes it (distilled guidance 2.0 given as the "cfg" condition, padding 1 between words),
+    each produced frame decoded by Mimi as it comes (`on_frame`, as Kyutai's streaming
+    script plays it), `max_gen_length` cut to the first audio frame's step plus `steps` and
+    one more (which ends the last measured step).
+
+    Returns seconds: `ttfa` (from preparing the requests to the first decoded frame), per
+    step past it the whole step (`frame`: from its text hook to the next step's) and Mimi's
+    decoding in it (`decode`); the first frame's step."""
+    cfg_coef = tts.cfg_coef
+    first_step = tts.delay_steps + max(tts.lm.delays)  # the first frame without -1 codes
+    tts.max_gen_length = first_step + 2 + steps
+    hooks: list[float] = []
+    decodes: list[tuple[int, float, float]] = []  # (step, decode start, end)
+
+    def on_text(_tokens) -> None:
+        hooks.append(time.perf_counter())
+
+    def on_frame(frame) -> None:
+        start = time.perf_counter()
+        pcm = tts.mimi.decode_step(frame[:, :, None])
+        np.array(mx.clip(pcm, -1, 1))  # played: on the host
+        decodes.append((len(hooks) - 1, start, time.perf_counter()))
+
+    start = time.perf_counter()
+    entries = [tts.prepare_script([text], padding_between=1) for text in texts]
+    voices = [folder / "voices" / f"voice{b}.safetensors" for b in range(len(texts))]
+    attributes = [tts.make_condition_attributes([voice], cfg_coef) for voice in voices]
+    tts.cfg_coef = 1.0  # distilled: the guidance is a condition (as run_tts sets it)
+    try:
+        tts.generate(entries, attributes, on_text_hook=on_text, on_frame=on_frame)
+    finally:
+        tts.cfg_coef = cfg_coef
+    assert decodes and decodes[0][0] == first_step, (decodes[:1], first_step)
+    measured = decodes[1 : 1 + steps]
+    frame = [hooks[t + 1] - hooks[t] for t, _, _ in measured]
+    decode = [stop - begin for _, begin, stop in measured]
+    return {
+        "ttfa": decodes[0][2] - start,  # their first frame is played: no frame skipped
+        "frame": frame,
+        "decode": decode,
+        "first_step": decodes[0][0] + 1,  # steps run when it came
+    }
+
+
+def bench_tts(
+    folder: Path, mimi_file: Path, batches: list[int], steps: int, warmup: int, seed: int
+) -> dict:
+    """Kyutai's `TTSModel` on a bench TTS folder (`bench.py`'s `tts_weights`), per batch size:
+    a warm-up generation (`warmup` steps past the first audio) then a measured one."""
+    start = time.perf_counter()
+    tts = _tts_model(folder, mimi_file, 1)
+    load_s = time.perf_counter() - start
+    result: dict = {"impl": "kyutai", "mlx": mx.__version__, "load_s": load_s}
+    for batch in batches:
+        texts = TTS_TEXTS[:batch]
+        try:
+            mx.random.seed(seed)
+            _tts_run(tts, folder, texts, warmup)
+            mx.reset_peak_memory()
+            mx.random.seed(seed)
+            run = _tts_run(tts, folder, texts, steps)
+        except Exception as exc:  # noqa: BLE001 (reported: e.g. a batch it cannot run)
+            result[f"error_b{batch}"] = f"{type(exc).__name__}: {exc}"
+            continue
+        step = [f - d for f, d in zip(run["frame"], run["decode"])]
+        result.update(tts_result(batch, run["ttfa"], run["ttfa"], run["first_step"],
+                                 run["frame"], step, run["decode"], _memory_gb()))  # fmt: skip
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["lm", "mimi"])
+    parser.add_argument("part", choices=["lm", "mimi", "tts"])
     parser.add_argument("--weights", type=Path, required=True)
     parser.add_argument("--shape", choices=sorted(LM_SHAPES), help="LM shape (for part lm)")
     parser.add_argument("--config", type=Path, help="a Kyutai config.json instead of --shape")
@@ -245,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-seconds", type=float, default=0.0, help="batch Mimi encode")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mimi", type=Path, help="tts: the Mimi file (PyTorch layout)")
+    parser.add_argument("--batches", default="1,8", help="tts: batch sizes, e.g. 1,8")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
 
@@ -258,6 +360,11 @@ def main(argv: list[str] | None = None) -> None:
         result = bench_lm(
             config, args.weights, args.steps, args.warmup, args.seed, args.split_steps
         )
+    elif args.part == "tts":
+        if args.mimi is None:
+            parser.error("part tts needs --mimi")
+        batches = [int(b) for b in args.batches.split(",")]
+        result = bench_tts(args.weights, args.mimi, batches, args.steps, args.warmup, args.seed)
     else:
         result = bench_mimi(args.weights, args.frames, args.warmup, args.seed, args.batch_seconds)
     text = json.dumps(result, indent=2)

@@ -84,6 +84,122 @@ LM_SHAPES: dict[str, dict] = {
     },
 }
 
+# Text-to-speech shapes as Kyutai `config.json` dicts, keyed as the published
+# kyutai/tts-1.6b-en_fr config.json (tests/fixtures/tts/config.json's order): 32 audio streams
+# all generated (n_q = dep_q), a text stream carrying two tokens per step, summed "control" and
+# "cfg" conditions, voices by cross-attention, audio 1.28 s (16 steps) behind the text.
+_TTS_COMMON = {
+    "dim": 2048,
+    "num_heads": 16,
+    "num_layers": 16,
+    "hidden_scale": 4.125,
+    "context": 500,
+    "card": 2048,
+    "text_card": 8000,
+    "n_q": 32,
+    "dep_q": 32,
+    "delays": [0, 0] + [2] * 31,
+    "existing_text_padding_id": 3,
+    "causal": True,
+    "layer_scale": None,
+    "max_period": 10000,
+    "gating": "silu",
+    "norm": "rms_norm_f32",
+    "positional_embedding": "rope",
+    "depformer_dim": 1024,
+    "depformer_num_heads": 16,
+    "depformer_num_layers": 4,
+    "depformer_dim_feedforward": 3072,
+    "depformer_multi_linear": True,
+    "depformer_pos_emb": "none",
+    "depformer_weights_per_step": True,
+    "depformer_weights_per_step_schedule": list(range(8)) + [8] * 8 + [9] * 8 + [10] * 8,
+    "depformer_low_rank_embeddings": 128,
+    "demux_second_stream": True,
+    "text_card_out": None,
+    "cross_attention": True,
+    "conditioners": {
+        "speaker_wavs": {"type": "tensor", "tensor": {"dim": 512}},
+        "cfg": {
+            "type": "lut",
+            "lut": {
+                "n_bins": 7,
+                "dim": 16,
+                "tokenizer": "noop",
+                "possible_values": ["1.0", "1.5", "2.0", "2.5", "3.0", "3.5", "4.0"],
+            },
+        },
+        "control": {
+            "type": "lut",
+            "lut": {"dim": 2048, "n_bins": 1, "tokenizer": "noop", "possible_values": ["ok"]},
+        },
+    },
+    "fuser": {
+        "cross_attention_pos_emb": True,
+        "cross_attention_pos_emb_scale": 1,
+        "sum": ["control", "cfg"],
+        "prepend": [],
+        "cross": ["speaker_wavs"],
+    },
+    "tts_config": {"audio_delay": 1.28, "second_stream_ahead": 2},
+    "model_id": {"sig": "1e68beda", "epoch": 240},
+    "model_type": "tts",
+    "lm_gen_config": {"temp": 0.6, "text_temp": 0.6},
+}
+
+TTS_SHAPES: dict[str, dict] = {
+    # The published kyutai/tts-1.6b-en_fr: 16 layers 2048 wide, a depformer of 4 layers 1024
+    # wide over 32 codebooks with 11 weight sets.
+    "tts-1.6b": _TTS_COMMON,
+    # Half as wide and deep (1024 x 8, depformer 512 x 2), the same streams, schedule and
+    # delays: a step a CPU takes in well under a second.
+    "tts-small": {
+        **_TTS_COMMON,
+        "dim": 1024,
+        "num_heads": 8,
+        "num_layers": 8,
+        "depformer_dim": 512,
+        "depformer_num_heads": 8,
+        "depformer_num_layers": 2,
+        "depformer_dim_feedforward": 1536,
+    },
+    # Tests: 64 wide, the real vocabularies and streams, audio 0.32 s (4 steps) behind the
+    # text so the first audio comes after a few steps.
+    "tts-tiny": {
+        **_TTS_COMMON,
+        "dim": 64,
+        "num_heads": 4,
+        "num_layers": 2,
+        "depformer_dim": 32,
+        "depformer_num_heads": 4,
+        "depformer_num_layers": 2,
+        "depformer_dim_feedforward": 96,
+        "depformer_low_rank_embeddings": 8,
+        "tts_config": {"audio_delay": 0.32, "second_stream_ahead": 2},
+    },
+}
+
+# What the `tts` part speaks: request b of a batch reads TTS_TEXTS[b] (and voice b). Long
+# enough that no request ends within a bench's steps (a word takes 2 steps or more).
+_TTS_SENTENCES = [
+    "The old lighthouse keeper climbed the stairs every evening to light the lamp.",
+    "Nobody in the village could remember a night when the light had failed.",
+    "Rain drummed on the windows while the kettle began to whistle in the kitchen.",
+    "She packed two sandwiches, a map of the hills and a small blue notebook.",
+    "The train was late again, so the passengers waited under the station clock.",
+    "A fox crossed the frozen field and vanished into the dark line of trees.",
+    "He tuned the guitar slowly, listening to each string until it rang true.",
+    "Tomorrow the market opens early, with fresh bread, cheese and ripe apples.",
+    "The children built a raft from driftwood and floated it down the quiet river.",
+    "After the storm the whole town came out to clear the branches from the road.",
+    "Her grandmother kept every letter in a wooden box beneath the bed.",
+    "The museum guide told us the painting had been hidden for forty years.",
+]
+TTS_TEXTS = [
+    " ".join(_TTS_SENTENCES[(start + k) % len(_TTS_SENTENCES)] for k in range(6))
+    for start in range(8)
+]
+
 QUANT_BITS: dict[str, tuple[int | None, int | None]] = {
     "bf16": (None, None),
     "q8": (8, 64),
@@ -130,4 +246,64 @@ def pool_rounds(runs: list[dict]) -> dict:
         pooled[metric] = summarize([v / 1000.0 for v in values]) if values else None
     pooled["round_step_p50_ms"] = [run["step_ms"]["p50"] for run in runs]
     pooled["peak_memory_gb"] = max(run["peak_memory_gb"] for run in runs)
+    return pooled
+
+
+def tts_result(
+    batch: int,
+    ttfa_s: float,
+    ttfd_s: float,
+    first_step: int,
+    frame_s: list[float],
+    step_s: list[float],
+    decode_s: list[float],
+    peak_gb: float,
+) -> dict:
+    """A TTS run of `batch` requests, keys suffixed `_b{batch}`: time to the first audio
+    played (`ttfa_ms`, one sample; `first_audio_step`: the steps run when it came) and to the
+    first frame Mimi decoded (`ttfd_ms`: earlier where the first frames are cut), and per step
+    past it the whole step (`frame_ms`: LM step, text schedule, Mimi decoding, audio on the
+    host), its LM part (`step_ms`) and Mimi's (`decode_ms`); the real-time factor (seconds of
+    one request's audio per second) and the batch's audio per second, at the median step."""
+    frame_p50 = statistics.median(frame_s)
+    return {
+        f"ttfa_ms_b{batch}": summarize([ttfa_s]),
+        f"ttfd_ms_b{batch}": summarize([ttfd_s]),
+        f"first_audio_step_b{batch}": first_step,
+        f"frame_ms_b{batch}": summarize(frame_s),
+        f"step_ms_b{batch}": summarize(step_s),
+        f"decode_ms_b{batch}": summarize(decode_s),
+        f"real_time_factor_b{batch}": FRAME_MS / 1000 / frame_p50,
+        f"audio_per_s_b{batch}": batch * FRAME_MS / 1000 / frame_p50,
+        f"peak_memory_gb_b{batch}": peak_gb,
+        f"samples_ms_b{batch}": {
+            "ttfa": [1000 * ttfa_s],
+            "ttfd": [1000 * ttfd_s],
+            "frame": [1000 * s for s in frame_s],
+            "step": [1000 * s for s in step_s],
+            "decode": [1000 * s for s in decode_s],
+        },
+    }
+
+
+def pool_tts(runs: list[dict], batches: list[int]) -> dict:
+    """One result from rounds of the same TTS case (`tts_result`s of each batch size): every
+    statistic over all the rounds' samples (one time to first audio per round)."""
+    pooled = dict(runs[-1])
+    for batch in batches:
+        key = f"samples_ms_b{batch}"
+        if any(key not in run for run in runs):
+            continue
+        samples = {name: [v for run in runs for v in run[key][name]] for name in runs[0][key]}
+        pooled[key] = samples
+        for name, values in samples.items():
+            pooled[f"{name}_ms_b{batch}"] = summarize([v / 1000 for v in values])
+        frame_s = pooled[f"frame_ms_b{batch}"]["p50"] / 1000
+        pooled[f"real_time_factor_b{batch}"] = FRAME_MS / 1000 / frame_s
+        pooled[f"audio_per_s_b{batch}"] = batch * FRAME_MS / 1000 / frame_s
+        pooled[f"peak_memory_gb_b{batch}"] = max(run[f"peak_memory_gb_b{batch}"] for run in runs)
+    peaks = [
+        pooled[f"peak_memory_gb_b{batch}"] for batch in batches if f"error_b{batch}" not in pooled
+    ]
+    pooled["peak_memory_gb"] = max(peaks, default=None)
     return pooled

@@ -222,3 +222,42 @@ def test_partly_prefilled_prompt_state_has_the_whole_prompts_layout():
             np.array(ours[:, :, :8]), np.array(reference[:, :, :8]), rtol=1e-4, atol=1e-5
         )
         assert not np.array(ours[:, :, 8:40]).any()  # not computed: left zero
+
+
+def test_tts_case(tmp_path):
+    """The TTS part on the tiny TTS shape (the published streams, 64 wide, audio 4 steps
+    behind the text), batches of 1 and 2 requests: our figures, Kyutai's not asked for."""
+    flags = "--parts tts --shapes tts-tiny --streams 2 --steps 2 --warmup 1"
+    done, report = _run_bench(flags, tmp_path / "tts.json", timeout=180)
+    (case,) = report["results"]
+    assert (case["shape"], case["batches"], case["kyutai"]) == ("tts-tiny", [1, 2], None)
+    ours = case["ours"]
+    for batch in (1, 2):
+        for metric in ("frame_ms", "step_ms", "decode_ms"):
+            _check_timing(ours[f"{metric}_b{batch}"], 2)
+        for metric in ("ttfa_ms", "ttfd_ms"):
+            _check_timing(ours[f"{metric}_b{batch}"], 1)
+        # 4 steps of text first, 2 of acoustic delay, 2 decoded frames cut: the 9th step.
+        assert ours[f"first_audio_step_b{batch}"] == 9
+        assert ours[f"ttfd_ms_b{batch}"]["p50"] < ours[f"ttfa_ms_b{batch}"]["p50"]
+        frame_s = ours[f"frame_ms_b{batch}"]["p50"] / 1000
+        assert ours[f"audio_per_s_b{batch}"] == pytest.approx(batch * 0.08 / frame_s)
+    assert ours["real_time_factor_b1"] == ours["audio_per_s_b1"]
+    assert 0 < ours["peak_memory_gb"] < 2
+    assert "ttfa_ms_b2" in done.stdout and "real-time factor" in done.stdout
+
+
+def test_tts_layout_is_the_published_one():
+    """The random TTS file's names, shapes and dtypes for the fixture's config are those of
+    tests/fixtures/tts/weights.safetensors (written by Kyutai's PyTorch model)."""
+    from moshi_mlx.checkpoints.io import read_safetensors_header
+
+    bench = _bench_module()
+    fixtures = ROOT / "tests" / "fixtures" / "tts"
+    layout = bench.tts_pytorch_layout(json.loads((fixtures / "config.json").read_text()))
+    published, _ = read_safetensors_header(fixtures / "weights.safetensors")
+    assert layout == published
+    # The bench's shapes are keyed as the published config.json (the fixture's order).
+    fixture_keys = list(json.loads((fixtures / "config.json").read_text()))
+    for shape in bench.TTS_SHAPES.values():
+        assert list(shape) == fixture_keys[: len(shape)]

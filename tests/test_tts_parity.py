@@ -17,7 +17,7 @@ from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.tokenizer import load_tokenizer
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
-from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition
+from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition, voice_keys_values
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
@@ -50,6 +50,22 @@ def test_the_conditions_equal_the_reference(lm, forced):
     source = lm.condition_provider.cross_source(tensors)
     assert _relative(np.array(condition), forced["sum_cond"][:, 0]) < 1e-6
     assert _relative(np.array(source), forced["cross_src"]) < 1e-6
+
+
+@pytest.mark.parametrize("counts", [(1,), (1, 1), (2, 1), (5,)])
+def test_voice_keys_values_equal_the_whole_sources(lm, counts):
+    """The empty voice slots' keys and values, kept per model, joined to the filled slots'
+    computed per request: those of the whole cross-attended source, bit for bit."""
+    alice, bob = (load_voice(VOICES[name], 16) for name in ("alice", "bob"))
+    rows = [[(alice, bob)[(row + k) % 2] for k in range(count)] for row, count in enumerate(counts)]
+    tensor, mask = speaker_condition(rows)
+    whole = lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
+    joined = voice_keys_values(lm, rows)
+    assert len(joined) == len(whole) == lm.cfg.num_layers
+    for pair, reference in zip(joined, whole):
+        for ours, theirs in zip(pair, reference):
+            assert ours.shape == theirs.shape
+            np.testing.assert_array_equal(np.array(ours), np.array(theirs))
 
 
 def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:

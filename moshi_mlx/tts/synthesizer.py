@@ -44,7 +44,7 @@ from moshi_mlx.tts.voices import (
     VOICE_TENSOR,
     load_voice,
     resolve_voice,
-    speaker_condition,
+    voice_keys_values,
 )
 
 DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
@@ -219,8 +219,7 @@ class TtsRun:
         self.model = model
         lm = model.lm
         voices = [[model.voice(v) for v in request.voices] for request in requests]
-        tensor, mask = speaker_condition(voices)
-        cross = lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
+        cross = voice_keys_values(lm, voices)
         condition = lm.condition([_condition_values(lm.cfg, r.cfg_coef) for r in requests])
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(

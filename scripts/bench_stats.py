@@ -5,7 +5,9 @@ Kept free of any `moshi_mlx` import, so both virtual environments can load it.
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 # LM shapes as Kyutai `config.json` dicts, so both implementations build the same model.
 # Every linear input width divides by 64, so q8 (group 64) and q4 (group 32) quantize all layers.
@@ -84,67 +86,17 @@ LM_SHAPES: dict[str, dict] = {
     },
 }
 
-# Text-to-speech shapes as Kyutai `config.json` dicts, keyed as the published
-# kyutai/tts-1.6b-en_fr config.json (tests/fixtures/tts/config.json's order): 32 audio streams
+# Text-to-speech shapes as Kyutai `config.json` dicts, from the published
+# kyutai/tts-1.6b-en_fr config.json (tests/fixtures/kyutai_configs/): 32 audio streams
 # all generated (n_q = dep_q), a text stream carrying two tokens per step, summed "control" and
 # "cfg" conditions, voices by cross-attention, audio 1.28 s (16 steps) behind the text.
+PUBLISHED_TTS_CONFIG = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/kyutai_configs/tts-1.6b-en_fr.json"
+)
 _TTS_COMMON = {
-    "dim": 2048,
-    "num_heads": 16,
-    "num_layers": 16,
-    "hidden_scale": 4.125,
-    "context": 500,
-    "card": 2048,
-    "text_card": 8000,
-    "n_q": 32,
-    "dep_q": 32,
-    "delays": [0, 0] + [2] * 31,
-    "existing_text_padding_id": 3,
-    "causal": True,
-    "layer_scale": None,
-    "max_period": 10000,
-    "gating": "silu",
-    "norm": "rms_norm_f32",
-    "positional_embedding": "rope",
-    "depformer_dim": 1024,
-    "depformer_num_heads": 16,
-    "depformer_num_layers": 4,
-    "depformer_dim_feedforward": 3072,
-    "depformer_multi_linear": True,
-    "depformer_pos_emb": "none",
-    "depformer_weights_per_step": True,
-    "depformer_weights_per_step_schedule": list(range(8)) + [8] * 8 + [9] * 8 + [10] * 8,
-    "depformer_low_rank_embeddings": 128,
-    "demux_second_stream": True,
-    "text_card_out": None,
-    "cross_attention": True,
-    "conditioners": {
-        "speaker_wavs": {"type": "tensor", "tensor": {"dim": 512}},
-        "cfg": {
-            "type": "lut",
-            "lut": {
-                "n_bins": 7,
-                "dim": 16,
-                "tokenizer": "noop",
-                "possible_values": ["1.0", "1.5", "2.0", "2.5", "3.0", "3.5", "4.0"],
-            },
-        },
-        "control": {
-            "type": "lut",
-            "lut": {"dim": 2048, "n_bins": 1, "tokenizer": "noop", "possible_values": ["ok"]},
-        },
-    },
-    "fuser": {
-        "cross_attention_pos_emb": True,
-        "cross_attention_pos_emb_scale": 1,
-        "sum": ["control", "cfg"],
-        "prepend": [],
-        "cross": ["speaker_wavs"],
-    },
-    "tts_config": {"audio_delay": 1.28, "second_stream_ahead": 2},
-    "model_id": {"sig": "1e68beda", "epoch": 240},
-    "model_type": "tts",
-    "lm_gen_config": {"temp": 0.6, "text_temp": 0.6},
+    key: value
+    for key, value in json.loads(PUBLISHED_TTS_CONFIG.read_text()).items()
+    if not key.endswith("_name")  # the bench names its own files
 }
 
 TTS_SHAPES: dict[str, dict] = {

@@ -121,67 +121,41 @@ OUT = ROOT / "tests" / "fixtures" / "tts"
 MANIFEST = ROOT / "tests" / "manifests" / "tts_tiny_mlx_names.tsv"
 KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
 
-# Published TTS structure (kyutai/tts-1.6b-en_fr) at tiny sizes.
-TTS_CONFIG = {
+# The published TTS structure (kyutai/tts-1.6b-en_fr) at tiny sizes, its keys in its order.
+PUBLISHED_CONFIG = ROOT / "tests" / "fixtures" / "kyutai_configs" / "tts-1.6b-en_fr.json"
+TINY_SIZES = {
     "dim": 64,
     "num_heads": 4,
     "num_layers": 2,
-    "hidden_scale": 4.125,
     "context": 16,
     "card": 64,
     "text_card": 100,
     "n_q": 8,
     "dep_q": 8,
-    "delays": [0, 0, 2, 2, 2, 2, 2, 2, 2],
-    "existing_text_padding_id": 3,
-    "causal": True,
-    "layer_scale": None,
-    "max_period": 10000,
-    "gating": "silu",
-    "norm": "rms_norm_f32",
-    "positional_embedding": "rope",
+    "delays": [0, 0] + [2] * 7,
     "depformer_dim": 32,
     "depformer_num_heads": 4,
     "depformer_num_layers": 2,
     "depformer_dim_feedforward": 96,
-    "depformer_multi_linear": True,
-    "depformer_pos_emb": "none",
-    "depformer_weights_per_step": True,
     "depformer_weights_per_step_schedule": [0, 1, 2, 3, 4, 4, 5, 5],
     "depformer_low_rank_embeddings": 8,
-    "demux_second_stream": True,
-    "text_card_out": None,
-    "cross_attention": True,
-    "conditioners": {
-        "speaker_wavs": {"type": "tensor", "tensor": {"dim": 16}},
-        "cfg": {
-            "type": "lut",
-            "lut": {
-                "n_bins": 7,
-                "dim": 16,
-                "tokenizer": "noop",
-                "possible_values": ["1.0", "1.5", "2.0", "2.5", "3.0", "3.5", "4.0"],
-            },
-        },
-        "control": {
-            "type": "lut",
-            "lut": {"dim": 64, "n_bins": 1, "tokenizer": "noop", "possible_values": ["ok"]},
-        },
-    },
-    "fuser": {
-        "cross_attention_pos_emb": True,
-        "cross_attention_pos_emb_scale": 1,
-        "sum": ["control", "cfg"],
-        "prepend": [],
-        "cross": ["speaker_wavs"],
-    },
     "tts_config": {"audio_delay": 0.32, "second_stream_ahead": 2},
     "model_id": {"sig": "0badf00d", "epoch": 7},
-    "model_type": "tts",
-    "lm_gen_config": {"temp": 0.6, "text_temp": 0.6},
     "moshi_name": "weights.safetensors",
     "tokenizer_name": "tokenizer.model",
 }
+
+
+def tiny_config() -> dict:
+    """The published config.json at TINY_SIZES (the conditioners' widths too), no Mimi file."""
+    config = json.loads(PUBLISHED_CONFIG.read_text()) | TINY_SIZES
+    del config["mimi_name"]
+    config["conditioners"]["speaker_wavs"]["tensor"]["dim"] = 16
+    config["conditioners"]["control"]["lut"]["dim"] = TINY_SIZES["dim"]
+    return config
+
+
+TTS_CONFIG = tiny_config()
 
 # A Mimi small enough to build in no time; TTSModel only reads its frame_rate (12.5).
 TINY_MIMI_CONFIG = {

@@ -228,34 +228,36 @@ TTS_VOICE_FRAMES = 125  # a published voice: speaker_wavs (1, 512, 125) float32
 def tts_weights(folder: Path, shape: str, voices: int = 8) -> Path:
     """The random TTS of a shape, written once into `folder / shape`: `config.json` (Kyutai's,
     naming the files), the LM in the published PyTorch layout (bf16, conditioners float32),
-    a BPE tokenizer of the bench's texts (its few hundred pieces all below `text_card`) and
-    `voices` voice embeddings `voices/voice{i}.safetensors`. Mimi is `mimi_weights(folder)`."""
+    a BPE tokenizer of the bench's texts (its few hundred pieces all below `text_card`), and
+    voice embeddings `voices/voice{i}.safetensors` for i < `voices` (those missing are added).
+    Mimi is `mimi_weights(folder)`."""
     from safetensors.numpy import save_file
 
     out = folder / shape
-    config_file = out / CONFIG_FILE
-    if config_file.exists():  # written last
-        return out
     config = {**TTS_SHAPES[shape], "moshi_name": TTS_LM_FILE, "tokenizer_name": TTS_TOKENIZER}
-    out.mkdir(parents=True, exist_ok=True)
-    layout = tts_pytorch_layout(config)
-    keys = mx.random.split(mx.random.key(0), len(layout))
-    with open(out / TTS_LM_FILE, "wb") as file:
-        writer = SafetensorsWriter(file, layout, metadata={"format": "pt"})
-        for (name, (dims, dtype)), key in zip(layout.items(), keys):
-            array = _random_tts_tensor(name, dims, key).astype(dtype)
-            mx.eval(array)
-            writer.write_rows(name, 0, array)
-        writer.check_complete()
-    sentences = [s for text in TTS_TEXTS for s in text.split(". ")]
-    (out / TTS_TOKENIZER).write_bytes(train_bpe_tokenizer(sentences, TTS_TOKENIZER_PIECES, 3))
-    rng = np.random.default_rng(0)
+    if not (out / CONFIG_FILE).exists():  # written last
+        out.mkdir(parents=True, exist_ok=True)
+        layout = tts_pytorch_layout(config)
+        keys = mx.random.split(mx.random.key(0), len(layout))
+        with open(out / TTS_LM_FILE, "wb") as file:
+            writer = SafetensorsWriter(file, layout, metadata={"format": "pt"})
+            for (name, (dims, dtype)), key in zip(layout.items(), keys):
+                array = _random_tts_tensor(name, dims, key).astype(dtype)
+                mx.eval(array)
+                writer.write_rows(name, 0, array)
+            writer.check_complete()
+        sentences = [s for text in TTS_TEXTS for s in text.split(". ")]
+        tokenizer = train_bpe_tokenizer(sentences, TTS_TOKENIZER_PIECES, 3)
+        (out / TTS_TOKENIZER).write_bytes(tokenizer)
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     dim = config["conditioners"]["speaker_wavs"]["tensor"]["dim"]
     (out / "voices").mkdir(exist_ok=True)
     for index in range(voices):
-        wavs = rng.standard_normal((1, dim, TTS_VOICE_FRAMES)).astype(np.float32)
-        save_file({VOICE_TENSOR: wavs}, str(out / "voices" / f"voice{index}.safetensors"))
-    config_file.write_text(json.dumps(config, indent=2))
+        path = out / "voices" / f"voice{index}.safetensors"
+        if not path.exists():
+            rng = np.random.default_rng(index)
+            wavs = rng.standard_normal((1, dim, TTS_VOICE_FRAMES)).astype(np.float32)
+            save_file({VOICE_TENSOR: wavs}, str(path))
     return out
 
 

@@ -4,8 +4,12 @@ random weights (run in the scripts' venvs)."""
 from __future__ import annotations
 
 import copy
+import subprocess
+from pathlib import Path
 
 import torch
+
+KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")  # Kyutai's moshi_mlx 0.3.0
 
 # Keys that Kyutai's CheckpointInfo.from_hf_repo pops before the rest become LMModel kwargs.
 CHECKPOINT_KEYS = (
@@ -39,3 +43,12 @@ def round_to_bf16(model: torch.nn.Module) -> torch.nn.Module:
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             param.copy_(param.to(torch.bfloat16).to(torch.float32))
     return model.eval()
+
+
+def mlx_names(config_path: Path, out: Path) -> None:
+    """Kyutai's moshi_mlx parameter names for config_path, written by its own venv."""
+    if not KYUTAI_PYTHON.exists():
+        print(f"skipped {out.name}: {KYUTAI_PYTHON} is missing")
+        return
+    script = Path(__file__).resolve().parent / "list_kyutai_mlx_names.py"
+    subprocess.run([str(KYUTAI_PYTHON), str(script), str(config_path), str(out)], check=True)

@@ -64,7 +64,6 @@ parameter of Kyutai's moshi_mlx 0.3.0 `Lm(LmConfig.from_config_dict(config.json)
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -72,7 +71,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import lm_kwargs, round_to_bf16
+from fixture_weights import lm_kwargs, mlx_names, round_to_bf16
 from moshi.conditioners import ConditionAttributes
 from moshi.models import loaders
 from moshi.models.lm import LMGen, LMModel
@@ -81,7 +80,6 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MANIFESTS = ROOT / "tests" / "manifests"
-KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
 
 # Published STT structure (kyutai/stt-1b-en_fr-candle) at tiny sizes.
 STT_CONFIG = {
@@ -305,15 +303,6 @@ def hibiki_golden(model: LMModel, codes: np.ndarray, cfg_coef: float) -> dict[st
 
 def write_config(config: dict, path: Path) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-def mlx_names(config_path: Path, out: Path) -> None:
-    """Kyutai's moshi_mlx parameter names for config_path, written by its own venv."""
-    if not KYUTAI_PYTHON.exists():
-        print(f"skipped {out.name}: {KYUTAI_PYTHON} is missing")
-        return
-    script = ROOT / "scripts" / "list_kyutai_mlx_names.py"
-    subprocess.run([str(KYUTAI_PYTHON), str(script), str(config_path), str(out)], check=True)
 
 
 def make_stt(tokenizer_model: bytes) -> None:

@@ -101,7 +101,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -109,7 +108,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import lm_kwargs, round_to_bf16
+from fixture_weights import lm_kwargs, mlx_names, round_to_bf16
 from moshi.models import loaders
 from moshi.models.lm import LMModel
 from moshi.models.tts import DEFAULT_DSM_TTS_VOICE_REPO, StateMachine, TokenIds, TTSModel
@@ -119,7 +118,6 @@ from safetensors.torch import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "tts"
 MANIFEST = ROOT / "tests" / "manifests" / "tts_tiny_mlx_names.tsv"
-KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")
 
 # The published TTS structure (kyutai/tts-1.6b-en_fr) at tiny sizes, its keys in its order.
 PUBLISHED_CONFIG = ROOT / "tests" / "fixtures" / "kyutai_configs" / "tts-1.6b-en_fr.json"
@@ -493,15 +491,6 @@ def dump_json(data: dict) -> str:
         )
         + "\n"
     )
-
-
-def mlx_names(config_path: Path, out: Path) -> None:
-    """Kyutai's moshi_mlx parameter names for config_path, written by its own venv."""
-    if not KYUTAI_PYTHON.exists():
-        print(f"skipped {out.name}: {KYUTAI_PYTHON} is missing")
-        return
-    script = ROOT / "scripts" / "list_kyutai_mlx_names.py"
-    subprocess.run([str(KYUTAI_PYTHON), str(script), str(config_path), str(out)], check=True)
 
 
 def main() -> None:

@@ -70,36 +70,36 @@ from bench_stats import (
 from fixture_tokenizer import train_bpe_tokenizer
 from mlx.utils import tree_flatten
 
-from moshi_mlx.api import step_frame
-from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
-from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
-from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.checkpoints.spec import CONFIG_FILE
-from moshi_mlx.codec import load_codec
-from moshi_mlx.generate import (
+from moshi_mlx.chat.generate import (
     GenState,
     LmGen,
     fresh_state,
     teacher_forced_logits,
     token_ring_width,
 )
-from moshi_mlx.memory_plan import kv_cache_bytes
+from moshi_mlx.chat.model import step_frame
+from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
+from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
+from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
+from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
+from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
+from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
-from moshi_mlx.persona.cache import load_state, prompt_key, save_state
-from moshi_mlx.persona.prompt import VoicePrompt, prompt_state
-from moshi_mlx.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
-from moshi_mlx.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.codec import load_codec
+from moshi_mlx.runtime.memory_plan import kv_cache_bytes
+from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.stt.stepper import ListenStepper
-from moshi_mlx.testing import (
+from moshi_mlx.testing.checkpoints import (
     logit_fidelity,
     random_teacher_tokens,
     write_random_lm_checkpoint,
     write_random_mimi_checkpoint,
 )
-from moshi_mlx.tokenizer import load_tokenizer
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import VOICE_TENSOR
@@ -1003,8 +1003,8 @@ def bench_persona(
 def bench_echo(frames: int, warmup: int, seed: int) -> dict:
     """Time of the live app's echo canceller per 80 ms mic frame (8 sub-frames of 10 ms) on
     the simulated room of `echo_path` (espeak-ng speech, or noise without espeak-ng)."""
-    from moshi_mlx.audio import echo_path
     from moshi_mlx.audio.echo import EchoCanceller
+    from moshi_mlx.testing import echo_path
 
     far = echo_path.speak(echo_path.FAR_TEXT)
     near = echo_path.speak(echo_path.NEAR_TEXT, voice="en+f3")
@@ -1046,7 +1046,7 @@ def bench_web(frames: int, warmup: int, seed: int) -> dict:
     import sphn
     from aiohttp import web
 
-    from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
+    from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
 
     pcm = _voiced_frames(warmup + frames, seed)
     client_writer = sphn.OpusStreamWriter(24_000)

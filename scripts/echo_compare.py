@@ -1,4 +1,4 @@
-"""Echo cancellers side by side on the simulated echo path of `moshi_mlx.audio.echo_path`.
+"""Echo cancellers side by side on the simulated echo path of `moshi_mlx.testing.echo_path`.
 
     python scripts/echo_compare.py                 # every installed candidate, 9 rooms
     python scripts/echo_compare.py --json echo.json
@@ -10,7 +10,7 @@ with its noise suppression too, as `--denoise` runs it), `livekit`
 ctypes; Debian: apt install libspeexdsp1, macOS: brew install speexdsp). Each runs on 10 ms
 sub-frames at 24 kHz over rooms with a 0.3 s decay, 40/100/200 ms delay and -6/-3/0 dB gain:
 far-end espeak-ng speech throughout, near-end speech joining at 5 s, a 40 ms delay jump at
-11 s. Figures: see `moshi_mlx.audio.echo_path.grade`. A candidate whose package is not
+11 s. Figures: see `moshi_mlx.testing.echo_path.grade`. A candidate whose package is not
 installed (`pip install livekit`) is skipped with a message.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moshi_mlx.audio import echo_path
-from moshi_mlx.audio.echo_path import BLOCK, RATE
+from moshi_mlx.testing import echo_path
+from moshi_mlx.testing.echo_path import BLOCK, RATE
 
 DELAYS = (0.04, 0.1, 0.2)
 GAINS = (-6.0, -3.0, 0.0)

@@ -3,7 +3,7 @@
 
 import sys
 
-from moshi_mlx.quantize import main
+from moshi_mlx.cli.quantize import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,7 +39,7 @@ LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 def tiny_lm_checkpoints(tmp_path_factory):
     """Random tiny-LM files in Kyutai's MLX formats: {"bf16" | "q8" | "q4": Path}."""
     from moshi_mlx.models.lm import LmConfig
-    from moshi_mlx.testing import write_random_lm_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
     root = tmp_path_factory.mktemp("lm_checkpoints")
     config = LmConfig.tiny()
@@ -72,7 +72,7 @@ MIMI_MANIFEST = MANIFESTS / "mimi_checkpoint.tsv"
 def tiny_mimi_checkpoint(tmp_path_factory):
     """(path, config) of a random tiny Mimi in the published PyTorch layout."""
     from moshi_mlx.models.mimi import MimiConfig
-    from moshi_mlx.testing import write_random_mimi_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_mimi_checkpoint
 
     config = MimiConfig.tiny()
     path = tmp_path_factory.mktemp("mimi") / "tiny_mimi.safetensors"
@@ -82,7 +82,7 @@ def tiny_mimi_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def full_mimi_checkpoint(tmp_path_factory):
     """A random full-size Mimi (385 MB, the published names and shapes), written once."""
-    from moshi_mlx.testing import write_random_mimi_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_mimi_checkpoint
 
     path = tmp_path_factory.mktemp("mimi_full") / "tokenizer-random.safetensors"
     return write_random_mimi_checkpoint(path, seed=0)

@@ -20,9 +20,9 @@ import threading
 
 import numpy as np
 
-from moshi_mlx.cli import run_cli
+from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.stt_serve import add_server_args, serve
 from moshi_mlx.stt.events import EndOfTurn, SttStep, WordEnded, WordStarted
-from moshi_mlx.stt.serve_cli import add_server_args, serve
 
 FRAME_SIZE = 1920
 STEP_SECONDS = 0.08

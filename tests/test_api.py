@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from tiny_moshi import cached_tiny_moshi, fast_codec, load_tiny_model, tiny_config
 
-from moshi_mlx.api import MoshiModel, StepResult
+from moshi_mlx.chat.model import MoshiModel, StepResult
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import SamplingConfig
 
 FRAME = 1920
 

@@ -14,8 +14,8 @@ from conftest import needs_rustymimi
 
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.codec import BatchEncoder, Codec, MlxCodec, RustyMimiCodec, load_codec
 from moshi_mlx.errors import AudioError, MoshiError, WeightsError
+from moshi_mlx.runtime.codec import BatchEncoder, Codec, MlxCodec, RustyMimiCodec, load_codec
 
 FRAME = 1920
 

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from moshi_mlx.audio import echo_path
 from moshi_mlx.audio.echo import EchoCanceller, PlayedAudio
 from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.errors import AudioError
+from moshi_mlx.testing import echo_path
 
 RATE = 24_000
 
@@ -194,7 +194,7 @@ def test_without_the_package_the_app_says_so_and_goes_on(monkeypatch, capsys):
     import argparse
     import sys
 
-    from moshi_mlx import local
+    from moshi_mlx.cli import local
 
     monkeypatch.setitem(sys.modules, "pywebrtc_audio", None)  # as if not installed
     with pytest.raises(AudioError, match="pip install pywebrtc-audio"):

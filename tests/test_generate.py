@@ -6,11 +6,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.chat.generate import MAX_STEP_FUNCTIONS, LmGen, step_functions
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.generate import MAX_STEP_FUNCTIONS, LmGen, step_functions
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.sampling import SamplingConfig, sample
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def _resolve_in_subprocess(tmp_path, hf_home, *args):
         "PATH": "/usr/bin:/bin",
     }
     code = (
-        "import sys; from moshi_mlx.cli import run_cli; from moshi_mlx.checkpoints.hub import resolve_weights"
+        "import sys; from moshi_mlx.cli.common import run_cli; from moshi_mlx.checkpoints.hub import resolve_weights"
         "\ndef go(argv):"
         "\n    print(resolve_weights(*[int(a) if a.isdigit() else a for a in argv]))"
         "\n    return 0"

@@ -8,12 +8,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
 from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.testing import logit_fidelity, random_teacher_tokens, write_random_lm_checkpoint
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import (
+    logit_fidelity,
+    random_teacher_tokens,
+    write_random_lm_checkpoint,
+)
 
 STEPS = 200
 # The tiny LM with a head dimension of 64 (the KV groups quantize along it) and a context

@@ -18,7 +18,7 @@ from moshi_mlx.checkpoints.lm import (
 )
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.testing import write_random_lm_checkpoint
+from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
 
 def _forward(lm, steps: int = 6) -> np.ndarray:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.models.config import GenDefaults, LmConfig, SttTiming
+from moshi_mlx.models.config import LmConfig
+from moshi_mlx.models.config_sections import GenDefaults, SttTiming
 from moshi_mlx.models.lm import Lm
 
 # Kyutai's kyutai/stt-2.6b-en, as its model card describes it (48 layers, dim 2048, context
@@ -119,7 +120,7 @@ def test_an_stt_checkpoint_loads_in_either_naming_with_the_heads_it_holds(tmp_pa
 
     from moshi_mlx.checkpoints.conversion import to_pytorch_naming
     from moshi_mlx.checkpoints.lm import load_lm
-    from moshi_mlx.testing import write_random_lm_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
     path = write_random_lm_checkpoint(tmp_path / "mlx", _tiny_stt(heads=4))
     written = load_lm(path, _tiny_stt(heads=4), dtype=mx.float32)

@@ -7,9 +7,9 @@ check the attention window once the KV ring wraps.
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.generate import LmGen
+from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import SamplingConfig
 
 MAX_RELATIVE_ERROR = 1e-4
 

@@ -22,7 +22,7 @@ from tiny_moshi import (
 )
 
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.persona.cache import CACHE_ENV
+from moshi_mlx.chat.persona.cache import CACHE_ENV
 
 pytestmark = [
     pytest.mark.audio,
@@ -285,7 +285,7 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
                 proc.kill()
     err = stderr_path.read_text()
     assert proc.returncode == 0 and "Traceback" not in err, err
-    prompt = err.index("[moshi_mlx.persona] prompt (voice NATM1, role of")
+    prompt = err.index("[moshi_mlx.chat.persona] prompt (voice NATM1, role of")
     assert prompt < err.index("talking: mic"), err
 
     moshi = cached_tiny_moshi(tmp_path_factory)

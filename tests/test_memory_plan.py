@@ -19,22 +19,22 @@ from conftest import MANIFESTS
 from mlx.utils import tree_flatten
 from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
 
+from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors_header
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.codec import MlxCodec
+from moshi_mlx.cli.infer import main as run_inference
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.generate import LmGen
-from moshi_mlx.memory_plan import (
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.runtime.codec import MlxCodec
+from moshi_mlx.runtime.memory_plan import (
     check_fits,
     codec_bytes,
     kv_cache_bytes,
     plan_memory,
     quantized_lm_weight_bytes,
 )
-from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.run_inference import main as run_inference
 
 GB = 1e9
 EIGHT_GB_MAC = (int(8 * GB * 2 / 3), "GPU working set")  # macOS wires about two thirds

@@ -1,4 +1,4 @@
-"""PersonaPlex (moshi_mlx.persona): prompt schedule, batched prefill, prompt cache, its
+"""PersonaPlex (moshi_mlx.chat.persona): prompt schedule, batched prefill, prompt cache, its
 checkpoints (NVIDIA's repairs, quantized files that carry their config) and bad input."""
 
 import json
@@ -13,19 +13,25 @@ import soundfile
 from mlx.utils import tree_flatten
 from tiny_moshi import tiny_personaplex_config, write_eight_step_file, write_tiny_personaplex
 
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.persona.cache import load_state, save_state
+from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
+from moshi_mlx.chat.persona.role import read_role, role_tokens, wrapped
+from moshi_mlx.chat.persona.schedule import (
+    SILENCE_FRAMES,
+    SILENCE_TOKENS,
+    plan_prompt,
+    prompt_frames,
+)
+from moshi_mlx.chat.persona.voice import load_voice_audio
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
-from moshi_mlx.generate import LmGen, token_ring_width
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.persona.cache import load_state, save_state
-from moshi_mlx.persona.prompt import VoicePrompt, prompt_state
-from moshi_mlx.persona.role import read_role, role_tokens, wrapped
-from moshi_mlx.persona.schedule import SILENCE_FRAMES, SILENCE_TOKENS, plan_prompt, prompt_frames
-from moshi_mlx.persona.voice import load_voice_audio
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.token_ring import token_ring_width
 
 
 def _lm(config: LmConfig, seed: int = 0, full_depformer: bool = False) -> Lm:
@@ -202,7 +208,7 @@ def test_the_published_layout_is_personaplex_without_a_config(tmp_path):
 
 
 def test_saved_voice_of_the_wrong_model_is_refused(persona_lm, tmp_path):
-    from moshi_mlx.persona.voice import read_voice, voice_source
+    from moshi_mlx.chat.persona.voice import read_voice, voice_source
 
     fixture = Path(__file__).parent / "fixtures" / "torch_zip"
     own = fixture / "persona_voice.pt"  # the one made for this model (tests' voices.tgz)

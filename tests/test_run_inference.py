@@ -14,8 +14,8 @@ from tiny_moshi import (
     write_voice,
 )
 
-from moshi_mlx.persona.cache import CACHE_ENV
-from moshi_mlx.run_inference import main, max_tail_frames, translate
+from moshi_mlx.chat.persona.cache import CACHE_ENV
+from moshi_mlx.cli.infer import main, max_tail_frames, translate
 
 FRAME = 1920
 
@@ -120,7 +120,7 @@ def _persona_run(capsys, persona, out, *flags):
 def test_voice_and_role_choose_the_prompt(tmp_path, capsys, persona, prompt_cache):
     files = persona[0]
     tutor, err = _persona_run(capsys, persona, tmp_path / "a.wav", "--role", "You are a tutor.")
-    assert "[moshi_mlx.persona] prompt (voice NATF2, role of" in err and "computed" in err, err
+    assert "[moshi_mlx.chat.persona] prompt (voice NATF2, role of" in err and "computed" in err, err
     again, err = _persona_run(capsys, persona, tmp_path / "b.wav", "--role", "You are a tutor.")
     assert "read from the prompt cache" in err, err
     role_file = tmp_path / "role.txt"
@@ -196,7 +196,7 @@ class _EndingConversation:
         self.steps, self.end = 0, end
 
     def step(self, pcm):
-        from moshi_mlx.api import StepResult
+        from moshi_mlx.chat.model import StepResult
 
         self.steps += 1
         return StepResult(np.full(FRAME, self.steps, np.float32), "", None, self.steps == self.end)

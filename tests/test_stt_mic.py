@@ -12,8 +12,8 @@ from pulse import PulseServer, as_heard, pulseaudio_missing_reason, wait_for_tex
 from tiny_moshi import cached_tiny_stt, espeak_speech, load_tiny_stt, tiny_moshi_command
 
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
-from moshi_mlx.stt.command import END_OF_TURN, caption
+from moshi_mlx.cli.stt import END_OF_TURN, caption
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.stt.transcriber import SttModel, transcribe
 from moshi_mlx.stt.words import finished_words
 

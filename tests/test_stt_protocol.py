@@ -6,8 +6,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from moshi_mlx.stt import protocol
-from moshi_mlx.stt.protocol import Audio, Init, Marker, ProtocolError
+from moshi_mlx.serve.stt import protocol
+from moshi_mlx.serve.stt.protocol import Audio, Init, Marker, ProtocolError
 
 
 def test_client_messages_as_kyutais_clients_pack_them():

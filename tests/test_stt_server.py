@@ -20,9 +20,10 @@ import pytest
 from stt_fake import FAIL, FRAME_SIZE, LOUD, PAUSE_PROBABILITIES, STEP_SECONDS, FakeFactory
 from web_harness import free_port
 
-from moshi_mlx.stt.server import ASR_PATH, SttServerConfig, create_app, log
-from moshi_mlx.stt.worker import SttWorker
-from moshi_mlx.web.guard import ConnectionGuard, EventTally, Limits
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.stt.server import ASR_PATH, SttServerConfig, create_app, log
+from moshi_mlx.serve.stt.worker import SttWorker
 
 FAKE_SERVER = Path(__file__).parent / "stt_fake.py"
 REPO = Path(__file__).parents[1]

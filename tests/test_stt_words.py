@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.stt.events import EndOfTurn, WordEnded, WordStarted
 from moshi_mlx.stt.words import Word, WordTimer, finished_words
-from moshi_mlx.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).parent.parent
 GOLDEN = json.loads((ROOT / "tests/fixtures/stt_words/golden.json").read_text())

@@ -4,7 +4,7 @@ import pytest
 import sentencepiece
 
 from moshi_mlx.errors import WeightsError
-from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
+from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
 
 LINES = [
     "hello there how are you doing today",

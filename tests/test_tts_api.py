@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from moshi_mlx.codec import FRAME_SIZE
 from moshi_mlx.errors import MoshiError, TtsError
+from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun, TtsStream
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from moshi_mlx.errors import TtsError
-from moshi_mlx.tokenizer import load_tokenizer
+from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
 
 ROOT = Path(__file__).parent.parent

@@ -28,11 +28,11 @@ from tiny_moshi import (
 )
 from web_harness import ServerThread, free_port
 
-from moshi_mlx.persona.cache import CACHE_ENV
-from moshi_mlx.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.web.server import ServerConfig
-from moshi_mlx.web.worker import ModelWorker
+from moshi_mlx.chat.persona.cache import CACHE_ENV
+from moshi_mlx.chat.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.chat.server import ServerConfig
+from moshi_mlx.serve.chat.worker import ModelWorker
 
 pytestmark = pytest.mark.skipif(
     chromium_binary() is None,

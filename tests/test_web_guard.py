@@ -1,4 +1,4 @@
-"""`moshi_mlx.web.guard` around a small aiohttp app (no model): request and idle deadlines,
+"""`moshi_mlx.serve.guard` around a small aiohttp app (no model): request and idle deadlines,
 the connection cap, counted log records, closing connections that cannot flush, the
 descriptor limit."""
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from moshi_mlx.web.guard import ConnectionGuard, EventTally, Limits
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.limits import Limits
 
 GET = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
@@ -222,7 +223,7 @@ def test_the_connection_cap_fits_the_descriptor_limit():
     """Soft = hard = 256: 192 connections (64 descriptors kept); a higher hard limit: the soft
     one is raised to fit the requested 256 connections."""
     probe = (
-        "import resource, sys; from moshi_mlx.web.guard import Limits, fit_to_descriptor_limit; "
+        "import resource, sys; from moshi_mlx.serve.limits import Limits, fit_to_descriptor_limit; "
         "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
         "limits, soft = fit_to_descriptor_limit(Limits()); "
         "print(limits.max_connections, soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
@@ -239,7 +240,7 @@ def test_the_connection_cap_fits_the_descriptor_limit():
 SERVE_AT_64_DESCRIPTORS = """
 import asyncio, resource, sys
 from test_web_guard import guarded
-from moshi_mlx.web.guard import Limits
+from moshi_mlx.serve.limits import Limits
 
 async def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))

@@ -1,13 +1,13 @@
-"""`moshi_mlx.web.persona`: what a client may choose on `/api/chat`, and `/api/persona`'s JSON.
+"""`moshi_mlx.serve.chat.persona`: what a client may choose on `/api/chat`, and `/api/persona`'s JSON.
 (The server with a PersonaPlex model: tests/test_web_server.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from moshi_mlx.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
-from moshi_mlx.web.persona import MAX_ROLE_CHARS, PersonaOptions, prompt_choice
-from moshi_mlx.web.protocol import ProtocolError
+from moshi_mlx.chat.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
+from moshi_mlx.serve.chat.persona import MAX_ROLE_CHARS, PersonaOptions, prompt_choice
+from moshi_mlx.serve.chat.protocol import ProtocolError
 
 PERSONAPLEX = PersonaOptions(prompted=True, voices=("NATF2", "NATM1"))
 MOSHI = PersonaOptions()

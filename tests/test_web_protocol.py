@@ -11,11 +11,11 @@ import sys
 import pytest
 from web_harness import free_port
 
-from moshi_mlx.local_web import server_url
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.web import protocol
-from moshi_mlx.web.protocol import Kind, ProtocolError, session_params
-from moshi_mlx.web.server import is_loopback, origin_allowed
+from moshi_mlx.cli.web import server_url
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.chat import protocol
+from moshi_mlx.serve.chat.protocol import Kind, ProtocolError, session_params
+from moshi_mlx.serve.http import is_loopback, origin_allowed
 
 
 def test_messages_start_with_their_kind():

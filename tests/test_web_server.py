@@ -1,4 +1,4 @@
-"""`moshi_mlx.web` on a tiny random checkpoint, through Python websocket clients: Kyutai's
+"""`moshi_mlx.serve.chat` on a tiny random checkpoint, through Python websocket clients: Kyutai's
 protocol, equality with the offline API, bad inputs, busy, disconnects, origin, static files."""
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ from web_harness import (
 )
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.persona.cache import CACHE_ENV
+from moshi_mlx.chat.persona.role import EXAMPLE_ROLES
+from moshi_mlx.cli.web import ssl_context
 from moshi_mlx.errors import ConfigError, WeightsError
-from moshi_mlx.generate import LmGen
-from moshi_mlx.local_web import ssl_context
-from moshi_mlx.persona.cache import CACHE_ENV
-from moshi_mlx.persona.role import EXAMPLE_ROLES
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.web import protocol
-from moshi_mlx.web.guard import Limits
-from moshi_mlx.web.persona import MAX_ROLE_CHARS
-from moshi_mlx.web.protocol import Kind
-from moshi_mlx.web.server import ServerConfig
-from moshi_mlx.web.worker import ModelWorker
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.chat import protocol
+from moshi_mlx.serve.chat.persona import MAX_ROLE_CHARS
+from moshi_mlx.serve.chat.protocol import Kind
+from moshi_mlx.serve.chat.server import ServerConfig
+from moshi_mlx.serve.chat.worker import ModelWorker
+from moshi_mlx.serve.limits import Limits
 
 NO_LAG = 10**6  # frames: the equality test must not drop any
 
@@ -563,7 +563,7 @@ def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 30.0) 
 def _lose_a_talker(caplog, url: str, lose, command_prefix=()) -> tuple[float, float, str]:
     """Start `web_talker.py` on `url`, `lose()` it mid-conversation; returns (seconds until the
     server logged the conversation's end, seconds until the next visitor conversed, reason)."""
-    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    caplog.set_level(logging.INFO, logger="moshi_mlx.serve.chat")
     talker = subprocess.Popen(
         [*command_prefix, sys.executable, str(TALKER), url], stdout=subprocess.PIPE, text=True
     )
@@ -597,7 +597,7 @@ def test_a_frozen_client_is_dropped_and_the_next_visitor_served(live_url, caplog
 
 def test_a_client_that_stops_reading_and_answering_is_dropped(server, live_url, caplog):
     """What a half-open peer looks like to the server: the handshake, audio, then nothing."""
-    caplog.set_level(logging.INFO, logger="moshi_mlx.web")
+    caplog.set_level(logging.INFO, logger="moshi_mlx.serve.chat")
     host = live_url.split("/")[2]
     pages = ogg_pages(np.zeros(FRAME * 10, np.float32))
     with socket.create_connection(tuple(host.split(":"))) as peer:

@@ -73,7 +73,10 @@ def write_tiny_personaplex(root: Path) -> dict[str, Path]:
 
     from moshi_mlx.checkpoints.conversion import to_pytorch_naming
     from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE
-    from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
+    from moshi_mlx.testing.checkpoints import (
+        write_random_lm_checkpoint,
+        write_random_mimi_checkpoint,
+    )
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -154,7 +157,10 @@ def cached_tiny_personaplex(tmp_path_factory) -> dict[str, Path]:
 def write_tiny_moshi(root: Path) -> dict[str, Path]:
     """Write moshi (tiny LM, q4) + config.json, mimi (random, full size) and a tokenizer."""
     from moshi_mlx.checkpoints.spec import MIMI_FILE, TOKENIZER_FILE
-    from moshi_mlx.testing import write_random_lm_checkpoint, write_random_mimi_checkpoint
+    from moshi_mlx.testing.checkpoints import (
+        write_random_lm_checkpoint,
+        write_random_mimi_checkpoint,
+    )
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -180,7 +186,8 @@ HIBIKI_VALUES = ["very_bad", "bad", "neutral", "good", "very_good"]
 def tiny_hibiki_config():
     """`tiny_config` in Hibiki's layout: a "description" LUT condition summed into the input,
     delays 2, and guidance 3 in its `lm_gen_config` (as the published config.json)."""
-    from moshi_mlx.models.config import GenDefaults, LmConfig
+    from moshi_mlx.models.config import LmConfig
+    from moshi_mlx.models.config_sections import GenDefaults
 
     lut = {"type": "lut", "lut": {"n_bins": 31, "dim": 16, "possible_values": HIBIKI_VALUES}}
     hibiki = tiny_config().to_dict() | {
@@ -195,7 +202,7 @@ def tiny_hibiki_config():
 def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
     """A tiny random Hibiki (`tiny_hibiki_config`, bf16, MLX naming) and its config.json with
     `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
-    from moshi_mlx.testing import write_random_lm_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
     root = tmp_path_factory.getbasetemp() / "tiny_hibiki"
     files = cached_tiny_moshi(tmp_path_factory) | {
@@ -210,7 +217,8 @@ def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
 def tiny_stt_config(heads: int = 4):
     """A tiny model in Kyutai's STT layout (32 audio streams in, no depformer, voice-activity
     heads, text 0.5 s behind the audio) over Mimi's 2048 tokens per codebook."""
-    from moshi_mlx.models.config import LmConfig, SttTiming
+    from moshi_mlx.models.config import LmConfig
+    from moshi_mlx.models.config_sections import SttTiming
 
     return LmConfig(
         dim=32, num_heads=2, num_layers=2, hidden_scale=2.0, context=40, card=2048,
@@ -234,7 +242,7 @@ def write_tiny_stt(
     from safetensors.numpy import save_file
 
     from moshi_mlx.checkpoints.conversion import to_pytorch_naming
-    from moshi_mlx.testing import write_random_lm_checkpoint
+    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -340,7 +348,7 @@ def espeak_speech(
 
 def load_tiny_model(files: dict[str, Path]):
     """`MoshiModel.load` over `files` (`cached_tiny_moshi`), with `fast_codec`."""
-    from moshi_mlx.api import MoshiModel
+    from moshi_mlx.chat.model import MoshiModel
 
     return MoshiModel.load(**_load_arguments(files))
 

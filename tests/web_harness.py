@@ -1,4 +1,4 @@
-"""Running `moshi_mlx.web` servers inside the test process, and a small protocol client."""
+"""Running `moshi_mlx.serve.chat` servers inside the test process, and a small protocol client."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import sphn
 from aiohttp import web
 
-from moshi_mlx.web import protocol
-from moshi_mlx.web.guard import ConnectionGuard, EventTally
-from moshi_mlx.web.server import ServerConfig, create_app, log
-from moshi_mlx.web.worker import ModelWorker
+from moshi_mlx.serve.chat import protocol
+from moshi_mlx.serve.chat.server import ServerConfig, create_app, log
+from moshi_mlx.serve.chat.worker import ModelWorker
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 
 FRAME = 1920
 

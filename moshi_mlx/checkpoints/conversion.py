@@ -1,7 +1,7 @@
 """Moshi LM checkpoint names: Kyutai's PyTorch naming to the MLX naming of our `Lm`.
 
 Every tensor of the PyTorch release (`kyutai/moshiko-pytorch-bf16`) is mapped by one rule of
-`NAME_RULES`; the same table gives the inverse mapping (`to_pytorch_naming`, used to build test
+`NAME_RULES` (`names.py`); the same table gives the inverse mapping (`to_pytorch_naming`, used to build test
 fixtures). Conversion is planned from names and shapes only (`plan_conversion`), so the 7B layout
 can be checked without data, and applied tensor by tensor (`TensorRecipe.apply`) on lazy arrays.
 
@@ -23,148 +23,19 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import mlx.core as mx
 
 from moshi_mlx.checkpoints.io import name_list
+from moshi_mlx.checkpoints.names import (
+    FIELD_PATTERNS,
+    NAME_RULES,
+    CheckpointFormat,
+    NameRule,
+    Shape,
+)
 from moshi_mlx.errors import WeightsError
 
-Layout = Literal["same", "flatten", "split_slices", "every_slice"]
-Shape = tuple[int, ...]
-CheckpointFormat = Literal["mlx", "pytorch"]
-
-_DEP = "depformer.slices.{slice}.transformer.layers.{dep_layer}."
-_CONDITIONER = "condition_provider.conditioners.{condition}."
-
-
-@dataclass(frozen=True)
-class NameRule:
-    """One PyTorch tensor name pattern and the MLX name(s) it becomes.
-
-    `layout` says how the data moves: "same" (renamed only), "flatten" (norm gains (1, 1, D) to
-    (D,)), "split_slices" (the depformer's packed weights: dim 0 holds every slice's rows in slice
-    order, split evenly), "every_slice" (a depformer norm shared by all slices, copied into each).
-    """
-
-    pytorch: str
-    mlx: str
-    layout: Layout = "same"
-    aliases: tuple[str, ...] = ()  # other PyTorch spellings accepted on input
-    slice_offset: int = 0  # `depformer_emb.{k}` feeds slice k + 1 (slice 0 embeds text)
-    invertible: bool = True  # False for input-only spellings covered by another rule
-    per_set: bool = False  # indexed by weight set, under a weights-per-step schedule
-
-
-NAME_RULES: tuple[NameRule, ...] = (
-    # Temporal transformer (Helium) and its embeddings.
-    NameRule("text_emb.weight", "text_emb.weight"),
-    NameRule("text_emb.out{stream}.weight", "text_emb.out{stream}.weight"),
-    NameRule("emb.{codebook}.weight", "audio_embs.{codebook}.weight"),
-    NameRule("text_linear.weight", "text_linear.weight"),
-    NameRule("out_norm.alpha", "out_norm.weight", "flatten"),
-    NameRule("extra_heads.{head}.weight", "extra_heads.{head}.weight"),
-    # Hibiki's lookup-table conditioners, named alike in both namings.
-    *(
-        NameRule(f"{_CONDITIONER}{part}", f"{_CONDITIONER}{part}")
-        for part in ("embed.weight", "output_proj.weight", "learnt_padding")
-    ),
-    # The TTS's cross-attention to its speaker embeddings.
-    NameRule(
-        "transformer.layers.{layer}.cross_attention.in_proj_weight",
-        "transformer.layers.{layer}.cross_attention.in_proj.weight",
-        aliases=(
-            "transformer.layers.{layer}.cross_attention.in_proj.weight",
-            "transformer.layers.{layer}.cross_attention.in_projs.0.weight",
-        ),
-    ),
-    NameRule(
-        "transformer.layers.{layer}.cross_attention.out_proj.weight",
-        "transformer.layers.{layer}.cross_attention.out_proj.weight",
-        aliases=("transformer.layers.{layer}.cross_attention.out_projs.0.weight",),
-    ),
-    NameRule(
-        "transformer.layers.{layer}.norm_cross.{affine}",
-        "transformer.layers.{layer}.norm_cross.{affine}",
-    ),
-    NameRule(
-        "transformer.layers.{layer}.self_attn.in_proj_weight",
-        "transformer.layers.{layer}.self_attn.in_proj.weight",
-        aliases=(
-            "transformer.layers.{layer}.self_attn.in_proj.weight",
-            "transformer.layers.{layer}.self_attn.in_projs.0.weight",
-        ),
-    ),
-    NameRule(
-        "transformer.layers.{layer}.self_attn.out_proj.weight",
-        "transformer.layers.{layer}.self_attn.out_proj.weight",
-        aliases=("transformer.layers.{layer}.self_attn.out_projs.0.weight",),
-    ),
-    NameRule(
-        "transformer.layers.{layer}.norm{norm}.alpha",
-        "transformer.layers.{layer}.norm{norm}.weight",
-        "flatten",
-    ),
-    NameRule(
-        "transformer.layers.{layer}.gating.linear_{io}.weight",
-        "transformer.layers.{layer}.gating.linear_{io}.weight",
-    ),
-    # Depformer: one set of weights per slice (= per generated codebook) in MLX.
-    NameRule("depformer_text_emb.weight", "depformer.slices.0.emb.weight"),
-    NameRule("depformer_text_emb.{widen}.weight", "depformer.slices.0.emb.{widen}.weight"),
-    NameRule("depformer_emb.{slice}.weight", "depformer.slices.{slice}.emb.weight", slice_offset=1),
-    NameRule(
-        "depformer_emb.{slice}.low_rank.weight",
-        "depformer.slices.{slice}.emb.low_rank.weight",
-        slice_offset=1,
-    ),
-    NameRule(
-        "depformer_in.{slice}.weight", "depformer.slices.{slice}.linear_in.weight", per_set=True
-    ),
-    NameRule("linears.{slice}.weight", "depformer.slices.{slice}.linear_out.weight"),
-    NameRule(
-        "depformer.layers.{dep_layer}.self_attn.in_proj_weight",
-        _DEP + "self_attn.in_proj.weight",
-        "split_slices",
-        aliases=("depformer.layers.{dep_layer}.self_attn.in_proj.weight",),
-        per_set=True,
-    ),
-    NameRule(
-        "depformer.layers.{dep_layer}.self_attn.in_projs.{slice}.weight",
-        _DEP + "self_attn.in_proj.weight",
-        invertible=False,
-        per_set=True,
-    ),
-    NameRule(
-        "depformer.layers.{dep_layer}.self_attn.out_proj.weight",
-        _DEP + "self_attn.out_proj.weight",
-        "split_slices",
-        per_set=True,
-    ),
-    NameRule(
-        "depformer.layers.{dep_layer}.self_attn.out_projs.{slice}.weight",
-        _DEP + "self_attn.out_proj.weight",
-        invertible=False,
-        per_set=True,
-    ),
-    NameRule(
-        "depformer.layers.{dep_layer}.gating.{slice}.linear_{io}.weight",
-        _DEP + "gating.linear_{io}.weight",
-        per_set=True,
-    ),
-    NameRule(
-        "depformer.layers.{dep_layer}.norm{norm}.alpha", _DEP + "norm{norm}.weight", "every_slice"
-    ),
-)
-
-_FIELD_PATTERNS = {
-    "io": "in|out",
-    "norm": "1|2",
-    "condition": r"[A-Za-z_]\w*",
-    "stream": "1|2",
-    "affine": "weight|bias",
-    "widen": "low_rank|out1|out2",
-}
 # Parts only some models have (the TTS's cross-attention and low-rank depformer embeddings).
 _OPTIONAL_PARTS = (".cross_attention.", ".norm_cross.", ".emb.low_rank.")
 _SLICE_NAME = re.compile(r"depformer\.slices\.([0-9]+)\.")
@@ -175,7 +46,7 @@ _MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}
 def _template_regex(template: str) -> re.Pattern[str]:
     parts = re.split(r"\{(\w+)\}", template)
     regex = "".join(
-        re.escape(part) if i % 2 == 0 else f"(?P<{part}>{_FIELD_PATTERNS.get(part, r'[0-9]+')})"
+        re.escape(part) if i % 2 == 0 else f"(?P<{part}>{FIELD_PATTERNS.get(part, r'[0-9]+')})"
         for i, part in enumerate(parts)
     )
     return re.compile(regex)
@@ -345,7 +216,7 @@ def check_complete(names: Iterable[str], source: str = "checkpoint") -> None:
             for field, value in fields.items():
                 domains.setdefault(field, set()).add(value)
     for field, values in domains.items():
-        if field not in _FIELD_PATTERNS:
+        if field not in FIELD_PATTERNS:
             indices = sorted(int(v) for v in values)
             if indices != list(range(len(indices))):
                 raise WeightsError(f"{source}: {field} indices {indices} are not 0..N-1")

@@ -2,7 +2,7 @@
 
 `mimi_tensor_table` is the one place that knows the file format: it lists every tensor of the
 published file (PyTorch name and shape), the `Mimi` parameter it becomes, and how its layout
-changes. Loading and the random test checkpoints of `moshi_mlx.testing` both read that table.
+changes. Loading and the random test checkpoints of `moshi_mlx.testing.checkpoints` both read that table.
 """
 
 from __future__ import annotations

@@ -22,13 +22,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.conversion import (
-    CheckpointFormat,
-    Shape,
-    TensorRecipe,
-    plan_conversion,
-)
+from moshi_mlx.checkpoints.conversion import TensorRecipe, plan_conversion
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
+from moshi_mlx.checkpoints.names import CheckpointFormat, Shape
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
@@ -41,8 +37,8 @@ from moshi_mlx.checkpoints.spec import (
     quantization_metadata,
 )
 from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.output_files import check_output, written_atomically
 
 _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many values
 # MLX keeps freed buffers for reuse; a small cache avoids re-faulting fresh memory for every

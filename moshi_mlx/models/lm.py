@@ -5,7 +5,7 @@ At each 80 ms step the temporal transformer reads one text token and the audio t
 depformer (`moshi_mlx.models.depformer`), which predicts Moshi's 8 audio codebooks. Kyutai's
 speech-to-text has no depformer (`dep_q` 0): 32 audio streams in, the text and its
 voice-activity heads (`extra_heads`) out. Hibiki adds a condition vector
-(`moshi_mlx.modules.conditioners`) to every step's input. Kyutai's TTS adds one too, and its
+(`moshi_mlx.models.conditioners`) to every step's input. Kyutai's TTS adds one too, and its
 temporal layers cross-attend to speaker embeddings; its text stream packs two tokens per step
 (`moshi_mlx.modules.embeddings`) and its depformer's 32 slices share 11 sets of weights.
 """
@@ -18,9 +18,9 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.models.conditioners import ConditionProvider
 from moshi_mlx.models.config import NORM_EPS, LmConfig
 from moshi_mlx.models.depformer import Depformer, zero_no_input
-from moshi_mlx.modules.conditioners import ConditionProvider
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization

@@ -1,7 +1,7 @@
-"""`python -m moshi_mlx.stt`: see `moshi_mlx.stt.command`."""
+"""`python -m moshi_mlx.stt`: see `moshi_mlx.cli.stt`."""
 
 import sys
 
-from moshi_mlx.stt.command import main
+from moshi_mlx.cli.stt import main
 
 sys.exit(main())

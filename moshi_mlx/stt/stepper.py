@@ -22,9 +22,8 @@ import numpy as np
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
-from moshi_mlx.sampling import sample
-
-UNGENERATED = -2  # a token slot not written yet
+from moshi_mlx.runtime.sampling import sample
+from moshi_mlx.runtime.token_ring import UNGENERATED
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ import numpy as np
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, lm_config_of
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
 from moshi_mlx.stt.stepper import ListenStepper, TextSampling
 from moshi_mlx.stt.words import WordTimer
-from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
 
 FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
 # Kyutai's end-of-turn rule: the voice-activity head 2's "done" class (0) above one half,

@@ -1,7 +1,7 @@
-"""`python -m moshi_mlx.tts`: see `moshi_mlx.tts.command`."""
+"""`python -m moshi_mlx.tts`: see `moshi_mlx.cli.tts`."""
 
 import sys
 
-from moshi_mlx.tts.command import main
+from moshi_mlx.cli.tts import main
 
 sys.exit(main())

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from moshi_mlx.generate import UNGENERATED, token_ring_width
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.transformer import CrossKV
-from moshi_mlx.sampling import sample
+from moshi_mlx.runtime.sampling import sample
+from moshi_mlx.runtime.token_ring import UNGENERATED, token_ring_width
 
 NEW_WORD, PAD = 0, 3  # the text tokens the TTS predicts: a word starts next, or nothing
 

@@ -31,11 +31,11 @@ import numpy as np
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import lm_config_of
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import ConfigError, TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.tokenizer import load_tokenizer
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
 from moshi_mlx.tts.voices import (

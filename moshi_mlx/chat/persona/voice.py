@@ -23,11 +23,11 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.chat.persona.prompt import VoicePrompt
 from moshi_mlx.checkpoints.torch_zip import read_torch_file
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.persona.prompt import VoicePrompt
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 
 MAX_VOICE_SECONDS = 30.0
 MIN_VOICE_SECONDS = 0.5  # the loudness meter needs at least one 400 ms block

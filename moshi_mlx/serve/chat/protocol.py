@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import SamplingConfig
 
 MAX_MESSAGE_BYTES = 64 * 1024  # an 80 ms Ogg Opus page is a few hundred bytes
 _MAX_SEED = 2**63 - 1

@@ -10,7 +10,7 @@ codebooks. (`LmGenStep.input_tokens` shows what each step fed the model.)
 
 PersonaPlex (`LmConfig.generator` "personaplex") follows NVIDIA's `LMGen`, which is the same
 but for two things: a user frame is fed `user_input_lag` (1) step later, and a conversation
-starts from a prompt's state (`GenState`, made by `moshi_mlx.persona`) in which some of
+starts from a prompt's state (`GenState`, made by `moshi_mlx.chat.persona`) in which some of
 Moshi's tokens ahead are already given: where a token is given, the step returns it (and
 feeds it to the next depformer slice) instead of the sampled one. The depformer samples only
 Moshi's codebooks: PersonaPlex's slices for the user's codebooks would be sampled and thrown
@@ -42,13 +42,13 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.errors import MoshiError
+from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.modules.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.token_ring import UNGENERATED, token_ring_width
 
-UNGENERATED = -2  # a token slot not written yet
 # Compiled steps a model keeps, one per sampling and KV layout, the least recently used
 # dropped first: a server's clients each choose their sampling.
 MAX_STEP_FUNCTIONS = 4
@@ -102,7 +102,7 @@ class LmGenStep:
 @dataclass(frozen=True)
 class GenState:
     """Where a conversation stands, as arrays: a fresh one (`LmGen.reset`), or a prompt's
-    (`moshi_mlx.persona`), which every conversation of that prompt starts from.
+    (`moshi_mlx.chat.persona`), which every conversation of that prompt starts from.
 
     tokens (K, width) int32: the token ring, column t % width for step t's inputs;
     given (1 + moshi_codebooks, width) bool: the text and Moshi tokens ahead that are given,
@@ -255,12 +255,6 @@ class StepFunctions:
         ring = ring.advanced()
         state = (tokens, given, key, ring.keys, ring.values, ring.position)
         return generated[0], moshi_codes, *state, inputs, generated, *logits
-
-
-def token_ring_width(cfg: LmConfig) -> int:
-    """Columns of a generator's token ring: from the oldest column a step reads (its output,
-    `max_delay` back) to the furthest it writes (a user frame, lag and delay ahead)."""
-    return cfg.max_delay + 2 + cfg.user_input_lag
 
 
 def step_functions(

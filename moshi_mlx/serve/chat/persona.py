@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moshi_mlx.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES, read_role
-from moshi_mlx.persona.voice import DEFAULT_VOICE, VOICE_SUFFIX, is_voice_name
-from moshi_mlx.web.protocol import ProtocolError
+from moshi_mlx.chat.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES, read_role
+from moshi_mlx.chat.persona.voice import DEFAULT_VOICE, VOICE_SUFFIX, is_voice_name
+from moshi_mlx.serve.chat.protocol import ProtocolError
 
 if TYPE_CHECKING:
-    from moshi_mlx.api import MoshiModel
+    from moshi_mlx.chat.model import MoshiModel
 
 MAX_ROLE_CHARS = 2000
 _SHOWN_CHARS = 40  # of a refused value, in the reason sent back

@@ -4,7 +4,7 @@ stream per connection.
 Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
 the `SttWorker` thread through each connection's `Channel`, and the worker's results come
 back through an `asyncio.Queue` per connection, so a client that stops reading stalls only
-its own connection. Caps, deadlines and liveness checks come from `moshi_mlx.web.guard`.
+its own connection. Caps, deadlines and liveness checks come from `moshi_mlx.serve.guard`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from moshi_mlx.stt import protocol
-from moshi_mlx.stt.events import WordEnded, WordStarted
-from moshi_mlx.stt.protocol import ProtocolError
-from moshi_mlx.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
-from moshi_mlx.web.guard import (
-    ConnectionGuard,
-    EventTally,
-    Limits,
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.http import loopback_only, origin_allowed
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.sessions import (
     Sessions,
     SilenceWatchdog,
     broken_reason,
@@ -33,7 +29,10 @@ from moshi_mlx.web.guard import (
     live_websocket,
     send_and_close,
 )
-from moshi_mlx.web.server import loopback_only, origin_allowed
+from moshi_mlx.serve.stt import protocol
+from moshi_mlx.serve.stt.protocol import ProtocolError
+from moshi_mlx.serve.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
+from moshi_mlx.stt.events import WordEnded, WordStarted
 
 ASR_PATH = "/api/asr-streaming"
 API_KEY_HEADER = "kyutai-api-key"

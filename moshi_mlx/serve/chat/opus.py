@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import sphn
 
-from moshi_mlx.web.protocol import ProtocolError
+from moshi_mlx.serve.chat.protocol import ProtocolError
 
 
 class OpusFrameReader:

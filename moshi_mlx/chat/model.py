@@ -1,7 +1,7 @@
 """The embedding API: load Moshi once, then hold conversations 80 ms at a time.
 
-    from moshi_mlx.api import MoshiModel
-    from moshi_mlx.sampling import SamplingConfig
+    from moshi_mlx.chat.model import MoshiModel
+    from moshi_mlx.runtime.sampling import SamplingConfig
 
     model = MoshiModel.load()  # kyutai/moshiko-mlx-q4, or local files
     with model.conversation(sampling=SamplingConfig(), seed=42) as conv:
@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.chat.generate import LmGen, LmGenStep
+from moshi_mlx.chat.persona.prompts import Prompts
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
 from moshi_mlx.checkpoints.io import read_safetensors_header
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import lm_config_of
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
-from moshi_mlx.generate import LmGen, LmGenStep
-from moshi_mlx.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.persona.prompts import Prompts
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.tokenizer import TextDecoder, load_tokenizer
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -144,7 +144,7 @@ class MoshiModel:
         PersonaPlex models take who Moshi is: `voice`, a published voice's name (`NATF2`,
         the default), a recording (up to 30 s) or NVIDIA's `.pt`, and `role`, a text
         (default "You enjoy having a good conversation."; `@file` reads a file). The prompt is
-        computed on first use and cached (see `moshi_mlx.persona`). Moshi's own models
+        computed on first use and cached (see `moshi_mlx.chat.persona`). Moshi's own models
         take neither. Hibiki takes `cfg_coef`, its guidance (`LmGen`)."""
         self.check_prompt_choice(voice, role)
         start = self.prompts.state(voice, role) if self.prompts is not None else None

@@ -9,9 +9,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from moshi_mlx.chat.persona.role import DEFAULT_ROLE, read_role
+from moshi_mlx.chat.persona.voice import (
+    DEFAULT_VOICE,
+    MAX_VOICE_SECONDS,
+    existing_voice_file,
+    is_voice_name,
+)
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
-from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.errors import ConfigError, MoshiError
 from moshi_mlx.modules.kv_quant import (
     DEFAULT_KV_GROUP_SIZE,
@@ -19,14 +25,8 @@ from moshi_mlx.modules.kv_quant import (
     KV_GROUP_SIZES,
     KVQuantization,
 )
-from moshi_mlx.persona.role import DEFAULT_ROLE, read_role
-from moshi_mlx.persona.voice import (
-    DEFAULT_VOICE,
-    MAX_VOICE_SECONDS,
-    existing_voice_file,
-    is_voice_name,
-)
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
@@ -196,7 +196,7 @@ def _model_choices(args: argparse.Namespace) -> dict:
 
 def print_memory_plan(args: argparse.Namespace) -> int:
     """`--memory-plan`: print the plan of the model the flags describe (no weight is read)."""
-    from moshi_mlx.api import find_model, memory_plan
+    from moshi_mlx.chat.model import find_model, memory_plan
 
     files, config = find_model(**_model_choices(args))
     kv_quantization = KVQuantization.chosen(args.kv_bits, args.kv_group_size)
@@ -208,9 +208,9 @@ def print_memory_plan(args: argparse.Namespace) -> int:
 def print_voice_names(args: argparse.Namespace) -> int:
     """`--list-voices`: the published voices of the PersonaPlex model the flags describe, one
     name a line (no weight is read)."""
-    from moshi_mlx.api import find_model
+    from moshi_mlx.chat.model import find_model
+    from moshi_mlx.chat.persona.voice import voice_names
     from moshi_mlx.checkpoints.hub import resolve_voices
-    from moshi_mlx.persona.voice import voice_names
 
     files, config = find_model(**_model_choices(args))
     if not config.prompted:
@@ -245,7 +245,7 @@ class _StderrHandler(logging.Handler):
 
 def load_model(args: argparse.Namespace):
     """Load the `MoshiModel` that the weight flags describe."""
-    from moshi_mlx.api import MoshiModel
+    from moshi_mlx.chat.model import MoshiModel
 
     return MoshiModel.load(
         codec_backend=args.codec,

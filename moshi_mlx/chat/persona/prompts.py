@@ -10,15 +10,17 @@ from pathlib import Path
 import mlx.core as mx
 import sentencepiece
 
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_voices
-from moshi_mlx.codec import Codec
-from moshi_mlx.generate import GenState
-from moshi_mlx.models.lm import Lm
-from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.persona.cache import cache_dir, file_fingerprint, load_state, prompt_key, save_state
-from moshi_mlx.persona.prompt import prompt_state
-from moshi_mlx.persona.role import DEFAULT_ROLE, read_role, role_tokens
-from moshi_mlx.persona.voice import (
+from moshi_mlx.chat.generate import GenState
+from moshi_mlx.chat.persona.cache import (
+    cache_dir,
+    file_fingerprint,
+    load_state,
+    prompt_key,
+    save_state,
+)
+from moshi_mlx.chat.persona.prompt import prompt_state
+from moshi_mlx.chat.persona.role import DEFAULT_ROLE, read_role, role_tokens
+from moshi_mlx.chat.persona.voice import (
     DEFAULT_VOICE,
     VoiceSource,
     extract_voice,
@@ -27,8 +29,12 @@ from moshi_mlx.persona.voice import (
     voice_names,
     voice_source,
 )
+from moshi_mlx.checkpoints.hub import WeightFiles, resolve_voices
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.runtime.codec import Codec
 
-log = logging.getLogger("moshi_mlx.persona")
+log = logging.getLogger("moshi_mlx.chat.persona")
 KEPT_IN_MEMORY = 2  # prompt states held for new conversations (each is a KV ring's prefix)
 
 

@@ -1,136 +1,44 @@
 """What keeps a server usable when its clients vanish, stall or misbehave; no chat protocol.
 
 - `ConnectionGuard` accepts connections itself (`GuardedSite`): it never holds more than
-  `Limits.max_connections` (so the process never runs out of file descriptors), makes room
+  `Limits.max_connections` (`limits.py`) (so the process never runs out of file descriptors), makes room
   for a newcomer by closing the longest-idle connection, and closes connections whose first
   request is not in within `Limits.header_timeout`. aiohttp closes idle keep-alive
   connections after `Limits.idle_timeout` (`ConnectionGuard.app_runner`).
 - `EventTally` counts repeated events (refused connections, malformed requests, transport
   errors that aiohttp and asyncio would log with a traceback each) and logs one line per kind
   and interval.
-- `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
-  `broken_reason` says why one broke.
-- `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
-  `close_going_away`) stops each; `send_and_close` and `close_ended` end one.
-- `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
+
+Websocket sessions (liveness, caps, closing) are in `sessions.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import errno
 import logging
-import resource
-import signal
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable
 
-import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.serve.limits import Limits
 
-# Descriptors kept free of connections for the model's files, logs, pipes and the like.
-DESCRIPTOR_RESERVE = 64
 # A connection that is closing but cannot flush (its peer stopped reading) is cut after this.
 CLOSING_GRACE_SECONDS = 2.0
 # How long a websocket close handshake (or a last message before it) may take.
 CLOSE_SECONDS = 2.0
 SUMMARY_SECONDS = 10.0
-# How long a newcomer waits for a session slot being freed (a client reconnecting at once).
-SLOT_GRACE_SECONDS = 1.0
 _RETRY_ACCEPT_SECONDS = 1.0
 _MAX_COUNTED_ADDRESSES = 10_000
 # Loggers that would write a line (often a traceback) per malformed request or lost peer.
 _NOISY_LOGGERS = ("aiohttp.server", "asyncio")
 
-log = logging.getLogger("moshi_mlx.web")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps and deadlines for every connection of a server."""
-
-    max_connections: int = 256
-    header_timeout: float = 10.0  # seconds from connect to the end of the first request's headers
-    idle_timeout: float = 15.0  # seconds a keep-alive connection may wait for its next request
-    # Seconds without audio from a client in a conversation; a websocket peer that sends
-    # nothing for half of it is pinged and must answer within a quarter of it.
-    client_silence_timeout: float = 5.0
-
-
-def add_limit_args(group: argparse._ArgumentGroup) -> None:
-    """`--max-connections`, `--header-timeout`, `--idle-timeout`, `--client-silence-timeout`."""
-    defaults = Limits()
-    group.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        metavar="N",
-        help="open connections at most; the longest-idle one is closed to make room "
-        "(default %(default)s, fewer if the descriptor limit, ulimit -n, is lower)",
-    )
-    group.add_argument(
-        "--header-timeout",
-        type=float,
-        default=defaults.header_timeout,
-        metavar="SECONDS",
-        help="a new connection's request must arrive within this (default %(default)s)",
-    )
-    group.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=defaults.idle_timeout,
-        metavar="SECONDS",
-        help="close keep-alive connections idle this long (default %(default)s)",
-    )
-    group.add_argument(
-        "--client-silence-timeout",
-        type=float,
-        default=defaults.client_silence_timeout,
-        metavar="SECONDS",
-        help="end a conversation whose client sent no audio for this long (default "
-        "%(default)s); a silent websocket is pinged after half of it",
-    )
-
-
-def limits_from_args(args: argparse.Namespace) -> Limits:
-    """The `Limits` of the flags; `ConfigError` for a value that is not positive."""
-    if args.max_connections < 1:
-        raise ConfigError(f"--max-connections must be >= 1, got {args.max_connections}")
-    for flag in ("header_timeout", "idle_timeout", "client_silence_timeout"):
-        if not getattr(args, flag) > 0:
-            name = "--" + flag.replace("_", "-")
-            raise ConfigError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
-    return Limits(
-        max_connections=args.max_connections,
-        header_timeout=args.header_timeout,
-        idle_timeout=args.idle_timeout,
-        client_silence_timeout=args.client_silence_timeout,
-    )
-
-
-def fit_to_descriptor_limit(limits: Limits) -> tuple[Limits, int]:
-    """(`limits` with at most as many connections as fit the process's descriptor limit beside
-    a reserve, that limit). The soft limit is raised towards the hard one first."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = limits.max_connections + DESCRIPTOR_RESERVE
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        with contextlib.suppress(ValueError, OSError):  # macOS refuses more than OPEN_MAX
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-    if soft == resource.RLIM_INFINITY:
-        return limits, soft
-    fitting = max(1, soft - min(DESCRIPTOR_RESERVE, soft // 4))
-    return replace(limits, max_connections=min(limits.max_connections, fitting)), soft
+log = logging.getLogger("moshi_mlx.serve.chat")
 
 
 class EventTally:
@@ -249,17 +157,6 @@ class _GuardedConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
-
-
-def fitted_limits(limits: Limits, say: Callable[[str], None]) -> Limits:
-    """`fit_to_descriptor_limit`'s limits, with `say` telling the user when it lowered them."""
-    fitting, descriptors = fit_to_descriptor_limit(limits)
-    if fitting.max_connections < limits.max_connections:
-        say(
-            f"at most {fitting.max_connections} connections: the process may open "
-            f"{descriptors} files (ulimit -n)"
-        )
-    return fitting
 
 
 class ConnectionGuard:
@@ -508,155 +405,3 @@ async def _listen(host: str | None, port: int) -> list[socket.socket]:
             sock.close()
         raise
     return listeners
-
-
-def live_websocket(limits: Limits, **options) -> web.WebSocketResponse:
-    """A websocket response that pings a peer silent for half of `client_silence_timeout` and
-    drops it without a pong within a quarter: a frozen or vanished peer goes within 3/4 of it."""
-    return web.WebSocketResponse(
-        heartbeat=limits.client_silence_timeout / 2, timeout=CLOSE_SECONDS, **options
-    )
-
-
-class SilenceWatchdog:
-    """`expired()` returns once `heard()` was not called for `timeout` seconds."""
-
-    def __init__(self, timeout: float):
-        self.timeout = timeout
-        self._last = time.monotonic()
-
-    def heard(self) -> None:
-        self._last = time.monotonic()
-
-    async def expired(self) -> None:
-        while (left := self._last + self.timeout - time.monotonic()) > 0:
-            await asyncio.sleep(left)
-
-
-def stop_on_sigterm() -> None:
-    """Make SIGTERM do what Ctrl-C does now. Call on the main thread inside `asyncio.run`
-    (whose Ctrl-C handler cancels the main task, then raises `KeyboardInterrupt`)."""
-    on_interrupt = signal.getsignal(signal.SIGINT)
-    if not callable(on_interrupt):  # Ctrl-C ignored (a background job): stop all the same
-        on_interrupt = signal.default_int_handler
-
-    def on_terminate(signum, frame) -> None:
-        log.info("SIGTERM: stopping as on Ctrl-C")
-        on_interrupt(signal.SIGINT, frame)
-
-    signal.signal(signal.SIGTERM, on_terminate)
-
-
-class SessionSlots:
-    """At most `limit` sessions (conversations, streams) at once: `take` waits up to
-    `SLOT_GRACE_SECONDS` for a slot being freed, `release` frees one."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._active = 0
-        self._changed = asyncio.Condition()
-
-    async def take(self) -> bool:
-        """A slot, or False if none is freed within the grace."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._active < self.limit), SLOT_GRACE_SECONDS
-                )
-            except asyncio.TimeoutError:
-                return False
-            self._active += 1
-            return True
-
-    async def release(self) -> None:
-        async with self._changed:
-            self._active -= 1
-            self._changed.notify_all()
-
-
-class LiveConnection(Protocol):
-    """One websocket's session, run by `Sessions`."""
-
-    async def run(self) -> str:
-        """Serve the client until the session ends; why it ended, for the log."""
-        ...
-
-    async def stop(self) -> None:
-        """End the session: the server is shutting down."""
-        ...
-
-
-class Sessions:
-    """The sessions of one websocket route (`noun`: "conversation", "stream"): at most `limit`
-    at once (`SessionSlots`), each logged as it starts and ends, all stopped by `close_all`."""
-
-    def __init__(self, limit: int, tally: EventTally, logger: logging.Logger, noun: str):
-        self._slots = SessionSlots(limit)
-        self._tally = tally
-        self._log = logger
-        self._noun = noun
-        self._running: set[LiveConnection] = set()
-
-    async def run(
-        self,
-        peer: str | None,
-        start: Callable[[], LiveConnection],
-        refuse: Callable[[], Awaitable[None]],
-    ) -> None:
-        """Run the session `start` makes once a slot is free; without one, `refuse` (tell the
-        client the server is busy)."""
-        if not await self._slots.take():
-            self._tally.count("websockets told the server is busy", peer)
-            await refuse()
-            return
-        connection = start()
-        self._running.add(connection)
-        reason = "the server stopped"
-        try:
-            self._log.info("%s: %s started", peer, self._noun)
-            reason = await connection.run()
-        finally:
-            self._running.discard(connection)
-            await self._slots.release()
-            self._log.info("%s: %s ended: %s", peer, self._noun, reason)
-
-    async def close_all(self, _app: web.Application) -> None:
-        """Server shutdown: stop every session (its websocket closes with 1001)."""
-        await asyncio.gather(*(connection.stop() for connection in self._running))
-
-
-async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:
-    """Send a last message (the protocol's error) and close; a client that left or stopped
-    reading is fine (a close that cannot finish leaves the transport to the guard, which
-    cuts it)."""
-    with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-        await asyncio.wait_for(ws.send_bytes(message), CLOSE_SECONDS)
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
-
-
-async def close_going_away(ws: web.WebSocketResponse) -> None:
-    """Close with 1001 (going away): the server is shutting down."""
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(
-            ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server stopping"),
-            CLOSE_SECONDS,
-        )
-
-
-async def close_ended(ws: web.WebSocketResponse) -> None:
-    """Close the websocket of a session that ended without an error, unless the client did."""
-    if not ws.closed:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
-
-
-def broken_reason(ws: web.WebSocketResponse, limits: Limits) -> str:
-    """Why reading a `live_websocket` gave an ERROR message, for the log: the heartbeat's
-    missed pong, or the connection's failure."""
-    if isinstance(ws.exception(), asyncio.TimeoutError):
-        return (
-            f"no pong within {limits.client_silence_timeout / 4:g} s of a ping "
-            "(the client froze or its network went away)"
-        )
-    return f"the connection failed: {ws.exception()}"

@@ -25,10 +25,10 @@ import numpy as np
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
 from moshi_mlx.audio.ring import FrameRing
 from moshi_mlx.audio.wav import write_audio
-from moshi_mlx.cli import run_cli
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.cli.common import run_cli
 from moshi_mlx.errors import TtsError
-from moshi_mlx.output_files import check_output, folder_problem, written_atomically
+from moshi_mlx.files import check_output, folder_problem, written_atomically
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,

@@ -27,13 +27,13 @@ from moshi_mlx.audio.devices import (
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
-from moshi_mlx.cli import run_cli
-from moshi_mlx.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.stt_serve import add_server_args
+from moshi_mlx.cli.stt_serve import serve as serve_streams
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.output_files import check_output, written_atomically
+from moshi_mlx.files import check_output, written_atomically
+from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.stt.events import EndOfTurn, SttStep
-from moshi_mlx.stt.serve_cli import add_server_args
-from moshi_mlx.stt.serve_cli import serve as serve_streams
 from moshi_mlx.stt.transcriber import SttModel, transcribe
 from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.generate import GenState
+from moshi_mlx.chat.generate import GenState
+from moshi_mlx.files import written_atomically
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.output_files import written_atomically
 
 FORMAT_VERSION = 1
 CACHE_ENV = "MOSHI_MLX_PROMPT_CACHE"

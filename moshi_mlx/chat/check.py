@@ -13,12 +13,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
 from moshi_mlx.checkpoints.io import check_fits_model, read_safetensors
 from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
-from moshi_mlx.generate import LmGen, teacher_forced_logits
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import SamplingConfig
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The flags and the run of the speech-to-text server (`python -m moshi_mlx.stt --serve`).
 
 The command that owns the model adds `add_server_args` to its parser and calls
-`serve(args, stream_factory)` inside `moshi_mlx.cli.run_cli` (which prints a `MoshiError` as
+`serve(args, stream_factory)` inside `moshi_mlx.cli.common.run_cli` (which prints a `MoshiError` as
 one line and handles Ctrl-C); `stream_factory` and `warm_up` run on the worker thread.
 """
 
@@ -15,17 +15,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.stt.server import ASR_PATH, SttServerConfig, create_app, log
-from moshi_mlx.stt.worker import StreamFactory, SttWorker
-from moshi_mlx.web.guard import (
-    ConnectionGuard,
-    EventTally,
-    add_limit_args,
-    fitted_limits,
-    limits_from_args,
-    stop_on_sigterm,
-)
-from moshi_mlx.web.server import is_loopback
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.http import is_loopback
+from moshi_mlx.serve.limits import add_limit_args, fitted_limits, limits_from_args
+from moshi_mlx.serve.sessions import stop_on_sigterm
+from moshi_mlx.serve.stt.server import ASR_PATH, SttServerConfig, create_app, log
+from moshi_mlx.serve.stt.worker import StreamFactory, SttWorker
 
 DEFAULT_PORT = 8080  # Kyutai's STT clients connect to ws://127.0.0.1:8080 by default
 WORKER_STOP_SECONDS = 5.0

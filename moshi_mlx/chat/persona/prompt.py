@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.chat.generate import GenState
+from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.generate import GenState, token_ring_width
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
+from moshi_mlx.runtime.token_ring import token_ring_width
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,14 @@ import numpy as np
 
 from moshi_mlx.audio.live import frames_to_drop
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.memory_plan import wired_memory
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.web.persona import PersonaOptions, persona_options
+from moshi_mlx.runtime.memory_plan import wired_memory
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.chat.persona import PersonaOptions, persona_options
 
 if TYPE_CHECKING:
-    from moshi_mlx.api import Conversation, MoshiModel
+    from moshi_mlx.chat.model import Conversation, MoshiModel
 
-log = logging.getLogger("moshi_mlx.web")
+log = logging.getLogger("moshi_mlx.serve.chat")
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class Session:
 class ModelWorker:
     """Loads the model on its own thread, warms it up, then runs the sessions' steps.
 
-    `load` is called on the worker thread and returns a `moshi_mlx.api.MoshiModel`; the
+    `load` is called on the worker thread and returns a `moshi_mlx.chat.model.MoshiModel`; the
     warm-up compiles the step of `sampling` (the server's default: a session with other
     sampling compiles its own step when it starts). For PersonaPlex, the prompt of the
     server's `voice` and `role` (`--voice`, `--role`) is computed then too; a session with

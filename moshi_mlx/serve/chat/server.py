@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
-from moshi_mlx.codec import FRAME_SIZE, SAMPLE_RATE
-from moshi_mlx.sampling import SamplingConfig
-from moshi_mlx.web import protocol
-from moshi_mlx.web.guard import (
-    ConnectionGuard,
-    EventTally,
-    Limits,
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.chat import protocol
+from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
+from moshi_mlx.serve.chat.persona import prompt_choice
+from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.chat.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.http import loopback_only, origin_allowed
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.sessions import (
     Sessions,
     SilenceWatchdog,
     broken_reason,
@@ -36,10 +38,6 @@ from moshi_mlx.web.guard import (
     live_websocket,
     send_and_close,
 )
-from moshi_mlx.web.opus import OpusFrameReader, OpusFrameWriter
-from moshi_mlx.web.persona import prompt_choice
-from moshi_mlx.web.protocol import Kind, ProtocolError
-from moshi_mlx.web.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 
 PAGE_DIR = Path(__file__).parent / "static"
 PING_AFTER_SECONDS = 1.0  # Kyutai's clients give up after 10 s without a message
@@ -48,7 +46,7 @@ LAG_NOTICE_EVERY_SECONDS = 1.0
 # protocol.MAX_MESSAGE_BYTES and this, the client gets a 0x05 with the reason.
 _WEBSOCKET_MAX_BYTES = 1 << 20
 
-log = logging.getLogger("moshi_mlx.web")
+log = logging.getLogger("moshi_mlx.serve.chat")
 
 
 @dataclass(frozen=True)
@@ -64,16 +62,6 @@ class ServerConfig:
     # whose domain was re-pointed at 127.0.0.1 (DNS rebinding) cannot reach the server.
     loopback_only: bool = False
     limits: Limits = field(default_factory=Limits)
-
-
-def is_loopback(host: str) -> bool:
-    """True for `localhost` and loopback addresses (the only hosts that need no https)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(
@@ -110,44 +98,6 @@ def create_app(
     # aiohttp resolves each path (symlinks too) and refuses any whose target is outside.
     app.router.add_static("/", static_dir, follow_symlinks=False)
     return app
-
-
-def loopback_only(tally: EventTally):
-    """Middleware for a server bound to loopback: refuse (403) a request whose Host is not a
-    loopback name, so a page whose domain was re-pointed at 127.0.0.1 cannot reach it."""
-
-    @web.middleware
-    async def refuse_other_hosts(request: web.Request, handler) -> web.StreamResponse:
-        name = _host_port(request.host or "", 80)[0]
-        if not is_loopback(name):
-            tally.count("requests refused for a host that is not localhost", request.remote)
-            raise web.HTTPForbidden(text=f"this server answers only for localhost, not {name}")
-        return await handler(request)
-
-    return refuse_other_hosts
-
-
-def origin_allowed(origin: str | None, host: str | None) -> bool:
-    """A browser's websocket must come from a page of this server: Origin's host:port == Host.
-
-    Clients that send no Origin (`moshi.client`, the Rust CLI) are not browsers and pass.
-    """
-    if origin is None:
-        return True
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.netloc or host is None:
-        return False
-    default_port = {"http": 80, "https": 443}[parts.scheme]
-    return _host_port(parts.netloc, default_port) == _host_port(host, default_port)
-
-
-def _host_port(netloc: str, default_port: int) -> tuple[str, int]:
-    parts = urlsplit(f"//{netloc}")
-    try:
-        port = parts.port or default_port
-    except ValueError:
-        port = -1
-    return (parts.hostname or "").lower(), port
 
 
 class _ChatHandler:

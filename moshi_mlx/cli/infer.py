@@ -1,0 +1,153 @@
+"""Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
+
+python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [--voice V --role R] [weight flags]
+
+Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
+English speech (out.wav) and text out. After the source, as Kyutai's `run_inference`, it gets
+the end-of-input frame, then silence until it ends its text (at most `max_tail_frames`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from moshi_mlx.audio.wav import read_audio, write_audio
+from moshi_mlx.cli.common import (
+    add_model_args,
+    add_persona_args,
+    check_persona_args,
+    load_model,
+    log_to_stderr,
+    print_memory_plan,
+    print_voice_names,
+    run_cli,
+    sampling_from_args,
+)
+from moshi_mlx.errors import AudioError
+from moshi_mlx.files import check_output, written_atomically
+from moshi_mlx.runtime.codec import SAMPLE_RATE
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m moshi_mlx.run_inference",
+        description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
+        "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
+    )
+    # Optional only for --list-voices and --memory-plan, which read no audio.
+    parser.add_argument("input", nargs="?", help="the user's audio (wav, flac, ogg)")
+    parser.add_argument("output", nargs="?", help="where to write Moshi's audio (wav, flac, ogg)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    add_model_args(parser)
+    add_persona_args(parser)
+    args = parser.parse_args(argv)
+    if args.output is None and not (args.list_voices or args.memory_plan):
+        parser.error("the following arguments are required: input, output")
+    return args
+
+
+def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) -> np.ndarray:
+    """Feed `user_pcm` frame by frame (zero-padding the last one); Moshi's audio, same length."""
+    n_frames = -(-len(user_pcm) // frame_size)
+    padded = np.zeros(n_frames * frame_size, dtype=np.float32)
+    padded[: len(user_pcm)] = user_pcm
+    replies = []
+    for i in range(n_frames):
+        result = conversation.step(padded[i * frame_size : (i + 1) * frame_size])
+        replies.append(result.pcm)
+        if result.text and on_text is not None:
+            on_text(result.text)
+    return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
+
+
+def max_tail_frames(source_frames: int) -> int:
+    """Frames a translation may run past its source before it is cut: as long as the source,
+    at least 10 s (Hibiki lags its source by a few seconds)."""
+    return max(source_frames, 125)
+
+
+def translate(
+    conversation, source_pcm: np.ndarray, frame_size: int, audio_lag: int, on_text=None
+) -> np.ndarray:
+    """Hibiki: `converse` over the source, then its end-of-input frame and silence until the
+    text ends (`max_tail_frames` at most) and the `audio_lag` frames of audio behind that
+    text (the LM's `max_delay`) have played; the translation's audio from the source's start.
+    An end of text sampled before the end of input is not one (Kyutai's rule)."""
+    replies = [converse(conversation, source_pcm, frame_size, on_text)]
+    silence = np.zeros(frame_size, np.float32)
+    result, ended_at = conversation.end_of_input(), None
+    for frame in range(max_tail_frames(-(-len(source_pcm) // frame_size))):
+        replies.append(result.pcm)
+        if result.text and on_text is not None:
+            on_text(result.text)
+        if ended_at is None and result.end_of_text:
+            ended_at = frame
+        if ended_at is not None and frame - ended_at >= audio_lag:
+            break
+        result = conversation.step(silence)
+    return np.concatenate(replies)
+
+
+def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
+    """Raise `MoshiError` unless `output` can be written without touching the user's files
+    (`output_files.check_output`) in a format libsndfile writes."""
+    check_output(input_path, output, force, what="recording")
+    if output.suffix.lstrip(".").upper() not in sf.available_formats():
+        raise AudioError(f"cannot write {output}: use a .wav, .flac or .ogg file name")
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = parse_args(argv)
+    if args.memory_plan:
+        return print_memory_plan(args)
+    if args.list_voices:
+        return print_voice_names(args)
+    output = Path(args.output)
+    check_audio_output(Path(args.input), output, args.force)  # before minutes of inference
+    user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
+    check_persona_args(args)
+    log_to_stderr()  # PersonaPlex: how long its prompt took
+    model = load_model(args)
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
+        sampling=sampling_from_args(args),
+        seed=args.seed,
+        voice=args.voice,
+        role=args.role,
+        cfg_coef=args.cfg_coef,
+    )
+    started = time.monotonic()
+    with conversation:
+        if model.lm.cfg.model_type == "hibiki":
+            lag = model.lm.cfg.max_delay
+            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_text=show)
+        else:
+            moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
+        seed = conversation.seed
+    elapsed = time.monotonic() - started
+    sys.stdout.write("\n")
+    with written_atomically(output) as partial:
+        write_audio(partial, moshi_pcm, model.sample_rate)
+    seconds = len(moshi_pcm) / model.sample_rate
+    print(
+        f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "
+        f"({seconds / max(elapsed, 1e-9):.2f}x real time), seed {seed}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.run_inference`."""
+    return run_cli(_run, argv)

@@ -73,9 +73,9 @@ from mlx.utils import tree_flatten
 from moshi_mlx.chat.generate import (
     GenState,
     LmGen,
+    StepFunctions,
     fresh_state,
     teacher_forced_logits,
-    token_ring_width,
 )
 from moshi_mlx.chat.model import step_frame
 from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
@@ -91,7 +91,9 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
 from moshi_mlx.runtime.codec import load_codec
 from moshi_mlx.runtime.memory_plan import kv_cache_bytes
+from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.stt.stepper import ListenStepper
 from moshi_mlx.testing.checkpoints import (
@@ -868,11 +870,17 @@ def _alternated_steps(gens: dict[str, LmGen], user: np.ndarray) -> dict[str, lis
 
 
 def _cached_starts(
-    lm: Lm, state: GenState, user_codes: np.ndarray, rounds: int, seed: int
+    lm: Lm,
+    state: GenState,
+    user_codes: np.ndarray,
+    rounds: int,
+    seed: int,
+    step_cache: ModelCache[StepFunctions],
 ) -> dict[str, Any]:
     """A conversation's start from `state`, up to its first step done: held in memory, or
     saved with `persona.cache.save_state` and read back with `load_state` (from the page
-    cache: the file was just written), alternated `rounds` times."""
+    cache: the file was just written), alternated `rounds` times; the step's traces are
+    `step_cache`'s, as a model's conversations share them."""
     sampling = SamplingConfig()
     memory, disk, load = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -882,12 +890,16 @@ def _cached_starts(
         save_s = time.perf_counter() - started
         for _ in range(rounds):
             started = time.perf_counter()
-            _timed_step(LmGen(lm, sampling, seed=seed, start=state), user_codes)
+            _timed_step(
+                LmGen(lm, sampling, seed=seed, start=state, step_cache=step_cache), user_codes
+            )
             memory.append(time.perf_counter() - started)
             started = time.perf_counter()
             loaded = _evaluated(load_state(folder, key))
             load.append(time.perf_counter() - started)
-            _timed_step(LmGen(lm, sampling, seed=seed, start=loaded), user_codes)
+            _timed_step(
+                LmGen(lm, sampling, seed=seed, start=loaded, step_cache=step_cache), user_codes
+            )
             disk.append(time.perf_counter() - started)
             del loaded
         state_mb = saved.stat().st_size / 1e6
@@ -943,8 +955,9 @@ def bench_persona(
     # Steps: PersonaPlex from the prompt, Moshi from the same KV ring and position.
     sampling = SamplingConfig()
     moshi_start = replace(fresh_state(moshi_lm), ring=state.ring, step_index=state.step_index)
+    step_cache = ModelCache(lm)  # shared with the cached starts, as a model's conversations
     gens = {
-        "personaplex": LmGen(lm, sampling, seed=seed, start=state),
+        "personaplex": LmGen(lm, sampling, seed=seed, start=state, step_cache=step_cache),
         "moshi": LmGen(moshi_lm, sampling, seed=seed, start=moshi_start),
     }
     user = _user_codes(cfg.card, warmup + steps, seed)
@@ -957,7 +970,7 @@ def bench_persona(
         for name, gen in gens.items()
     }
     del gens
-    starts = _cached_starts(lm, state, user[0], rounds, seed)
+    starts = _cached_starts(lm, state, user[0], rounds, seed, step_cache)
 
     scale = runs / (prefilled or runs)
     stats = {

@@ -6,10 +6,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.chat.generate import MAX_STEP_FUNCTIONS, LmGen, step_functions
+from moshi_mlx.chat.generate import LmGen, step_functions
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
 
 
@@ -85,11 +86,11 @@ def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
     """Each sampling gets its compiled step once; a model keeps only the most recently used
     ones, so clients choosing ever new temperatures do not grow it without bound."""
     samplings = [SamplingConfig(text_temp=0.5 + k / 100) for k in range(MAX_STEP_FUNCTIONS + 2)]
-    first = step_functions(tiny_lm, samplings[0])
-    assert step_functions(tiny_lm, samplings[0]) is first
-    generators = [LmGen(tiny_lm, sampling, seed=0) for sampling in samplings]
-    kept = vars(tiny_lm)["_step_functions"]
-    assert list(kept) == [(s, None, 1.0) for s in samplings[-MAX_STEP_FUNCTIONS:]]
+    cache = ModelCache(tiny_lm)
+    first = step_functions(tiny_lm, samplings[0], cache=cache)
+    assert step_functions(tiny_lm, samplings[0], cache=cache) is first
+    generators = [LmGen(tiny_lm, sampling, seed=0, step_cache=cache) for sampling in samplings]
+    assert cache.choices() == [(s, None, 1.0) for s in samplings[-MAX_STEP_FUNCTIONS:]]
     step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
     assert 0 <= step.text_token < tiny_lm.cfg.text_card
 
@@ -182,7 +183,8 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
     traces = []
     real_step_text = Lm.step_text  # runs only when the compiled step is traced
     monkeypatch.setattr(Lm, "step_text", lambda *a: traces.append(1) or real_step_text(*a))
-    compiled = LmGen(lm, sampling, seed=11)
+    cache = ModelCache(lm)
+    compiled = LmGen(lm, sampling, seed=11, step_cache=cache)
     texts = set()
     for t, codes in enumerate(user):
         text, moshi_codes = eager.step(codes)
@@ -197,6 +199,6 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
             eager_first_text = text
     assert len(texts) > 5  # a stream worth comparing
     assert len(traces) == 2  # the 64-slot and 100-slot buckets
-    assert compiled._ring.capacity == cfg.context
-    again = LmGen(lm, sampling, seed=11)  # a new conversation reuses the traces
+    assert compiled.ring.capacity == cfg.context
+    again = LmGen(lm, sampling, seed=11, step_cache=cache)  # a new conversation reuses the traces
     assert again.step(user[0]).text_token == eager_first_text and len(traces) == 2

@@ -290,5 +290,5 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     lm.set_dtype(mx.float32)
     gen = LmGen(lm, cfg_coef=3.0)
     gen.reserve_full_context()
-    ring = sum(a.nbytes for a in (*gen._ring.keys, *gen._ring.values))
+    ring = sum(a.nbytes for a in (*gen.ring.keys, *gen.ring.values))
     assert ring == plan.kv_cache

@@ -104,11 +104,11 @@ def test_a_step_writes_the_kv_ring_in_place():
     codes = np.zeros((16, 8), np.int32)
     for _ in range(3):
         mx.eval(stepper.step(codes).text_tokens)
-    ring = stepper._ring
+    ring = stepper.ring
     ring_bytes = sum(buffer.nbytes for buffer in ring.keys + ring.values)
     del ring
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     out = stepper.step(codes)
-    mx.eval(out.text_tokens, stepper._ring.keys, stepper._ring.values)
+    mx.eval(out.text_tokens, stepper.ring.keys, stepper.ring.values)
     assert mx.get_peak_memory() - before < ring_bytes / 4

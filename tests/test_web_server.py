@@ -80,8 +80,8 @@ def test_the_warm_up_compiles_the_servers_sampling(files):
     worker.start()
     try:
         assert worker.ready.wait(120) and worker.error is None, worker.error
-        compiled = vars(worker.model.lm)["_step_functions"]
-        assert list(compiled) == [(sampling, None, 1.0)]  # no KV quantization, no guidance
+        compiled = worker.model.step_cache.choices()
+        assert compiled == [(sampling, None, 1.0)]  # no KV quantization, no guidance
     finally:
         worker.stop(10)
 

@@ -16,13 +16,14 @@ feeds it to the next depformer slice) instead of the sampled one. The depformer 
 Moshi's codebooks: PersonaPlex's slices for the user's codebooks would be sampled and thrown
 away (the user's stream is always given), and come after Moshi's, so they change nothing.
 
-A step is one `mx.compile`d function of arrays: the token ring with its delays, the
+A step is one `mx.compile`d function, `StepState` and the user's codes in, `StepOutput` out
+(`moshi_mlx.runtime.step_state`): the token ring with its delays (`runtime.token_ring`), the
 temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
 slices. The step's position is an array, so the function is traced once per KV capacity
-bucket (9 for a 3000-step context), not per step, and the traces are shared by all the
-generators of one model and sampling. Nothing in a step waits for the device:
-`LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and the
-caller reads them with one evaluation per frame, with whatever it computes from them.
+bucket (9 for a 3000-step context), not per step, and the traces are shared by the
+generators of one sampling given the model's `ModelCache`. Nothing in a step waits for the
+device: `LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and
+the caller reads them with one evaluation per frame, with whatever it computes from them.
 
 Hibiki (a model with `conditioners`) adds its condition vector to every step's input and
 runs classifier-free guidance as Kyutai's PyTorch `LMGen` does: with `cfg_coef` != 1 the
@@ -35,7 +36,7 @@ conditioners keep their step graph as it was.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -46,12 +47,10 @@ from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
-from moshi_mlx.runtime.token_ring import UNGENERATED, token_ring_width
-
-# Compiled steps a model keeps, one per sampling and KV layout, the least recently used
-# dropped first: a server's clients each choose their sampling.
-MAX_STEP_FUNCTIONS = 4
+from moshi_mlx.runtime.step_state import StepOutput, StepState
+from moshi_mlx.runtime.token_ring import TokenRing
 
 
 class LmGenStep:
@@ -118,8 +117,8 @@ class GenState:
 
 class StepFunctions:
     """The step's functions for one model, sampling, KV layout and guidance (`cfg_coef`),
-    compiled once and shared by every `LmGen` over them (`step_functions`), so a warm-up's
-    traces serve later conversations."""
+    compiled once and shared by every `LmGen` given the same `ModelCache` (`step_functions`),
+    so a warm-up's traces serve later conversations."""
 
     def __init__(
         self,
@@ -133,11 +132,8 @@ class StepFunctions:
         self.kv_quantization = kv_quantization
         self.cfg_coef = cfg_coef
         self.guided = cfg_coef != 1.0
-        cfg = lm.cfg
-        self.conditioned = bool(cfg.conditioners)
-        self._delays = mx.array(cfg.delays, mx.int32)
-        self._initial = mx.array(cfg.start_tokens, mx.int32)
-        self.width = token_ring_width(cfg)
+        self.conditioned = bool(lm.cfg.conditioners)
+        self.ring = TokenRing.of(lm.cfg)
         self.compiled_step = mx.compile(self.step)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
 
@@ -196,65 +192,48 @@ class StepFunctions:
         return mx.concatenate([text, audio[0]]), key, text_logits, audio_logits
 
     def step(
-        self,
-        user_codes: mx.array,
-        tokens: mx.array,
-        given: mx.array,
-        key: mx.array,
-        keys: list[mx.array],
-        values: list[mx.array],
-        position: mx.array,
-        condition: mx.array | None = None,
-    ) -> tuple:
-        """One step, arrays in, arrays out: the user's codes, the token ring and its given
-        marks, the random key and the temporal `KVRing` (and a conditioned model's condition
-        (B, dim), B = 2 with guidance) -> the text token, Moshi's codes (valid once the delays
-        are filled), the next token ring, given marks, key and ring, the step's inputs and
-        sampled tokens (and a conditioned model's text and audio logits)."""
-        cfg = self.lm.cfg
-        t, delays, width = position, self._delays, self.width
-        first_user = 1 + cfg.moshi_codebooks
-        rows = mx.arange(cfg.num_codebooks)
-        user = mx.concatenate([mx.zeros(first_user, mx.int32), user_codes])
-        user_columns = (t + cfg.user_input_lag + delays) % width
-        tokens = _write_columns(tokens, user_columns, user, rows >= first_user)
-        current = mx.take(tokens, t % width, axis=1)
-        inputs = mx.where(t <= delays, self._initial, current)
+        self, state: StepState, user_codes: mx.array, condition: mx.array | None = None
+    ) -> StepOutput:
+        """One step, arrays in, arrays out: the state (token ring and its given marks, random
+        key, temporal `KVRing`) and the user's codes (num_user_codebooks,) (and a conditioned
+        model's condition (B, dim), B = 2 with guidance) -> the next state, the text token,
+        Moshi's codes (valid once the delays are filled), the step's inputs and sampled
+        tokens (and a conditioned model's text and audio logits)."""
+        cfg, ring, t = self.lm.cfg, self.ring, state.position
+        moshi_rows = slice(0, 1 + cfg.moshi_codebooks)  # the text, then Moshi's codebooks
+        user_rows = slice(moshi_rows.stop, None)
+        tokens = ring.write_delayed(state.tokens, t + cfg.user_input_lag, user_codes, user_rows)
+        inputs = ring.inputs(tokens, t)
 
-        ring = KVRing(keys, values, position, cfg.attention_window, self.kv_quantization)
+        kv = state.ring(cfg.attention_window, self.kv_quantization)
         batch_inputs = inputs[None, :, None]
         if self.guided:  # the same tokens in both rows; only the condition differs
             batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
-        temporal_out, text_logits = self.lm.step_text(batch_inputs, ring, condition)
-        target = (t + 1) % width
-        logits = ()
+        temporal_out, text_logits = self.lm.step_text(batch_inputs, kv, condition)
+        key, given = state.key, state.given
+        guided_text = guided_audio = None  # a conditioned model's logits
         if self.conditioned:
-            generated, key, guided_text, audio_logits = self._sample(temporal_out, text_logits, key)
-            logits = (guided_text[0], mx.concatenate(audio_logits))
+            generated, key, text, audio = self._sample(temporal_out, text_logits, key)
+            guided_text, guided_audio = text[0], mx.concatenate(audio)
         elif cfg.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
             generated, key = self.sample_tokens(
                 temporal_out,
                 text_logits,
                 key,
-                mx.take(tokens[:first_user], target, axis=1),
-                mx.take(given, target, axis=1),
+                ring.column(tokens, t + 1, moshi_rows),
+                ring.column(given, t + 1),
             )
             # The input column's marks are spent; it is written again `width` steps later.
-            given = mx.where(mx.arange(width) == t % width, False, given)
+            given = mx.where(mx.arange(ring.width) == t % ring.width, False, given)
         else:
             generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
-        t = t + 1
-        padded = mx.concatenate([generated, mx.zeros(cfg.num_user_codebooks, mx.int32)])
-        tokens = _write_columns(
-            tokens, mx.broadcast_to(target, rows.shape), padded, rows < first_user
+        tokens = ring.write_column(tokens, t + 1, generated, moshi_rows)
+        moshi_codes = ring.frame_out(tokens, t, slice(1, moshi_rows.stop))
+        next_state = StepState.of(tokens, key, kv.advanced(), given)
+        return StepOutput(
+            next_state, generated[0], moshi_codes, inputs, generated, guided_text, guided_audio
         )
-        moshi_delays = delays[1:first_user]
-        columns = (t - cfg.max_delay + moshi_delays + width) % width
-        moshi_codes = mx.take_along_axis(tokens[1:first_user], columns[:, None], axis=1)[:, 0]
-        ring = ring.advanced()
-        state = (tokens, given, key, ring.keys, ring.values, ring.position)
-        return generated[0], moshi_codes, *state, inputs, generated, *logits
 
 
 def step_functions(
@@ -262,28 +241,21 @@ def step_functions(
     sampling: SamplingConfig,
     kv_quantization: KVQuantization | None = None,
     cfg_coef: float = 1.0,
+    cache: ModelCache[StepFunctions] | None = None,
 ) -> StepFunctions:
-    """The `StepFunctions` of `lm`, `sampling`, the KV cache's quantization and the guidance,
-    made once per model and kept on the model object (a plain attribute, outside its
-    parameters, freed with it) for the `MAX_STEP_FUNCTIONS` most recently used choices; a
-    generator keeps its own."""
-    shared = vars(lm).setdefault("_step_functions", {})  # least recently used first
+    """The `StepFunctions` of `lm`, `sampling`, the KV cache's quantization and the guidance:
+    those `cache` (`lm`'s) keeps for these choices, else made (and kept there)."""
     choice = (sampling, kv_quantization, cfg_coef)
-    functions = shared.pop(choice, None) or StepFunctions(lm, *choice)
-    shared[choice] = functions
-    while len(shared) > MAX_STEP_FUNCTIONS:
-        del shared[next(iter(shared))]
-    return functions
+    return model_cache(lm, cache).get(choice, lambda: StepFunctions(lm, *choice))
 
 
 def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: int = 1) -> GenState:
     """The state of a conversation that starts from nothing (Moshi's; `batch` 2: Hibiki's
     guided and null rows)."""
-    cfg = lm.cfg
-    width = token_ring_width(cfg)
+    ring = TokenRing.of(lm.cfg)
     return GenState(
-        tokens=mx.full((cfg.num_codebooks, width), UNGENERATED, mx.int32),
-        given=mx.zeros((1 + cfg.moshi_codebooks, width), mx.bool_),
+        tokens=ring.empty(),
+        given=mx.zeros((1 + lm.cfg.moshi_codebooks, ring.width), mx.bool_),
         ring=lm.make_ring(batch, kv_quantization),
         step_index=0,
     )
@@ -297,6 +269,9 @@ class LmGen:
     classifier-free guidance of `cfg_coef` (default: the checkpoint's `lm_gen_config`, else
     1.0: none) against the null condition "very_bad", as Kyutai's PyTorch `LMGen`. (Kyutai's
     MLX `LmGen` gives both rows the same condition, so its guidance changes nothing.)
+
+    `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
+    other generators given it (None: this generator compiles its own).
     """
 
     def __init__(
@@ -308,6 +283,7 @@ class LmGen:
         start: GenState | None = None,
         cfg_coef: float | None = None,
         condition: Mapping[str, str] | None = None,
+        step_cache: ModelCache[StepFunctions] | None = None,
     ):
         self.lm = lm
         self.sampling = sampling or SamplingConfig()
@@ -318,22 +294,29 @@ class LmGen:
         self.start = start
         self.cfg_coef = default_cfg_coef(lm.cfg) if cfg_coef is None else float(cfg_coef)
         self._condition = _condition_rows(lm, self.cfg_coef, condition)
-        self._functions = step_functions(lm, self.sampling, kv_quantization, self.cfg_coef)
+        self._functions = step_functions(
+            lm, self.sampling, kv_quantization, self.cfg_coef, step_cache
+        )
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation; the random stream restarts from the generator's seed."""
         batch = 1 if self._condition is None else self._condition.shape[0]
-        state = self.start or fresh_state(self.lm, self.kv_quantization, batch)
-        self._tokens, self._given, self._ring = state.tokens, state.given, state.ring
-        self.step_index = state.step_index
-        self._key = mx.random.key(self.seed)
+        start = self.start or fresh_state(self.lm, self.kv_quantization, batch)
+        key = mx.random.key(self.seed)
+        self._state = StepState.of(start.tokens, key, start.ring, start.given)
+        self.step_index = start.step_index
+
+    @property
+    def ring(self) -> KVRing:
+        """The temporal transformer's `KVRing` as the last step left it."""
+        return self._state.ring(self.lm.cfg.attention_window, self.kv_quantization)
 
     def reserve_full_context(self) -> None:
         """Allocate the KV ring at its full context now, as it is after `context` steps (it
         otherwise grows in buckets): memory stays flat from the first step, and each step
         attends over the whole ring's slots as late in a conversation."""
-        self._ring = self._ring.grown(self.lm.cfg.attention_window - 1)
+        self._state = self._state.with_ring(self.ring.grown(self.lm.cfg.attention_window - 1))
 
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
         if not isinstance(user_codes, mx.array):
@@ -358,32 +341,31 @@ class LmGen:
         Returns at once: the step computes on the device while the caller goes on building
         (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
         """
-        outputs = self._outputs(user_codes, self._functions.compiled_step)
-        text, moshi_codes, self._tokens, self._given, self._key, *ring_state = outputs[:8]
-        self._ring = self._ring.replaced(*ring_state)
-        mx.async_eval(outputs)
+        out = self._output(user_codes, self._functions.compiled_step)
+        # No reference to the old state's KV buffers may outlive this line: MLX then writes
+        # the new position into them in place instead of copying the whole ring each step.
+        self._state = out.state
+        mx.async_eval(out)
         self.step_index += 1
         ready = self.step_index > self.lm.cfg.max_delay
-        inputs, sampled, *logits = outputs[8:]
-        return LmGenStep(
-            text, moshi_codes if ready else None, inputs, sampled, tuple(logits) or None
-        )
+        logits = None if out.text_logits is None else (out.text_logits, out.audio_logits)
+        return LmGenStep(out.text, out.frame if ready else None, out.inputs, out.sampled, logits)
 
-    def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> tuple:
-        """The lazy outputs (tokens and next state) of the next step, without taking it: its
+    def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> StepOutput:
+        """The lazy output (tokens and next state) of the next step, without taking it: its
         graph as the compiled function replays it, or as Python builds it without `mx.compile`
         (to inspect, e.g. with `mx.export_to_dot`)."""
         functions = self._functions
-        return self._outputs(user_codes, functions.compiled_step if compiled else functions.step)
+        return self._output(user_codes, functions.compiled_step if compiled else functions.step)
 
-    def _outputs(self, user_codes: np.ndarray | mx.array, step_fn) -> tuple:
+    def _output(
+        self, user_codes: np.ndarray | mx.array, step_fn: Callable[..., StepOutput]
+    ) -> StepOutput:
         codes = self._user_array(user_codes)
-        self._ring = self._ring.grown(self.step_index)
-        ring = self._ring
-        state = (codes, self._tokens, self._given, self._key, ring.keys, ring.values)
+        self._state = self._state.with_ring(self.ring.grown(self.step_index))
         if self._condition is None:
-            return step_fn(*state, ring.position)
-        return step_fn(*state, ring.position, self._condition)
+            return step_fn(self._state, codes)
+        return step_fn(self._state, codes, self._condition)
 
 
 def default_cfg_coef(cfg: LmConfig) -> float:
@@ -405,15 +387,6 @@ def _condition_rows(
     if cfg_coef != 1.0:
         rows.append(dict(NULL_CONDITION))
     return lm.condition(rows)
-
-
-def _write_columns(
-    tokens: mx.array, columns: mx.array, values: mx.array, rows: mx.array
-) -> mx.array:
-    """tokens (K, W) with tokens[k, columns[k]] = values[k] for the rows where `rows` is true."""
-    current = mx.take_along_axis(tokens, columns[:, None], axis=1)[:, 0]
-    written = mx.where(rows, values, current)
-    return mx.put_along_axis(tokens, columns[:, None], written[:, None], axis=1)
 
 
 def teacher_forced_logits(

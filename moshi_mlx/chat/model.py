@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import LmGen, LmGenStep
+from moshi_mlx.chat.generate import LmGen, LmGenStep, StepFunctions
 from moshi_mlx.chat.persona.prompts import Prompts
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
 from moshi_mlx.checkpoints.io import read_safetensors_header
@@ -33,6 +33,7 @@ from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.runtime.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
+from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
 
@@ -74,6 +75,8 @@ class MoshiModel:
         kv_quantization: KVQuantization | None = None,
     ):
         self.lm = lm
+        # The compiled steps its conversations share, per sampling, KV layout and guidance.
+        self.step_cache: ModelCache[StepFunctions] = ModelCache(lm)
         self.memory = memory  # the plan it was loaded under
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
         self.files = files
@@ -148,7 +151,15 @@ class MoshiModel:
         take neither. Hibiki takes `cfg_coef`, its guidance (`LmGen`)."""
         self.check_prompt_choice(voice, role)
         start = self.prompts.state(voice, role) if self.prompts is not None else None
-        generator = LmGen(self.lm, sampling, seed, self.kv_quantization, start, cfg_coef)
+        generator = LmGen(
+            self.lm,
+            sampling,
+            seed,
+            self.kv_quantization,
+            start,
+            cfg_coef,
+            step_cache=self.step_cache,
+        )
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
 
     def check_prompt_choice(self, voice: str | Path | None, role: str | None) -> None:
@@ -167,7 +178,14 @@ class MoshiModel:
         are shared by every conversation of this sampling) or for first-use costs. Call it
         on the thread that will run the conversations (MLX keeps compiled code per thread)."""
         silence = np.zeros(self.frame_size, np.float32)
-        generator = LmGen(self.lm, sampling, 0, self.kv_quantization, cfg_coef=cfg_coef)
+        generator = LmGen(
+            self.lm,
+            sampling,
+            0,
+            self.kv_quantization,
+            cfg_coef=cfg_coef,
+            step_cache=self.step_cache,
+        )
         with Conversation(self, self._codec.fresh(), generator) as conversation:
             for _ in range(WARMUP_STEPS):
                 conversation.step(silence)

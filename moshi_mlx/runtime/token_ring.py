@@ -1,9 +1,20 @@
-"""The token ring every step shares: a (B, K, width) int32 buffer of the tokens each stream
-is fed, written ahead by each stream's delay and read one column per step."""
+"""The token ring every step shares: a (..., K, width) int32 buffer of the tokens each stream
+is fed, written ahead by each stream's delay and read one column per step.
+
+Step t feeds column t % width, each stream k its start token while t <= delays[k]. A token of
+stream k that belongs to frame t (an input's code, a generated token) is written at column
+t + delays[k]; a token sampled at step t is already delayed and is written at column t + 1.
+After step t, frame t + 1 - max_delay is complete: reading each stream at its delay undoes
+the delays. Leading axes (a batch of streams) ride along.
+"""
 
 from __future__ import annotations
 
-from moshi_mlx.models.lm import LmConfig
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from moshi_mlx.models.config import LmConfig
 
 UNGENERATED = -2  # a token slot not written yet
 
@@ -12,3 +23,74 @@ def token_ring_width(cfg: LmConfig) -> int:
     """Columns of a generator's token ring: from the oldest column a step reads (its output,
     `max_delay` back) to the furthest it writes (a user frame, lag and delay ahead)."""
     return cfg.max_delay + 2 + cfg.user_input_lag
+
+
+@dataclass(frozen=True)
+class TokenRing:
+    """A model's streams over a token ring: their delays, start tokens and the ring's width.
+    Its methods are lazy array functions, for compiled steps; `step` is a () int32 array."""
+
+    delays: mx.array  # (K,) int32
+    start_tokens: mx.array  # (K,) int32
+    max_delay: int
+    width: int
+
+    @classmethod
+    def of(cls, cfg: LmConfig) -> TokenRing:
+        """The ring of `cfg`'s streams, `token_ring_width(cfg)` columns wide."""
+        return cls(
+            delays=mx.array(cfg.delays, mx.int32),
+            start_tokens=mx.array(cfg.start_tokens, mx.int32),
+            max_delay=cfg.max_delay,
+            width=token_ring_width(cfg),
+        )
+
+    def empty(self, *batch: int) -> mx.array:
+        """A ring (*batch, K, width) with nothing written."""
+        return mx.full((*batch, self.delays.shape[0], self.width), UNGENERATED, mx.int32)
+
+    def inputs(self, tokens: mx.array, step: mx.array) -> mx.array:
+        """What step `step` feeds (..., K): its column, each stream's start token while
+        step <= its delay."""
+        current = mx.take(tokens, step % self.width, axis=-1)
+        return mx.where(step <= self.delays, self.start_tokens, current)
+
+    def column(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
+        """The tokens (..., rows) at step `step`'s column, as written (no start tokens)."""
+        return mx.take(tokens[..., rows, :], step % self.width, axis=-1)
+
+    def write_delayed(
+        self, tokens: mx.array, frame: mx.array, values: mx.array, rows: slice = slice(None)
+    ) -> mx.array:
+        """`tokens` with the tokens (..., rows) of frame `frame` written at their delays:
+        stream k's at column frame + delays[k]."""
+        return self._write(tokens, frame + self.delays[rows], values, rows)
+
+    def write_column(
+        self, tokens: mx.array, step: mx.array, values: mx.array, rows: slice = slice(None)
+    ) -> mx.array:
+        """`tokens` with the tokens (..., rows) written at step `step`'s column (tokens
+        sampled one step before, already delayed)."""
+        count = len(range(self.delays.shape[0])[rows])
+        return self._write(tokens, mx.broadcast_to(step, (count,)), values, rows)
+
+    def frame_out(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
+        """After step `step` wrote its tokens: those (..., rows) of frame step + 1 - max_delay,
+        each stream read at its delay."""
+        block = tokens[..., rows, :]
+        columns = (step + 1 - self.max_delay + self.delays[rows] + self.width) % self.width
+        index = mx.broadcast_to(columns[:, None], (*block.shape[:-1], 1))
+        return mx.take_along_axis(block, index, axis=-1)[..., 0]
+
+    def _write(
+        self, tokens: mx.array, columns: mx.array, values: mx.array, rows: slice
+    ) -> mx.array:
+        """tokens with tokens[..., k, columns[k] % width] = values[..., k] for k in `rows`."""
+        first, last, stride = rows.indices(tokens.shape[-2])
+        assert stride == 1, "rows are a contiguous slice"
+        block = tokens[..., first:last, :]
+        index = mx.broadcast_to((columns % self.width)[:, None], (*block.shape[:-1], 1))
+        written = mx.put_along_axis(block, index, values[..., None].astype(tokens.dtype), axis=-1)
+        if first == 0 and last == tokens.shape[-2]:
+            return written
+        return mx.slice_update(tokens, written, mx.array([first]), axes=(tokens.ndim - 2,))

@@ -7,8 +7,9 @@ t + 1; once t + 1 > max_delay it returns the text token `max_delay - delays[0]` 
 All B streams of a batch step together, so one read of the weights serves them all; each
 stream's text and head probabilities are its own.
 
-A step is one `mx.compile`d function of arrays (codes, token ring, random key, KV ring),
-traced once per KV capacity bucket and shared by the steppers of one model and sampling.
+A step is one `mx.compile`d function, `StepState` (token ring, random key, KV ring) and the
+codes in, `StepOutput` out (`moshi_mlx.runtime.step_state`), traced once per KV capacity
+bucket and shared by the steppers of one sampling given the model's `ModelCache`.
 `ListenStepper.step` returns lazy arrays with their evaluation queued; the caller reads them.
 """
 
@@ -22,8 +23,10 @@ import numpy as np
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import sample
-from moshi_mlx.runtime.token_ring import UNGENERATED
+from moshi_mlx.runtime.step_state import StepOutput, StepState
+from moshi_mlx.runtime.token_ring import TokenRing
 
 
 @dataclass(frozen=True)
@@ -45,93 +48,77 @@ class ListenStep:
     head_probabilities: mx.array
 
 
-class _StepFunction:
+class ListenStepFunction:
     """The compiled step of one model and sampling (see the module docstring)."""
 
     def __init__(self, lm: Lm, sampling: TextSampling):
-        cfg = lm.cfg
         self.lm = lm
         self.sampling = sampling
-        self.width = cfg.max_delay + 2
-        self._delays = mx.array(cfg.delays, mx.int32)
-        self._initial = mx.array(cfg.start_tokens, mx.int32)
+        self.ring = TokenRing.of(lm.cfg)
         self.compiled = mx.compile(self.step)
 
-    def step(
-        self,
-        codes: mx.array,
-        tokens: mx.array,
-        key: mx.array,
-        keys: list[mx.array],
-        values: list[mx.array],
-        position: mx.array,
-    ) -> tuple:
-        """codes (B, n_q), tokens (B, K, width) -> the text tokens out (B,), the text logits
-        (B, text_card), the heads' probabilities (B, heads, classes), the next token ring,
-        key, and KV ring arrays."""
-        lm, cfg, t, width = self.lm, self.lm.cfg, position, self.width
-        batch = codes.shape[0]
-        columns = mx.broadcast_to(
-            ((t + self._delays[1:]) % width)[None, :, None], (batch, cfg.n_q, 1)
-        )
-        written = mx.put_along_axis(tokens[:, 1:], columns, codes[:, :, None], axis=2)
-        tokens = mx.concatenate([tokens[:, :1], written], axis=1)
-        inputs = mx.where(t <= self._delays, self._initial, tokens[:, :, t % width])  # (B, K)
-        ring = KVRing(keys, values, position, cfg.attention_window)
-        temporal_out, text_logits = lm.step_text(inputs[:, :, None], ring)
-        key, text_key = mx.random.split(key)
+    def step(self, state: StepState, codes: mx.array) -> StepOutput:
+        """The state (token ring (B, K, width), random key, KV ring) and the audio codes
+        (B, n_q) -> the next state, the text tokens out (B,), the step's inputs (B, K), the
+        text logits (B, text_card) and the heads' probabilities (B, heads, classes)."""
+        lm, cfg, ring, t = self.lm, self.lm.cfg, self.ring, state.position
+        tokens = ring.write_delayed(state.tokens, t, codes, slice(1, None))
+        inputs = ring.inputs(tokens, t)  # (B, K)
+        kv = state.ring(cfg.attention_window)
+        temporal_out, text_logits = lm.step_text(inputs[:, :, None], kv)
+        key, text_key = mx.random.split(state.key)
         text = sample(text_logits, self.sampling.temp, self.sampling.top_k, text_key)
-        t = t + 1
-        tokens = mx.concatenate(
-            [_put_column(tokens[:, 0], t % width, text)[:, None], tokens[:, 1:]], axis=1
-        )
-        out = tokens[:, 0, (t - cfg.max_delay + self._delays[0] + width) % width]
+        tokens = ring.write_column(tokens, t + 1, text[:, None], slice(0, 1))
+        out = ring.frame_out(tokens, t, slice(0, 1))[:, 0]
         heads = (
             lm.head_probabilities(temporal_out)
             if cfg.extra_heads_num_heads
-            else mx.zeros((batch, 0, 0), mx.float32)
+            else mx.zeros((codes.shape[0], 0, 0), mx.float32)
         )
-        ring = ring.advanced()
-        return out, text_logits, heads, tokens, key, ring.keys, ring.values, ring.position
-
-
-def _put_column(rows: mx.array, column: mx.array, values: mx.array) -> mx.array:
-    """rows (B, W) with rows[:, column] = values (B,)."""
-    index = mx.broadcast_to(column.reshape(1, 1), (rows.shape[0], 1))
-    return mx.put_along_axis(rows, index, values[:, None].astype(rows.dtype), axis=1)
-
-
-def _step_function(lm: Lm, sampling: TextSampling) -> _StepFunction:
-    shared = vars(lm).setdefault("_listen_step_functions", {})
-    if sampling not in shared:
-        shared[sampling] = _StepFunction(lm, sampling)
-    return shared[sampling]
+        next_state = StepState.of(tokens, key, kv.advanced())
+        return StepOutput(
+            next_state, out, None, inputs, text_logits=text_logits, head_probabilities=heads
+        )
 
 
 class ListenStepper:
-    """Steps `batch` streams of a model without a depformer together; `reset` starts over."""
+    """Steps `batch` streams of a model without a depformer together; `reset` starts over.
+    `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
+    other steppers given it (None: this stepper compiles its own)."""
 
-    def __init__(self, lm: Lm, batch: int = 1, sampling: TextSampling | None = None, seed: int = 0):
+    def __init__(
+        self,
+        lm: Lm,
+        batch: int = 1,
+        sampling: TextSampling | None = None,
+        seed: int = 0,
+        step_cache: ModelCache[ListenStepFunction] | None = None,
+    ):
         if lm.cfg.dep_q:
             raise MoshiError("ListenStepper runs models without a depformer (dep_q 0)")
         self.lm = lm
         self.batch = batch
         self.seed = seed
-        self._function = _step_function(lm, sampling or TextSampling())
+        sampling = sampling or TextSampling()
+        cache = model_cache(lm, step_cache)
+        self._function = cache.get(sampling, lambda: ListenStepFunction(lm, sampling))
         self.reset()
 
     def reset(self) -> None:
-        cfg = self.lm.cfg
-        width = self._function.width
-        self._tokens = mx.full((self.batch, cfg.num_codebooks, width), UNGENERATED, mx.int32)
-        self._ring = self.lm.make_ring(self.batch)
-        self._key = mx.random.key(self.seed)
+        tokens = self._function.ring.empty(self.batch)
+        key = mx.random.key(self.seed)
+        self._state = StepState.of(tokens, key, self.lm.make_ring(self.batch))
         self.step_index = 0
+
+    @property
+    def ring(self) -> KVRing:
+        """The temporal transformer's `KVRing` as the last step left it."""
+        return self._state.ring(self.lm.cfg.attention_window)
 
     def reserve(self, positions: int) -> None:
         """Give the KV ring room for `positions` steps now (at most the context), so that no
         later step pays for growing it; every step then attends over the whole room."""
-        self._ring = self._ring.grown(max(positions, 1) - 1)
+        self._state = self._state.with_ring(self.ring.grown(max(positions, 1) - 1))
 
     @property
     def ready(self) -> bool:
@@ -144,17 +131,11 @@ class ListenStepper:
         expected = (self.batch, self.lm.cfg.n_q)
         if codes.shape != expected:
             raise MoshiError(f"expected audio codes of shape {expected}, got {codes.shape}")
-        out, logits, heads, self._tokens, self._key, *ring_state = self._outputs(codes)
-        # No reference to the old ring's buffers may outlive this line: MLX then writes the
-        # new position into them in place instead of copying the whole ring each step.
-        self._ring = self._ring.replaced(*ring_state)
-        mx.async_eval(out, heads, self._tokens, *ring_state)
+        self._state = self._state.with_ring(self.ring.grown(self.step_index))
+        out = self._function.compiled(self._state, codes.astype(mx.int32))
+        # No reference to the old state's KV buffers may outlive this line: MLX then writes
+        # the new position into them in place instead of copying the whole ring each step.
+        self._state = out.state
+        mx.async_eval(out.text, out.head_probabilities, out.state)
         self.step_index += 1
-        return ListenStep(out, logits, heads)
-
-    def _outputs(self, codes: mx.array) -> tuple:
-        self._ring = self._ring.grown(self.step_index)
-        ring = self._ring
-        return self._function.compiled(
-            codes.astype(mx.int32), self._tokens, self._key, ring.keys, ring.values, ring.position
-        )
+        return ListenStep(out.text, out.text_logits, out.head_probabilities)

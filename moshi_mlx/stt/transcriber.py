@@ -18,7 +18,7 @@ audio with silence).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -30,9 +30,10 @@ from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
-from moshi_mlx.stt.stepper import ListenStepper, TextSampling
+from moshi_mlx.stt.stepper import ListenStepFunction, ListenStepper, TextSampling
 from moshi_mlx.stt.words import WordTimer
 
 FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
@@ -51,6 +52,11 @@ class SttModel:
     codec: Codec
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
+    # The compiled steps its transcriptions share, per sampling.
+    step_cache: ModelCache[ListenStepFunction] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_cache", ModelCache(self.lm))
 
     @classmethod
     def load(
@@ -112,7 +118,7 @@ class SpeechToText:
         self.timing = cfg.stt_config
         # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
-        self._stepper = ListenStepper(model.lm, streams, sampling)
+        self._stepper = ListenStepper(model.lm, streams, sampling, step_cache=model.step_cache)
         self._encoder = model.codec.batch_encoder(streams)
         self._timers = [
             WordTimer(

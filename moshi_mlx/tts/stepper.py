@@ -13,7 +13,8 @@ The schedule's choice needs the sampled token, which lives on the device. Rather
 for it in the middle of the step, the host gives, per stream, the token to feed if the model
 predicts a new word and the token otherwise (`TextSchedule.outcomes`); the step picks one and
 returns the prediction, and the host commits it before the next step. A step is thus one
-`mx.compile`d graph and one wait per frame.
+`mx.compile`d graph (`StepState` and the step's inputs in, `StepOutput` out; see
+`moshi_mlx.runtime.step_state`) and one wait per frame.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import mlx.core as mx
 
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.transformer import CrossKV
+from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import sample
-from moshi_mlx.runtime.token_ring import UNGENERATED, token_ring_width
+from moshi_mlx.runtime.step_state import StepOutput, StepState
+from moshi_mlx.runtime.token_ring import TokenRing
 
 NEW_WORD, PAD = 0, 3  # the text tokens the TTS predicts: a word starts next, or nothing
+STEP_FUNCTIONS_KEPT = 1  # one sampling at a time: traces are cheap to redo
 
 
 @dataclass(frozen=True)
@@ -53,41 +56,36 @@ class TtsStepOutput:
     frame: mx.array
 
 
-class _StepFunctions:
-    """The compiled steps of one model and sampling (with and without the depformer)."""
+class TtsStepFunctions:
+    """The compiled steps of one model, sampling and audio lag (with and without the
+    depformer)."""
 
     def __init__(self, lm: Lm, sampling: TtsSampling, delay_steps: int):
         self.lm = lm
         self.sampling = sampling
-        cfg = lm.cfg
-        self.delays = mx.array(cfg.delays, mx.int32)
-        self.initial = mx.array(cfg.start_tokens, mx.int32)
-        self.audio_start = self.delays[1:] + delay_steps  # codebook k is -1 before this step
-        self.width = token_ring_width(cfg)
+        self.ring = TokenRing.of(lm.cfg)
+        self.audio_start = self.ring.delays[1:] + delay_steps  # codebook k is -1 before this
         self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
         self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
 
     def step(
         self,
-        tokens: mx.array,
-        key: mx.array,
-        keys: list[mx.array],
-        values: list[mx.array],
-        position: mx.array,
+        state: StepState,
         condition: mx.array,
         cross: list[CrossKV],
         if_word: mx.array,
         otherwise: mx.array,
         depformer: bool,
-    ) -> tuple:
-        cfg, sampling = self.lm.cfg, self.sampling
-        t, width = position, self.width
-        batch = tokens.shape[0]
-        current = mx.take(tokens, t % width, axis=2)  # (B, K)
-        inputs = mx.where(t <= self.delays, self.initial, current)
-        ring = KVRing(keys, values, position, cfg.attention_window)
-        temporal_out, text_logits = self.lm.step_text(inputs[..., None], ring, condition, cross)
-        key, text_key, audio_key = mx.random.split(key, 3)
+    ) -> StepOutput:
+        """The state (token ring (B, K, width), random key, KV ring), the conditions and the
+        text tokens to feed per outcome (B,) -> the next state, the predicted text tokens
+        (B,), the frame out (B, K) and the step's inputs (B, K)."""
+        cfg, sampling, ring, t = self.lm.cfg, self.sampling, self.ring, state.position
+        batch = state.tokens.shape[0]
+        inputs = ring.inputs(state.tokens, t)  # (B, K)
+        kv = state.ring(cfg.attention_window)
+        temporal_out, text_logits = self.lm.step_text(inputs[..., None], kv, condition, cross)
+        key, text_key, audio_key = mx.random.split(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
         if sampling.padding_bonus:
             bonus = mx.zeros(text_logits.shape[-1]).at[PAD].add(sampling.padding_bonus)
@@ -104,21 +102,18 @@ class _StepFunctions:
         else:
             audio = mx.full((batch, cfg.dep_q), ZERO_TOKEN, mx.int32)
         audio = mx.where(t < self.audio_start, ZERO_TOKEN, audio)
-        t = t + 1
-        column = mx.concatenate([text[:, None], audio], axis=1)[..., None]  # (B, K, 1)
-        index = mx.broadcast_to((t % width).reshape(1, 1, 1), column.shape)
-        tokens = mx.put_along_axis(tokens, index, column, axis=2)
-        frame_columns = (t - cfg.max_delay + self.delays + width) % width
-        frame_index = mx.broadcast_to(frame_columns[None, :, None], (batch, cfg.num_codebooks, 1))
-        frame = mx.take_along_axis(tokens, frame_index, axis=2)[..., 0]
-        ring = ring.advanced()
-        return predicted, frame, tokens, key, ring.keys, ring.values, ring.position
+        column = mx.concatenate([text[:, None], audio], axis=1)  # (B, K)
+        tokens = ring.write_column(state.tokens, t + 1, column)
+        frame = ring.frame_out(tokens, t)
+        return StepOutput(StepState.of(tokens, key, kv.advanced()), predicted, frame, inputs)
 
 
 class TtsStepper:
     """Steps a batch of B TTS streams under fixed conditions: `condition` (B, dim), the summed
     conditions (`Lm.condition`), and `cross`, the voices' cross-attention keys and values
-    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps."""
+    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps.
+    `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
+    other steppers given it (None: this stepper compiles its own)."""
 
     def __init__(
         self,
@@ -128,6 +123,7 @@ class TtsStepper:
         delay_steps: int,
         sampling: TtsSampling | None = None,
         seed: int = 0,
+        step_cache: ModelCache[TtsStepFunctions] | None = None,
     ):
         self.lm = lm
         self.batch = condition.shape[0]
@@ -135,47 +131,37 @@ class TtsStepper:
         self.cross = cross
         self.delay_steps = delay_steps
         self.sampling = sampling or TtsSampling()
-        shared = vars(lm).setdefault("_tts_step_functions", {})
         choice = (self.sampling, delay_steps)
-        if choice not in shared:
-            shared.clear()  # one sampling at a time: traces are cheap to redo
-            shared[choice] = _StepFunctions(lm, self.sampling, delay_steps)
-        self._functions = shared[choice]
-        cfg = lm.cfg
-        self._tokens = mx.full(
-            (self.batch, cfg.num_codebooks, token_ring_width(cfg)), UNGENERATED, mx.int32
+        self._functions = model_cache(lm, step_cache, STEP_FUNCTIONS_KEPT).get(
+            choice, lambda: TtsStepFunctions(lm, *choice)
         )
-        self._ring = lm.make_ring(self.batch)
-        self._key = mx.random.key(seed)
+        tokens = self._functions.ring.empty(self.batch)
+        self._state = StepState.of(tokens, mx.random.key(seed), lm.make_ring(self.batch))
         self.step_index = 0
 
     def step(self, if_word: list[int], otherwise: list[int]) -> TtsStepOutput:
         """Queue one step; each stream feeds `if_word[b]` as its text token if the model
         predicts a new word, else `otherwise[b]`. Returns at once (lazy results, evaluation
         queued)."""
-        self._ring = self._ring.grown(self.step_index)
-        ring = self._ring
+        ring = self._state.ring(self.lm.cfg.attention_window)
+        self._state = self._state.with_ring(ring.grown(self.step_index))
+        del ring  # the old buffers are written in place only if nothing else holds them
         function = (
             self._functions.full
             if self.step_index >= self.delay_steps
             else self._functions.text_only
         )
-        outputs = function(
-            self._tokens,
-            self._key,
-            ring.keys,
-            ring.values,
-            ring.position,
+        out = function(
+            self._state,
             self.condition,
             self.cross,
             mx.array(if_word, mx.int32),
             mx.array(otherwise, mx.int32),
         )
-        predicted, frame, self._tokens, self._key, *ring_state = outputs
-        self._ring = self._ring.replaced(*ring_state)
-        mx.async_eval(predicted, frame, self._tokens, self._key, *ring_state)
+        self._state = out.state
+        mx.async_eval(out.text, out.frame, out.state)
         self.step_index += 1
-        return TtsStepOutput(predicted, frame)
+        return TtsStepOutput(out.text, out.frame)
 
     @property
     def frame_ready(self) -> bool:

@@ -34,10 +34,12 @@ from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import ConfigError, TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
-from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
+from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsSampling, TtsStepFunctions, TtsStepper
 from moshi_mlx.tts.voices import (
     DEFAULT_VOICE,
     DEFAULT_VOICE_REPO,
@@ -85,6 +87,14 @@ class TtsModel:
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
     voice_repo: str = DEFAULT_VOICE_REPO
+    # The compiled steps its runs share, and the empty voice slots' cross-attention keys and
+    # values per voice length (`voice_keys_values`).
+    step_cache: ModelCache[TtsStepFunctions] = field(init=False, repr=False, compare=False)
+    empty_voice_cache: ModelCache[list[CrossKV]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "step_cache", ModelCache(self.lm, STEP_FUNCTIONS_KEPT))
+        object.__setattr__(self, "empty_voice_cache", ModelCache(self.lm, size=None))
 
     @classmethod
     def load(
@@ -219,11 +229,17 @@ class TtsRun:
         self.model = model
         lm = model.lm
         voices = [[model.voice(v) for v in request.voices] for request in requests]
-        cross = voice_keys_values(lm, voices)
+        cross = voice_keys_values(lm, voices, model.empty_voice_cache)
         condition = lm.condition([_condition_values(lm.cfg, r.cfg_coef) for r in requests])
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(
-            lm, condition, cross, model.delay_steps, sampling or TtsSampling(), self.seed
+            lm,
+            condition,
+            cross,
+            model.delay_steps,
+            sampling or TtsSampling(),
+            self.seed,
+            step_cache=model.step_cache,
         )
         self.schedules = [model.schedule() for _ in requests]
         self._mimi_state = None  # made at the first frame decoded

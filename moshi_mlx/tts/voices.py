@@ -20,6 +20,7 @@ import numpy as np
 from moshi_mlx.checkpoints.hub import download_file
 from moshi_mlx.errors import TtsError, WeightsError
 from moshi_mlx.models.config import LmConfig
+from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 
 if TYPE_CHECKING:
     from moshi_mlx.models.lm import Lm
@@ -99,25 +100,33 @@ def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.
     return mx.array(np.stack(tensors)), mx.array(np.stack(masks))
 
 
-def voice_keys_values(lm: Lm, rows: Sequence[Sequence[mx.array]]) -> list[CrossKV]:
+def voice_keys_values(
+    lm: Lm,
+    rows: Sequence[Sequence[mx.array]],
+    empty_voice_cache: ModelCache[list[CrossKV]] | None = None,
+) -> list[CrossKV]:
     """Each temporal layer's cross-attention keys and values (B, H, MAX_SPEAKERS * frames,
     head_dim) for each batch row's voices, as `Lm.cross_keys_values` of `speaker_condition`.
 
     The slots no row fills hold the conditioner's learned padding at fixed positions, the same
-    for every request: their keys and values are computed once per model and voice length and
-    kept, and only the filled slots' are computed per request (one voice: a fifth of the work,
-    which on a CPU is most of the time to the first audio).
+    for every request: their keys and values are computed once per voice length and kept in
+    `empty_voice_cache` (the model's; None: computed for this call), and only the filled
+    slots' are computed per request (one voice: a fifth of the work, which on a CPU is most
+    of the time to the first audio).
     """
     tensor, mask = speaker_condition(rows)
     total = tensor.shape[1]
     filled = max(len(voices) for voices in rows) * (total // MAX_SPEAKERS)
     if filled == total or tuple(lm.cfg.fuser.cross) != (VOICE_TENSOR,):
         return lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
-    kept = vars(lm).setdefault("_tts_empty_voice_keys_values", {})
-    if total not in kept:
+
+    def empty_keys_values() -> list[CrossKV]:
         empty = mx.zeros((1, total, tensor.shape[2]), tensor.dtype)
-        kept[total] = lm.cross_keys_values({VOICE_TENSOR: (empty, mx.zeros((1, total), mx.bool_))})
-        mx.eval(kept[total])
+        keys_values = lm.cross_keys_values({VOICE_TENSOR: (empty, mx.zeros((1, total), mx.bool_))})
+        mx.eval(keys_values)
+        return keys_values
+
+    padding = model_cache(lm, empty_voice_cache, size=None).get(total, empty_keys_values)
     # Positions 0..filled-1 get the same position embedding in a shorter source.
     voiced = lm.cross_keys_values({VOICE_TENSOR: (tensor[:, :filled], mask[:, :filled])})
 
@@ -128,5 +137,5 @@ def voice_keys_values(lm: Lm, rows: Sequence[Sequence[mx.array]]) -> list[CrossK
 
     return [
         (joined(keys, empty_keys), joined(values, empty_values))
-        for (keys, values), (empty_keys, empty_values) in zip(voiced, kept[total])
+        for (keys, values), (empty_keys, empty_values) in zip(voiced, padding)
     ]

@@ -1,0 +1,62 @@
+"""The token ring the three steppers share, and the cache of what they compile per model."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.runtime.model_cache import ModelCache, model_cache
+from moshi_mlx.runtime.token_ring import UNGENERATED, TokenRing, token_ring_width
+
+
+def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
+    """Frame f's token of stream k, written at its delay, is fed at step f + delays[k] (the
+    start token before); after step t, `frame_out` reads frame t + 1 - max_delay whole."""
+    cfg = LmConfig.tiny()
+    ring, delays = TokenRing.of(cfg), np.array(cfg.delays)
+    assert ring.width == token_ring_width(cfg)
+    streams = len(delays)
+    tokens = ring.empty(2)  # a batch of two rows of streams
+    assert tokens.shape == (2, streams, ring.width) and (np.array(tokens) == UNGENERATED).all()
+
+    def frame(f: int) -> np.ndarray:  # (2, K): distinct per row, stream and frame
+        return 1000 * np.arange(2)[:, None] + 10 * f + np.arange(streams)[None]
+
+    for t in range(3 * ring.width):
+        step = mx.array(t, mx.int32)
+        tokens = ring.write_delayed(tokens, step, mx.array(frame(t)))
+        fed = np.array(ring.inputs(tokens, step))
+        for k, delay in enumerate(delays):
+            expected = cfg.start_tokens[k] if t <= delay else frame(t - delay)[:, k]
+            np.testing.assert_array_equal(fed[:, k], expected)
+        if t + 1 >= ring.max_delay:
+            out = np.array(ring.frame_out(tokens, step))
+            np.testing.assert_array_equal(out, frame(t + 1 - ring.max_delay))
+
+
+def test_column_writes_touch_only_their_rows():
+    cfg = LmConfig.tiny()
+    ring = TokenRing.of(cfg)
+    tokens = ring.empty()
+    step = mx.array(5, mx.int32)
+    tokens = ring.write_column(tokens, step, mx.array([7, 8]), slice(1, 3))
+    written = np.array(tokens)
+    np.testing.assert_array_equal(written[1:3, 5 % ring.width], [7, 8])
+    written[1:3, 5 % ring.width] = UNGENERATED
+    assert (written == UNGENERATED).all()
+    np.testing.assert_array_equal(ring.column(tokens, step, slice(0, 3)), [UNGENERATED, 7, 8])
+
+
+def test_a_model_cache_keeps_its_latest_choices_for_its_model_only():
+    model, made = object(), []
+    cache: ModelCache[str] = ModelCache(model, size=2)
+    for choice in ("a", "b", "a", "c"):
+        cache.get(choice, lambda choice=choice: made.append(choice) or choice.upper())
+    assert made == ["a", "b", "c"] and cache.choices() == ["a", "c"]
+    assert model_cache(model, cache) is cache
+    assert model_cache(model, None).choices() == []
+    with pytest.raises(MoshiError, match="another model"):
+        model_cache(object(), cache)

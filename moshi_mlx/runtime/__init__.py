@@ -1,2 +1,3 @@
-"""Streaming parts every product shares: sampling, the token ring, the codec, the tokenizer and
-the memory plan."""
+"""Streaming parts every product shares: sampling, the token ring, the step state that goes in
+and out of every compiled step, the per-model cache of what steppers compile, the codec, the
+tokenizer and the memory plan."""

@@ -29,11 +29,13 @@ from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import MlxCodec
 from moshi_mlx.runtime.memory_plan import (
+    MemoryPlan,
     check_fits,
     codec_bytes,
     kv_cache_bytes,
     plan_memory,
     quantized_lm_weight_bytes,
+    wired_memory,
 )
 
 GB = 1e9
@@ -292,3 +294,19 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     gen.reserve_full_context()
     ring = sum(a.nbytes for a in (*gen._ring.keys, *gen._ring.values))
     assert ring == plan.kv_cache
+
+
+def test_wired_memory_waits_for_queued_work_before_restoring_the_limit(monkeypatch):
+    """As mlx-lm's `wired_limit`: the block's work is synchronised before the old wired limit
+    is put back (on Apple GPUs; here MLX's calls are recorded, as the CPU has no wired memory)."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx, "set_wired_limit", lambda limit: calls.append(("limit", limit)) or 7)
+    monkeypatch.setattr(mx, "synchronize", lambda *stream: calls.append(("synchronize",)))
+    plan = MemoryPlan(
+        weights=100, kv_cache=20, codec=5, activations=5, capacity=1000, device="test",
+        context=10, kv=None, dtype=mx.bfloat16, lm_bits=None,
+    )  # fmt: skip
+    with wired_memory(plan):
+        calls.append(("work",))
+    assert calls == [("limit", 130), ("work",), ("synchronize",), ("limit", 7)]

@@ -271,7 +271,9 @@ def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
 @contextmanager
 def wired_memory(plan: MemoryPlan | None) -> Iterator[None]:
     """On Apple GPUs, keep the model's memory wired (resident) while in the block, then put
-    MLX's previous wired limit back. Elsewhere, or without a plan, it does nothing."""
+    MLX's previous wired limit back once the work queued in the block is done (as mlx-lm's
+    `wired_limit`: lowering the limit under running kernels would unwire their buffers).
+    Elsewhere, or without a plan, it does nothing."""
     if plan is None or not mx.metal.is_available():
         yield
         return
@@ -279,4 +281,5 @@ def wired_memory(plan: MemoryPlan | None) -> Iterator[None]:
     try:
         yield
     finally:
+        mx.synchronize()
         mx.set_wired_limit(previous)

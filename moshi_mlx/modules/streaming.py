@@ -72,6 +72,11 @@ class BaseState:
         return obj
 
 
+def state_arrays(state: StreamingState) -> list[mx.array]:
+    """Every array of `state`, in a flat list (to evaluate, or to count bytes)."""
+    return [array for _, array in tree_flatten(state.state)]
+
+
 def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
     return tree_flatten(tree, is_leaf=is_state)
 

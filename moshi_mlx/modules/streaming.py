@@ -86,7 +86,7 @@ def _subtree(tree: Any, path: str) -> Any:
     for key in path.split(".") if path else []:
         if isinstance(tree, dict):
             tree = tree.get(key, [])
-        elif isinstance(tree, (list, tuple)) and int(key) < len(tree):
+        elif isinstance(tree, (list, tuple)) and key.isdigit() and int(key) < len(tree):
             tree = tree[int(key)]
         else:
             return []

@@ -153,3 +153,13 @@ def test_plain_arrays_travel_beside_states():
     loaded = unflatten_states(*flatten_states(tree))
     assert loaded["tokens"].tolist() == [0, 1, 2, 3]
     _assert_same_arrays(loaded["conv"].state, tree["conv"].state)
+
+
+@pytest.mark.parametrize("quantization", [None, KVQuantization.of(4, 32)])
+def test_a_trimmed_ring_grows_back_and_steps_on_identically(quantization):
+    ring, step = _ring(quantization)()
+    trimmed = ring.trimmed(70)
+    assert trimmed.capacity == 70 and trimmed.position.item() == 70
+    restored = unflatten_states(*flatten_states([trimmed]))[0]
+    assert restored.grown(70).capacity == ring.grown(70).capacity
+    _assert_same_arrays(step(restored, 11), step(ring, 11))

@@ -5,6 +5,8 @@ dicts of `mx.array`s: what a caller evaluates with a step's outputs, and what is
 other settings as `meta_state` (a tuple of strings), and is rebuilt from both by
 `from_state`. `flatten_states` and `unflatten_states` turn any tree of states (and plain
 arrays) into safetensors' arrays and string metadata and back, with no per-class code.
+`from_state` takes the arrays as they are, without copies: step the original or the
+rebuilt state on, not both (a `KVCache` writes into its buffers in place).
 """
 
 from __future__ import annotations

@@ -272,7 +272,9 @@ class TransformerLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """A stack of `TransformerLayer`s; the caller owns the per-layer `KVCache`s."""
+    """A stack of `TransformerLayer`s; the caller owns the streaming state: per-layer
+    `KVCache`s (`__call__`), or a `KVRing` of every layer (`prefill`, `step`), each layer
+    attending through `KVRing.layer`."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()

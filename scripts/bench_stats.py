@@ -86,6 +86,9 @@ LM_SHAPES: dict[str, dict] = {
     },
 }
 
+# stt-1b's structure at 128 wide and 2 layers: the `stt` part's tests.
+LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num_layers": 2}
+
 # Text-to-speech shapes as Kyutai `config.json` dicts, from the published
 # kyutai/tts-1.6b-en_fr config.json (tests/fixtures/kyutai_configs/): 32 audio streams
 # all generated (n_q = dep_q), a text stream carrying two tokens per step, summed "control" and

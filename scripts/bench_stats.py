@@ -1,4 +1,4 @@
-"""Shared by `bench.py` (our package) and `bench_kyutai.py` (Kyutai's): shapes and statistics.
+"""Shared by `bench/` (measuring our package) and `bench_kyutai.py` (Kyutai's): shapes, statistics.
 
 Kept free of any `moshi_mlx` import, so both virtual environments can load it.
 """

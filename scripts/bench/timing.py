@@ -21,12 +21,15 @@ if TYPE_CHECKING:
 
 
 def fresh_memory() -> None:
+    """Free what the last case left (Python's garbage, MLX's buffer cache) and reset MLX's
+    peak memory, so the next case's peak is its own."""
     gc.collect()
     mx.clear_cache()
     mx.reset_peak_memory()
 
 
 def peak_gb() -> float:
+    """MLX's peak memory since the last reset, GB."""
     return mx.get_peak_memory() / 1e9
 
 

@@ -32,7 +32,6 @@ from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
 from ..timing import compiled_temporal_step, count_graph_ops, fresh_memory, peak_gb, timed_step
 from ..weights import lm_weights
 
-# PersonaPlex ------------------------------------------------------------------------------
 # Rows of the `persona` part; the ratio column is PersonaPlex's step over Moshi's (the median
 # of the alternated pairs), then each figure over PersonaPlex's median step.
 PERSONA_METRICS = (

@@ -19,7 +19,6 @@ import numpy as np
 from bench_stats import summarize
 
 from moshi_mlx.chat.generate import GenState, LmGen, fresh_state
-from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
@@ -27,6 +26,7 @@ from moshi_mlx.checkpoints.io import read_safetensors
 from moshi_mlx.checkpoints.lm import lm_from_tensors
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.token_ring import token_ring_width
 
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes

@@ -51,12 +51,20 @@ WARMUP_STEPS = 4
 class StepResult:
     """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text;
     with an echo canceller, also the user's audio as Moshi heard it (after cancellation).
-    `end_of_text`: the model sampled its text's end (Hibiki: the translation is over)."""
+    `end_of_text`: the model sampled its text's end (Hibiki: the translation is over).
+
+    The step's tokens (None only in results made by hand): `text_token`, the text token
+    Moshi wrote (ids 0 and 3: padding); `moshi_codes` (moshi_codebooks,) int32, the codes of
+    Moshi's audio frame, None until the delays are filled; `input_tokens` (num_codebooks,)
+    int32, what the step fed the LM (text, Moshi's codebooks, the user's; delays applied)."""
 
     pcm: np.ndarray
     text: str
     heard: np.ndarray | None = None
     end_of_text: bool = False
+    text_token: int | None = None
+    moshi_codes: np.ndarray | None = None
+    input_tokens: np.ndarray | None = None
 
 
 class MoshiModel:
@@ -222,7 +230,7 @@ def step_frame(
 ) -> tuple[LmGenStep, mx.array | None]:
     """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
     Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
-    with the codec's state; returns the step and Moshi's pcm. pcm None: Hibiki's
+    with the codec's state (the step's inputs too); returns the step and Moshi's pcm. pcm None: Hibiki's
     end-of-input frame (every code = card) in place of encoded audio."""
     cfg = generator.lm.cfg
     if pcm is None:
@@ -233,7 +241,7 @@ def step_frame(
     reply = None
     if out.moshi_codes_array is not None:
         reply = codec.decode_step(out.moshi_codes_array)
-    mx.eval(out.text_token_array, out.moshi_codes_array, reply, codec.state)
+    mx.eval(out.text_token_array, out.moshi_codes_array, out.input_tokens, reply, codec.state)
     return out, reply
 
 
@@ -318,7 +326,15 @@ class Conversation:
         token = out.text_token
         text = self._text.decode(token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)
-        return StepResult(pcm_out, text, heard, token == self._model.tokenizer.eos_id())
+        return StepResult(
+            pcm_out,
+            text,
+            heard,
+            token == self._model.tokenizer.eos_id(),
+            token,
+            out.moshi_codes,
+            np.array(out.input_tokens, dtype=np.int32),
+        )
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""

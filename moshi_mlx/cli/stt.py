@@ -2,6 +2,7 @@
 Kyutai's streaming speech-to-text websocket.
 
     python -m moshi_mlx.stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
+        [--tokens steps.npz]
     python -m moshi_mlx.stt --mic [--input-device NAME]
     python -m moshi_mlx.stt --serve [--host 127.0.0.1 --port 8080]
 """
@@ -30,11 +31,12 @@ from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
 from moshi_mlx.cli.common import run_cli
 from moshi_mlx.cli.stt_serve import add_server_args
 from moshi_mlx.cli.stt_serve import serve as serve_streams
+from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.stt.events import EndOfTurn, SttStep
-from moshi_mlx.stt.transcriber import SttModel, transcribe
+from moshi_mlx.stt.transcriber import SttModel, Transcription, transcribe_steps
 from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words
 
@@ -58,6 +60,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "-o", "--output-dir", metavar="DIR", help="write FILE.txt/.json/.srt here, not stdout"
     )
     out.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    out.add_argument(
+        "--tokens",
+        metavar="FILE.npz",
+        help="also write every step's tokens, one row per file in the order given: "
+        "text_tokens (N, T) int32 (-1: no token, while the delays fill or past the file's "
+        "end), pause_probs (N, T, H) float32 (each voice-activity head's 'done' probability; "
+        "NaN: none), steps (N,) each file's steps, from step 0: prefix_steps of silence first",
+    )
     out.add_argument(
         "--batch",
         type=int,
@@ -87,6 +97,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("give audio files, --mic or --serve")
     if args.files and (args.mic or args.serve):
         parser.error("files cannot be combined with --mic or --serve")
+    if args.tokens and not args.files:
+        parser.error("--tokens writes the tokens of files; give audio files")
     return args
 
 
@@ -113,10 +125,14 @@ def transcribe_files(args: argparse.Namespace) -> int:
             check_output(path, output, args.force, "audio file")
     elif style == "srt" and len(paths) > 1:
         raise ConfigError("--srt of several files needs --output-dir (one subtitle file each)")
+    tokens = Path(args.tokens) if args.tokens else None
+    if tokens is not None:
+        check_tokens_output(tokens, paths, args.force, "audio file")
     audio = [read_audio(p, SAMPLE_RATE) for p in paths]  # every file read before the model
     model = _load(args)
     started = time.monotonic()
-    events = transcribe(model, audio, args.batch)
+    transcriptions = transcribe_steps(model, audio, args.batch)
+    events = [transcription.events for transcription in transcriptions]
     seconds = sum(len(a) for a in audio) / SAMPLE_RATE
     print(
         f"transcribed {seconds:.1f} s of audio in {time.monotonic() - started:.1f} s",
@@ -133,7 +149,29 @@ def transcribe_files(args: argparse.Namespace) -> int:
             if len(paths) > 1:
                 print(f"== {path}")
             print(text.rstrip("\n"))
+    if tokens is not None:
+        write_tokens(tokens, step_tokens(transcriptions, model.silence_prefix_steps))
     return 0
+
+
+def step_tokens(transcriptions: list[Transcription], prefix_steps: int) -> dict[str, np.ndarray]:
+    """The `--tokens` arrays of the files' transcriptions (see its help)."""
+    lengths = [len(t.steps) for t in transcriptions]
+    heads = max((len(s.pause_probabilities) for t in transcriptions for s in t.steps), default=0)
+    text_tokens = np.full((len(transcriptions), max(lengths, default=0)), NO_TOKEN, np.int32)
+    pause_probs = np.full((*text_tokens.shape, heads), np.nan, np.float32)
+    for row, transcription in enumerate(transcriptions):
+        for column, step in enumerate(transcription.steps):
+            if step.text_token is not None:
+                text_tokens[row, column] = step.text_token
+            if step.pause_probabilities:
+                pause_probs[row, column] = step.pause_probabilities
+    return {
+        "text_tokens": text_tokens,
+        "pause_probs": pause_probs,
+        "steps": np.array(lengths, np.int32),
+        "prefix_steps": np.array(prefix_steps, np.int32),
+    }
 
 
 def caption(step: SttStep) -> str:

@@ -5,6 +5,7 @@ batch of requests in one batch.
     python -m moshi_mlx.tts - --play < story.txt          # stdin; plays as it is made
     python -m moshi_mlx.tts --text-file story.txt -o story.wav --words
     python -m moshi_mlx.tts --jsonl requests.jsonl --out-folder tts-outputs
+    python -m moshi_mlx.tts "Hello there." -o hello.wav --tokens hello.npz  # every step's tokens
 
 A JSONL line is Kyutai's `run_tts` request: {"turns": ["text", ...], "voices": ["name", ...],
 "id": "output name"} (optionally "cfg_coef"); every line runs in one batch and gives
@@ -17,7 +18,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_fai
 from moshi_mlx.audio.ring import FrameRing
 from moshi_mlx.audio.wav import write_audio
 from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.tokens import check_tokens_output, write_tokens
 from moshi_mlx.errors import TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
@@ -34,8 +36,10 @@ from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
     DEFAULT_TTS_REPO,
     Speech,
+    TokenLog,
     TtsModel,
     TtsRequest,
+    TtsStream,
 )
 from moshi_mlx.tts.voices import DEFAULT_VOICE, DEFAULT_VOICE_REPO, MAX_SPEAKERS
 
@@ -54,6 +58,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     out.add_argument("--out-folder", metavar="DIR", default="tts-outputs", help="--jsonl output")
     out.add_argument("--force", action="store_true", help="overwrite existing outputs")
     out.add_argument("--play", action="store_true", help="play the speech as it is made")
+    out.add_argument(
+        "--tokens",
+        metavar="FILE.npz",
+        help="also write every step's tokens, one row per request (1 for a text, the --jsonl "
+        "lines in order): predicted_text_tokens (B, T) and fed_text_tokens (B, T) int32, the "
+        "text token the model predicted and the one fed back, and audio_codes (B, K, F) int32, "
+        "each frame's codes (F = T - the delays; -1: no audio yet)",
+    )
     out.add_argument("--words", action="store_true", help="print each word's start time")
     out.add_argument("--output-device", metavar="DEVICE", help="speaker: index or part of name")
     out.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
@@ -157,6 +169,9 @@ def _run_batch(args: argparse.Namespace) -> int:
     for wav, words in outputs:
         for path in (wav, words):
             check_output(Path(args.jsonl), path, args.force, "JSONL file")
+    tokens = Path(args.tokens) if args.tokens else None
+    if tokens is not None:
+        check_tokens_output(tokens, [Path(args.jsonl)], args.force, "JSONL file")
     model = _load(args)
     start = time.monotonic()
     max_steps = int(args.max_seconds * SAMPLE_RATE / FRAME_SIZE)
@@ -168,11 +183,22 @@ def _run_batch(args: argparse.Namespace) -> int:
         with written_atomically(words) as partial:
             partial.write_text(_words_json(speech) + "\n")
         print(f"{wav} ({len(speech.pcm) / SAMPLE_RATE:.1f} s)")
+    if tokens is not None:
+        write_tokens(tokens, _speech_tokens(speeches))
     elapsed = time.monotonic() - start
     print(
         f"{len(speeches)} requests, {seconds:.1f} s of speech in {elapsed:.1f} s", file=sys.stderr
     )
     return 0
+
+
+def _speech_tokens(speeches: list[Speech]) -> dict[str, np.ndarray]:
+    """The `--tokens` arrays of a batch's speeches (see its help)."""
+    return {
+        "predicted_text_tokens": np.stack([s.predicted_tokens for s in speeches]),
+        "fed_text_tokens": np.stack([s.fed_tokens for s in speeches]),
+        "audio_codes": np.stack([s.audio_codes for s in speeches]),
+    }
 
 
 class _Speaker:
@@ -220,6 +246,9 @@ def _run_one(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output(Path(args.text_file or "-"), out, args.force, "text file")
+    tokens = Path(args.tokens) if args.tokens else None
+    if tokens is not None:
+        check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")
     voices = tuple(args.voice or (DEFAULT_VOICE,))
     model = _load(args)
     speaker = _Speaker(args.output_device) if args.play else None
@@ -227,9 +256,10 @@ def _run_one(args: argparse.Namespace) -> int:
     stream.push(text)
     stream.close()
     pcm = []
+    log = TokenLog(model.config.dep_q)
     max_steps = int(args.max_seconds * SAMPLE_RATE / FRAME_SIZE)
     try:
-        for step, frame in enumerate(stream.frames()):
+        for step, frame in enumerate(_frames(stream, log)):
             if step >= max_steps:
                 print(f"stopped after {args.max_seconds:g} s (--max-seconds)", file=sys.stderr)
                 break
@@ -248,10 +278,21 @@ def _run_one(args: argparse.Namespace) -> int:
         with written_atomically(out) as partial:
             write_audio(partial, audio, SAMPLE_RATE)
         print(f"{out} ({len(audio) / SAMPLE_RATE:.1f} s)")
+    if tokens is not None:
+        write_tokens(tokens, log.arrays(1))
     if args.words:
         for word, start in stream.words:
             print(f"{start:7.2f}  {word}")
     return 0
+
+
+def _frames(stream: TtsStream, log: TokenLog) -> Iterator[np.ndarray | None]:
+    """`stream.frames()`, every step's tokens added to `log`."""
+    for step in stream.steps():
+        log.add(step.tokens)
+        frame = step.pcm[0]
+        if frame is not None or stream.waiting:
+            yield frame
 
 
 def command(argv: Sequence[str] | None = None) -> int:

@@ -13,12 +13,16 @@
 of the weights per step serves them all, in Mimi and in the LM. Each stream has its own codec
 state (a row of the batch's), word timer and turn detector; they start together (pad shorter
 audio with silence).
+
+As Kyutai's scripts, a transcription starts with the config's silence prefix and keeps every
+token from step 0: what the model writes while the silence is fed counts (`prefix_steps`
+holds those steps, and the first step after them reports their words and text).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -78,6 +82,11 @@ class SttModel:
         codec = load_codec(files.mimi, codec_backend, num_codebooks=config.n_q)
         return cls(lm, codec, load_tokenizer(files.tokenizer), files)
 
+    @property
+    def silence_prefix_steps(self) -> int:
+        """Steps of silence a transcription starts with (the config's silence prefix)."""
+        return math.ceil(self.lm.cfg.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
+
     def speech_to_text(
         self, streams: int = 1, sampling: TextSampling | None = None
     ) -> SpeechToText:
@@ -126,8 +135,17 @@ class SpeechToText:
         self._decoders = [TextDecoder(model.tokenizer) for _ in range(streams)]
         self._turns = [_TurnDetector() for _ in range(streams)]
         self._silence = np.zeros((streams, FRAME_SIZE), np.float32)
-        for _ in range(math.ceil(self.timing.audio_silence_prefix_seconds / FRAME_SECONDS)):
-            self._advance(self._silence)
+        prefix = [self._step(self._silence) for _ in range(model.silence_prefix_steps)]
+        # The prefix's words and text wait for the first step after it (`_advance`).
+        self._carried: list[SttStep] | None = None
+        if prefix:
+            self._carried = [
+                _joined([steps[stream] for steps in prefix]) for stream in range(streams)
+            ]
+        self.prefix_steps: list[list[SttStep]] = [
+            [replace(steps[stream], events=(), text="") for steps in prefix]
+            for stream in range(streams)
+        ]  # per stream, the silence prefix's steps: their tokens and probabilities
 
     @property
     def step_index(self) -> int:
@@ -171,6 +189,14 @@ class SpeechToText:
         return self._timers[stream].finish()
 
     def _advance(self, pcm: np.ndarray) -> list[SttStep]:
+        """`_step`; the first one also reports what the silence prefix's steps produced."""
+        steps = self._step(pcm)
+        if self._carried is not None:
+            steps = [_joined([carried, step]) for carried, step in zip(self._carried, steps)]
+            self._carried = None
+        return steps
+
+    def _step(self, pcm: np.ndarray) -> list[SttStep]:
         out = self._stepper.step(self._encoder.encode_frames(pcm))
         mx.eval(out.text_tokens, out.head_probabilities, self._encoder.state)
         index = self._stepper.step_index - 1
@@ -186,14 +212,38 @@ class SpeechToText:
             done = heads[stream, TURN_HEAD] if heads.shape[1] > TURN_HEAD else None
             events += self._turns[stream].update(text, done, time)
             pause = tuple(float(p) for p in heads[stream])
-            steps.append(SttStep(index, events, pause, text))
+            steps.append(SttStep(index, events, pause, text, token))
         return steps
+
+
+def _joined(steps: list[SttStep]) -> SttStep:
+    """The last of `steps`, with the events and text of them all."""
+    events = tuple(event for step in steps for event in step.events)
+    text = "".join(step.text for step in steps)
+    return replace(steps[-1], events=events, text=text)
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """One audio's transcription: its `events` (words, ends of turn), and its `steps` from
+    step 0, the silence prefix's first, to the end of its own flush (each event is in one
+    step, but for the last words, which `finish_stream` reports after the steps)."""
+
+    events: list[SttEvent]
+    steps: list[SttStep]
 
 
 def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list[list[SttEvent]]:
     """The events of each audio (float32 mono at 24 kHz), `batch` of them stepping together;
     each ends with its own flush, so its words are those it has transcribed alone."""
-    results: list[list[SttEvent]] = []
+    return [result.events for result in transcribe_steps(model, audio, batch)]
+
+
+def transcribe_steps(
+    model: SttModel, audio: list[np.ndarray], batch: int = 8
+) -> list[Transcription]:
+    """`transcribe`, with every step of each audio (`Transcription`)."""
+    results: list[Transcription] = []
     for first in range(0, len(audio), batch):
         group = audio[first : first + batch]
         stt = model.speech_to_text(len(group))
@@ -203,6 +253,7 @@ def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list
         for stream, pcm in enumerate(group):
             padded[stream, : len(pcm)] = pcm
         events: list[list[SttEvent]] = [[] for _ in group]
+        steps = [list(prefix) for prefix in stt.prefix_steps]
         for step in range(max(ends) - stt.step_index):
             frame = padded[:, step * FRAME_SIZE : (step + 1) * FRAME_SIZE]
             if frame.shape[1] < FRAME_SIZE:
@@ -210,7 +261,8 @@ def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list
             for stream, out in enumerate(stt.step_batch(frame)):
                 if out.index < ends[stream]:
                     events[stream].extend(out.events)
+                    steps[stream].append(out)
                 if out.index == ends[stream] - 1:
                     events[stream].extend(stt.finish_stream(stream))
-        results.extend(events)
+        results.extend(map(Transcription, events, steps))
     return results

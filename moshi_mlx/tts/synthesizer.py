@@ -66,14 +66,23 @@ class TtsRequest:
     cfg_coef: float | None = DEFAULT_CFG_COEF
 
 
+def _no_tokens() -> np.ndarray:
+    return np.zeros(0, np.int32)
+
+
 @dataclass
 class Speech:
     """A spoken request: `pcm` float32 at 24 kHz, `words` [(word, start seconds)], and
-    `complete`: False when the step budget ran out before the text's end."""
+    `complete`: False when the step budget ran out before the text's end. Its tokens at every
+    step of the run (`TokenLog.arrays`, this request's row): `predicted_tokens` (T,) and
+    `fed_tokens` (T,) the text tokens, `audio_codes` (dep_q, T - max_delay) each frame's."""
 
     pcm: np.ndarray
     words: list[tuple[str, float]] = field(default_factory=list)
     complete: bool = True
+    predicted_tokens: np.ndarray = field(default_factory=_no_tokens)
+    fed_tokens: np.ndarray = field(default_factory=_no_tokens)
+    audio_codes: np.ndarray = field(default_factory=_no_tokens)
 
 
 @dataclass(frozen=True)
@@ -153,15 +162,22 @@ class TtsModel:
             schedule.push(self.entries(request.text))
             schedule.close()
         pcm: list[list[np.ndarray]] = [[] for _ in requests]
+        log = TokenLog(self.config.dep_q)
         while not run.finished and run.step_index < max_steps:
-            for row, frame in enumerate(run.step()):
+            step = run.step()
+            log.add(step.tokens)
+            for row, frame in enumerate(step.pcm):
                 if frame is not None:
                     pcm[row].append(frame)
+        tokens = log.arrays(len(requests))
         return [
             Speech(
                 np.concatenate(frames) if frames else np.zeros(0, np.float32),
                 run.words(row),
                 run.schedules[row].end_step is not None,
+                tokens["predicted_text_tokens"][row],
+                tokens["fed_text_tokens"][row],
+                tokens["audio_codes"][row],
             )
             for row, frames in enumerate(pcm)
         ]
@@ -201,6 +217,45 @@ class TtsTokens:
     predicted: list[int]
     fed: list[int]
     frame: mx.array | None
+
+
+@dataclass(frozen=True)
+class TtsStep:
+    """One step of a `TtsRun`: per request its next 80 ms of audio (float32 (1920,)) or None
+    (none yet, or its audio ended), and the step's `tokens`."""
+
+    pcm: list[np.ndarray | None]
+    tokens: TtsTokens
+
+
+class TokenLog:
+    """A run's tokens, step by step (`add`), the frames kept as the steps' arrays until
+    `arrays` reads them all at once."""
+
+    def __init__(self, dep_q: int):
+        self.dep_q = dep_q
+        self._predicted: list[list[int]] = []
+        self._fed: list[list[int]] = []
+        self._frames: list[mx.array] = []
+
+    def add(self, tokens: TtsTokens) -> None:
+        self._predicted.append(tokens.predicted)
+        self._fed.append(tokens.fed)
+        if tokens.frame is not None:
+            self._frames.append(tokens.frame)
+
+    def arrays(self, batch: int) -> dict[str, np.ndarray]:
+        """Row b for request b: `predicted_text_tokens` (B, T) the text tokens the model
+        predicted, `fed_text_tokens` (B, T) those fed back, `audio_codes` (B, dep_q, F) the
+        codes of the frames the steps returned (F = T - max_delay; -1: no audio yet)."""
+        frames = np.array(mx.stack(self._frames), np.int32) if self._frames else None
+        if frames is None:
+            frames = np.zeros((0, batch, 1 + self.dep_q), np.int32)
+        return {
+            "predicted_text_tokens": np.array(self._predicted, np.int32).reshape(-1, batch).T,
+            "fed_text_tokens": np.array(self._fed, np.int32).reshape(-1, batch).T,
+            "audio_codes": frames[:, :, 1:].transpose(1, 2, 0),
+        }
 
 
 class TtsRun:
@@ -250,14 +305,14 @@ class TtsRun:
         fed = [s.commit(t, token) for s, token in zip(self.schedules, predicted)]
         return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
 
-    def step(self) -> list[np.ndarray | None]:
+    def step(self) -> TtsStep:
         """One step for every request: its next 80 ms of audio, or None (none yet, or its
-        audio ended)."""
+        audio ended), and the step's tokens."""
         t = self.stepper.step_index
         tokens = self.step_tokens()
         frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
         if tokens.frame is None or frame_index < self._first_audio:
-            return [None] * len(self.schedules)
+            return TtsStep([None] * len(self.schedules), tokens)
         codes = tokens.frame[:, 1:, None].astype(mx.uint32)
         mimi = self.model.codec.model
         self._mimi_state = self._mimi_state or mimi.make_state()
@@ -267,7 +322,7 @@ class TtsRun:
         for row, schedule in enumerate(self.schedules):
             ended = schedule.end_step is not None and played >= schedule.end_step
             frames.append(None if played < 0 or ended else np.clip(pcm[row], -1, 1))
-        return frames
+        return TtsStep(frames, tokens)
 
     def words(self, row: int) -> list[tuple[str, float]]:
         """Request `row`'s words with the time (s) each starts in its audio. A word taken at
@@ -346,7 +401,18 @@ class TtsStream:
     def frames(self) -> Iterator[np.ndarray | None]:
         """Step until the text is closed and spoken: 80 ms of audio per step once it plays,
         None while waiting."""
-        while not self.run.finished:
-            frame = self.run.step()[0]
-            if frame is not None or self._schedule.waiting:
+        for step in self.steps():
+            frame = step.pcm[0]
+            if frame is not None or self.waiting:
                 yield frame
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the last step asked for a word not pushed yet."""
+        return self._schedule.waiting
+
+    def steps(self) -> Iterator[TtsStep]:
+        """`frames`, as every step's `TtsStep` (with its tokens), those that play nothing
+        included."""
+        while not self.run.finished:
+            yield self.run.step()

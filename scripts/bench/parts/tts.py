@@ -76,7 +76,7 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
     while len(frame) < steps:
         decoded = len(mimi.decodes)
         started = time.perf_counter()
-        pcm = run.step()
+        pcm = run.step().pcm
         ended = time.perf_counter()
         if ttfa is not None:
             frame.append(ended - started)

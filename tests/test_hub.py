@@ -58,6 +58,7 @@ def _touch(folder, names):
 
 def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
     folder = _touch(tmp_path / "w", ("model.q8.safetensors", "config.json", *NAMES))
+    (folder / "config.json").write_text("{}")  # read while resolving: its model_type
     monkeypatch.setenv(hub.WEIGHTS_ENV, str(folder))
     files = hub.resolve_weights(quantize=8)
     assert files == hub.WeightFiles(

@@ -6,7 +6,7 @@
    file's header, read once; the LM config (config.json, else the header's metadata, else
    its layout), checked against the model kind before any weight is read.
 3. memory (`runtime.memory_plan.plan_memory`): the plan from that header (checked for chat).
-4. weights (`checkpoints.lm.lm_from_tensors`): the tensors, converted to MLX names
+4. weights (`checkpoints.lm.load_lm`): the tensors, converted to MLX names
    (`checkpoints.conversion`), loaded strictly in the planned dtype.
 5. codec and tokenizer (`runtime.codec`, `runtime.tokenizer`).
 
@@ -22,8 +22,8 @@ import mlx.core as mx
 import sentencepiece
 
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
-from moshi_mlx.checkpoints.io import Layout, read_safetensors, read_safetensors_header
-from moshi_mlx.checkpoints.lm import lm_from_tensors
+from moshi_mlx.checkpoints.io import Layout, read_safetensors_header
+from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
     DEFAULT_STT_REPO,
@@ -184,9 +184,8 @@ def load_parts(repo: str | None, options: LoadOptions, kind: str | None = None) 
     if options.check_memory and KINDS[found.kind].checks_memory:
         check_fits(plan, found.config)
     files = found.files
-    tensors, metadata = read_safetensors(files.moshi)
     try:
-        lm = lm_from_tensors(tensors, metadata, found.config, str(files.moshi), plan.dtype)
+        lm = load_lm(files.moshi, found.config, plan.dtype)
     except WeightsMismatchError as exc:
         used = files.lm_config or "the one its file carries or its layout says"
         raise WeightsMismatchError(

@@ -118,3 +118,9 @@ def test_no_audio_device(env):
 def test_portaudio_missing(env):
     line = _fails(env, "-c", HIDE_PORTAUDIO, "--list-devices", module=None)
     assert "PortAudio is not available" in line and "apt install libportaudio2" in line
+
+
+def test_hf_repo_that_is_no_folder(env, wav, tmp_path):
+    line = _fails(env, wav, tmp_path / "out.wav", "--hf-repo", tmp_path / "nope")
+    assert line.startswith(f"error: the repo {tmp_path / 'nope'} does not exist")
+    assert "huggingface.co" not in line

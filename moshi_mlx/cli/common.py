@@ -19,13 +19,9 @@ from moshi_mlx.chat.persona.voice import (
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
 from moshi_mlx.errors import ConfigError, MoshiError
-from moshi_mlx.modules.kv_quant import (
-    DEFAULT_KV_GROUP_SIZE,
-    KV_BITS,
-    KV_GROUP_SIZES,
-    KVQuantization,
-)
+from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts, memory_plan
 from moshi_mlx.runtime.sampling import SamplingConfig
 
 USER_ERROR_EXIT = 2
@@ -40,7 +36,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         f"(${WEIGHTS_ENV}, else ./weights), the Hugging Face hub (and its cache)",
     )
     weights.add_argument(
-        "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_REPO})"
+        "--hf-repo",
+        metavar="REPO",
+        help=f"Hugging Face repo id, or a local folder laid out like one (default {DEFAULT_REPO})",
     )
     weights.add_argument(
         "-q",
@@ -65,6 +63,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=BACKENDS[0],
         help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
     )
+    add_dtype_arg(weights)
     memory = parser.add_argument_group("memory")
     memory.add_argument(
         "--context",
@@ -120,6 +119,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--cfg-coef",
         type=float,
         help="Hibiki: classifier-free guidance, 1 = none (default: the model's config, else 1)",
+    )
+
+
+def add_dtype_arg(group: argparse._ArgumentGroup) -> None:
+    """`--dtype`: the LM's compute dtype (default: bfloat16 on a GPU, float32 on the CPU)."""
+    group.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="the LM's compute dtype (default: bfloat16 on a GPU, float32 on the CPU)",
     )
 
 
@@ -181,44 +189,42 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
     )
 
 
-def _model_choices(args: argparse.Namespace) -> dict:
-    """The weight flags as keyword arguments of `MoshiModel.load` / `find_model`."""
-    return {
-        "hf_repo": args.hf_repo,
-        "quantize": args.quantize,
-        "moshi_weight": args.moshi_weight,
-        "mimi_weight": args.mimi_weight,
-        "tokenizer": args.tokenizer,
-        "lm_config": args.lm_config,
-        "context": args.context,
-    }
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    """The weight and memory flags as the options of the one load path."""
+    return LoadOptions(
+        quantize=args.quantize,
+        moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight,
+        tokenizer=args.tokenizer,
+        lm_config=args.lm_config,
+        codec_backend=args.codec,
+        dtype=args.dtype,
+        context=args.context,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+    )
 
 
 def print_memory_plan(args: argparse.Namespace) -> int:
     """`--memory-plan`: print the plan of the model the flags describe (no weight is read)."""
-    from moshi_mlx.chat.model import find_model, memory_plan
-
-    files, config = find_model(**_model_choices(args))
-    kv_quantization = KVQuantization.chosen(args.kv_bits, args.kv_group_size)
-    plan = memory_plan(files, config, args.codec, kv_quantization=kv_quantization)
-    print(plan.table())
+    options = load_options(args)
+    print(memory_plan(find_model(args.hf_repo, options, "chat"), options).table())
     return 0
 
 
 def print_voice_names(args: argparse.Namespace) -> int:
     """`--list-voices`: the published voices of the PersonaPlex model the flags describe, one
     name a line (no weight is read)."""
-    from moshi_mlx.chat.model import find_model
     from moshi_mlx.chat.persona.voice import voice_names
     from moshi_mlx.checkpoints.hub import resolve_voices
 
-    files, config = find_model(**_model_choices(args))
-    if not config.prompted:
+    found = find_model(args.hf_repo, load_options(args), "chat")
+    if not found.config.prompted:
         raise ConfigError(
             "--list-voices lists PersonaPlex's voices; this model is Moshi, whose voice is in "
             "its weights (load nvidia/personaplex-7b-v1)"
         )
-    print("\n".join(voice_names(resolve_voices(files))))
+    print("\n".join(voice_names(resolve_voices(found.files))))
     return 0
 
 
@@ -244,15 +250,10 @@ class _StderrHandler(logging.Handler):
 
 
 def load_model(args: argparse.Namespace):
-    """Load the `MoshiModel` that the weight flags describe."""
+    """Load the chat model (`MoshiModel`) that the weight flags describe."""
     from moshi_mlx.chat.model import MoshiModel
 
-    return MoshiModel.load(
-        codec_backend=args.codec,
-        kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        **_model_choices(args),
-    )
+    return MoshiModel.from_parts(load_parts(args.hf_repo, load_options(args), "chat"), args.codec)
 
 
 def exit_at_once(code: int) -> NoReturn:

@@ -28,7 +28,7 @@ from moshi_mlx.audio.devices import (
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
-from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.common import add_dtype_arg, run_cli
 from moshi_mlx.cli.stt_serve import add_server_args
 from moshi_mlx.cli.stt_serve import serve as serve_streams
 from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
@@ -86,6 +86,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     weights.add_argument("--tokenizer", metavar="PATH", help="local text tokenizer")
     weights.add_argument("--lm-config", metavar="PATH", help="local config.json")
     weights.add_argument("--codec", choices=BACKENDS, default=BACKENDS[0], help="Mimi backend")
+    add_dtype_arg(weights)
     audio = parser.add_argument_group("microphone")
     audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
     audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
@@ -110,6 +111,7 @@ def _load(args: argparse.Namespace) -> SttModel:
         args.tokenizer,
         args.lm_config,
         args.codec,
+        dtype=args.dtype,
     )
 
 

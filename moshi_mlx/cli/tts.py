@@ -26,7 +26,8 @@ import numpy as np
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
 from moshi_mlx.audio.ring import FrameRing
 from moshi_mlx.audio.wav import write_audio
-from moshi_mlx.cli.common import run_cli
+from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO
+from moshi_mlx.cli.common import add_dtype_arg, run_cli
 from moshi_mlx.cli.tokens import check_tokens_output, write_tokens
 from moshi_mlx.errors import TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
@@ -34,7 +35,6 @@ from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
-    DEFAULT_TTS_REPO,
     Speech,
     TokenLog,
     TtsModel,
@@ -89,6 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     model.add_argument("--mimi-weight", metavar="FILE", help="Mimi's weights")
     model.add_argument("--tokenizer", metavar="FILE", help="the SentencePiece text tokenizer")
     model.add_argument("--lm-config", metavar="FILE", help="the model's config.json")
+    add_dtype_arg(model)
     args = parser.parse_args(argv)
     if args.list_devices:
         return args
@@ -149,6 +150,7 @@ def _load(args: argparse.Namespace) -> TtsModel:
         args.tokenizer,
         args.lm_config,
         voice_repo=args.voice_repo,
+        dtype=args.dtype,
     )
 
 

@@ -28,13 +28,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
-from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, lm_config_of
+from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
-from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
+from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
+from moshi_mlx.runtime.memory_plan import MemoryPlan
+from moshi_mlx.runtime.tokenizer import TextDecoder
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
 from moshi_mlx.stt.stepper import ListenStepper, TextSampling
 from moshi_mlx.stt.words import WordTimer
@@ -55,6 +55,7 @@ class SttModel:
     codec: Codec
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
+    memory: MemoryPlan | None = None  # the plan it was loaded under
 
     @classmethod
     def load(
@@ -65,22 +66,31 @@ class SttModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | None = None,
         codec_backend: str = "mlx",
-        dtype: mx.Dtype | None = None,
+        dtype: mx.Dtype | str | None = None,
+        context: int | None = None,
     ) -> SttModel:
-        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
-        kyutai/stt-1b-en_fr, whose config.json names them) and load them."""
-        files = resolve_config_named(
-            hf_repo or DEFAULT_STT_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        """Load Kyutai's STT from `hf_repo`, a hub repo id or a local folder laid out like one
+        (default kyutai/stt-1b-en_fr, whose config.json names the files), or the given files;
+        the options are `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
+        options = LoadOptions(
+            moshi_weight=moshi_weight,
+            mimi_weight=mimi_weight,
+            tokenizer=tokenizer,
+            lm_config=lm_config,
+            codec_backend=codec_backend,
+            dtype=dtype,
+            context=context,
         )
-        config = lm_config_of(files.moshi, files.lm_config)
-        if config.dep_q or config.stt_config is None:
+        return cls.from_parts(load_parts(hf_repo, options, "stt"))
+
+    @classmethod
+    def from_parts(cls, parts: LoadedParts) -> SttModel:
+        """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
+        if parts.lm.cfg.stt_config is None:
             raise ConfigError(
-                f"{files.lm_config} is not a speech-to-text config (it needs dep_q 0 and an "
-                "stt_config)"
+                f"{parts.files.lm_config} is not a speech-to-text config (no stt_config)"
             )
-        lm = load_lm(files.moshi, config, dtype=dtype)
-        codec = load_codec(files.mimi, codec_backend, num_codebooks=config.n_q)
-        return cls(lm, codec, load_tokenizer(files.tokenizer), files)
+        return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, parts.memory)
 
     @property
     def silence_prefix_steps(self) -> int:

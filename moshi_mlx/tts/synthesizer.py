@@ -28,14 +28,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
-from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import lm_config_of
-from moshi_mlx.errors import ConfigError, TtsError
+from moshi_mlx.checkpoints.hub import WeightFiles
+from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
-from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
+from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
+from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
 from moshi_mlx.tts.voices import (
@@ -47,7 +46,6 @@ from moshi_mlx.tts.voices import (
     voice_keys_values,
 )
 
-DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
 DEFAULT_CFG_COEF = 2.0  # Kyutai's default guidance, given as the "cfg" condition
 FINAL_PADDING = 4  # steps generated past the last word's audio (Kyutai's)
@@ -94,6 +92,7 @@ class TtsModel:
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
     voice_repo: str = DEFAULT_VOICE_REPO
+    memory: MemoryPlan | None = None  # the plan it was loaded under
 
     @classmethod
     def load(
@@ -104,19 +103,27 @@ class TtsModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | None = None,
         voice_repo: str = DEFAULT_VOICE_REPO,
-        dtype: mx.Dtype | None = None,
+        dtype: mx.Dtype | str | None = None,
+        context: int | None = None,
     ) -> TtsModel:
-        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
-        kyutai/tts-1.6b-en_fr, whose config.json names them) and load them."""
-        files = resolve_config_named(
-            hf_repo or DEFAULT_TTS_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
+        (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
+        voices come from `voice_repo` (a hub repo id or a folder); the other options are
+        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
+        options = LoadOptions(
+            moshi_weight=moshi_weight,
+            mimi_weight=mimi_weight,
+            tokenizer=tokenizer,
+            lm_config=lm_config,
+            dtype=dtype,
+            context=context,
         )
-        config = lm_config_of(files.moshi, files.lm_config)
-        if config.tts_config is None:
-            raise ConfigError(f"{files.lm_config} is not a text-to-speech config (no tts_config)")
-        lm = load_lm(files.moshi, config, dtype=dtype)
-        codec = load_codec(files.mimi, "mlx", num_codebooks=config.dep_q)
-        return cls(lm, codec, load_tokenizer(files.tokenizer), files, voice_repo)
+        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo)
+
+    @classmethod
+    def from_parts(cls, parts: LoadedParts, voice_repo: str = DEFAULT_VOICE_REPO) -> TtsModel:
+        """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
+        return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, voice_repo, parts.memory)
 
     @property
     def config(self) -> LmConfig:

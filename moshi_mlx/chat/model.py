@@ -124,7 +124,7 @@ class MoshiModel:
             used = files.lm_config or "the one its file carries or its layout says"
             raise WeightsMismatchError(
                 f"{exc}; these LM weights do not fit the LM config ({used}): "
-                "pass the config.json that belongs to them with --lm-config"
+                "pass the config.json that belongs to them as lm_config"
             ) from None
         return cls(lm, files, codec_backend, plan, kv_quantization)
 
@@ -155,7 +155,7 @@ class MoshiModel:
         """`ConfigError` for a voice or role given to a model without prompts."""
         if self.prompts is None and (voice is not None or role is not None):
             raise ConfigError(
-                "--voice and --role choose PersonaPlex's persona; this model is Moshi, whose "
+                "voice and role choose PersonaPlex's persona; this model is Moshi, whose "
                 "voice and character are in its weights (load nvidia/personaplex-7b-v1)"
             )
 
@@ -191,8 +191,8 @@ def find_model(
     if context is not None:
         if not 1 <= context <= config.context:
             raise ConfigError(
-                f"--context must be between 1 and {config.context} steps (the model's "
-                f"attention window), got {context}"
+                f"context={context} is out of range: it must be between 1 and {config.context} "
+                "steps (the model's attention window)"
             )
         config = replace(config, context=context)
     _check_codec_fits(config)  # before reading gigabytes of weights
@@ -249,7 +249,7 @@ def _check_codec_fits(cfg: LmConfig) -> None:
     if cfg.card != codec_card:
         raise ConfigError(
             f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-            f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
+            f"{codec_card}: the LM weights or lm_config do not belong to Moshi"
         )
 
 

@@ -48,9 +48,9 @@ def weights_dir() -> Path:
 
 
 def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, str]:
-    """The hub repo and LM file name for `--hf-repo` / `-q` (4, 8 or 16 = bf16)."""
+    """The hub repo and LM file name for `hf_repo` and `quantize` (4, 8 or 16 = bf16)."""
     if quantize is not None and quantize not in LM_FILES:
-        raise ConfigError(f"-q/--quantize must be 4, 8 or 16 (bf16), got {quantize}")
+        raise ConfigError(f"quantize must be 4, 8 or 16 (bf16), got {quantize}")
     repo = hf_repo or DEFAULT_REPO
     facts = KNOWN_REPOS.get(repo)
     if facts is not None:
@@ -60,7 +60,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
                 f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
                 f"weights: make a "
                 f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it "
-                "with --moshi-weight"
+                "as moshi_weight"
             )
         return repo, LM_FILES[bits][1]
     if quantize is None:
@@ -72,16 +72,16 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     return repo, LM_FILES[quantize][1]
 
 
-def _user_path(path: str | Path, flag: str) -> Path:
+def _user_path(path: str | Path, parameter: str) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise WeightsError(f"{flag} {path}: file not found")
+        raise WeightsError(f"{parameter}={path}: file not found")
     return path
 
 
-def download_file(repo: str, filename: str, flag: str) -> Path:
+def download_file(repo: str, filename: str, parameter: str) -> Path:
     """`filename` of the Hugging Face repo `repo` (cached); `WeightsError` saying where to put
-    it by hand (or which `flag` to pass) when it cannot be had."""
+    it by hand (or which `parameter` to pass) when it cannot be had."""
     from huggingface_hub import hf_hub_download
 
     try:
@@ -91,7 +91,7 @@ def download_file(repo: str, filename: str, flag: str) -> Path:
         raise WeightsError(
             f"cannot get {filename} from the Hugging Face repo {repo} ({reason}: offline or not "
             f"downloaded); download it from https://huggingface.co/{repo} and put it in "
-            f"{weights_dir()}/ (or pass {flag} PATH)"
+            f"{weights_dir()}/ (or pass {parameter}=PATH)"
         ) from None
 
 
@@ -106,11 +106,11 @@ def resolve_weights(
     """Find (downloading if needed) every file of a Moshi model; see the module docstring."""
     repo, lm_file = repo_and_lm_file(hf_repo, quantize)
     wanted = {  # field: (file name in the repo, flag, path given by the user)
-        "moshi": (lm_file, "--moshi-weight", moshi_weight),
-        "mimi": (MIMI_FILE, "--mimi-weight", mimi_weight),
-        "tokenizer": (TOKENIZER_FILE, "--tokenizer", tokenizer),
+        "moshi": (lm_file, "moshi_weight", moshi_weight),
+        "mimi": (MIMI_FILE, "mimi_weight", mimi_weight),
+        "tokenizer": (TOKENIZER_FILE, "tokenizer", tokenizer),
     }
-    config = _user_path(lm_config, "--lm-config") if lm_config is not None else None
+    config = _user_path(lm_config, "lm_config") if lm_config is not None else None
     found, from_hub = _find_files(repo, wanted)
     if lm_config is None:
         config = _optional_config(repo, found["moshi"], from_hub)
@@ -142,7 +142,7 @@ def resolve_voices(files: WeightFiles) -> Path:
             return folder / VOICES_FILE
     facts = KNOWN_REPOS.get(files.repo)
     repo = files.repo if facts is not None and facts.voices else PERSONAPLEX_REPO
-    return download_file(repo, VOICES_FILE, "--voice FILE")
+    return download_file(repo, VOICES_FILE, "voice")
 
 
 def resolve_config_named(
@@ -156,14 +156,14 @@ def resolve_config_named(
     `tokenizer_name`: Kyutai's STT and Hibiki repos): the config first (given, in the weights
     folder, or from the hub), then each file as `resolve_weights` finds it."""
     if lm_config is not None:
-        config = _user_path(lm_config, "--lm-config")
+        config = _user_path(lm_config, "lm_config")
     else:
-        config = config_in(weights_dir()) or download_file(hf_repo, CONFIG_FILE, "--lm-config")
+        config = config_in(weights_dir()) or download_file(hf_repo, CONFIG_FILE, "lm_config")
     names = read_json(config)
     wanted = {  # field: (file name in the repo, flag, path given by the user)
-        "moshi": (names.get("moshi_name", LM_FILES[16][1]), "--moshi-weight", moshi_weight),
-        "mimi": (names.get("mimi_name", MIMI_FILE), "--mimi-weight", mimi_weight),
-        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "--tokenizer", tokenizer),
+        "moshi": (names.get("moshi_name", LM_FILES[16][1]), "moshi_weight", moshi_weight),
+        "mimi": (names.get("mimi_name", MIMI_FILE), "mimi_weight", mimi_weight),
+        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "tokenizer", tokenizer),
     }
     return WeightFiles(lm_config=config, repo=hf_repo, **_find_files(hf_repo, wanted)[0])
 

@@ -30,6 +30,7 @@ from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
 from moshi_mlx.cli.common import (
     INTERRUPTED_EXIT,
+    CliParser,
     add_max_lag_arg,
     add_model_args,
     add_persona_args,
@@ -53,7 +54,7 @@ _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.local",
         description="Full-duplex voice conversation with Moshi (Ctrl-C to stop).",
     )

@@ -21,7 +21,7 @@ from `delay_steps + 2` frames on, `end_step` frames per request.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,8 +146,9 @@ class TtsModel:
         sampling: TtsSampling | None = None,
         seed: int | None = None,
         max_steps: int = 30_000,
+        on_step: Callable[[], None] | None = None,
     ) -> list[Speech]:
-        """Speak every request, in one batch."""
+        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech)."""
         run = TtsRun(self, requests, sampling, seed)
         for request, schedule in zip(requests, run.schedules):
             schedule.push(self.entries(request.text))
@@ -157,6 +158,8 @@ class TtsModel:
             for row, frame in enumerate(run.step()):
                 if frame is not None:
                     pcm[row].append(frame)
+            if on_step is not None:
+                on_step()
         return [
             Speech(
                 np.concatenate(frames) if frames else np.zeros(0, np.float32),

@@ -51,7 +51,7 @@ def resolve_voice(
     if path.is_file():
         raise TtsError(f"voice file {path} is not a .safetensors embedding")
     try:
-        return download_file(voice_repo, voice_file_name(str(voice), config), "--voice")
+        return download_file(voice_repo, voice_file_name(str(voice), config), "voice")
     except WeightsError as exc:
         raise TtsError(f"voice {voice!r}: {exc}") from None
 

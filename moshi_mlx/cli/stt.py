@@ -230,4 +230,5 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.stt` (`moshi-mlx-stt`)."""
     return run_cli(_run, argv)

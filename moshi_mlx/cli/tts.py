@@ -311,4 +311,5 @@ def command(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.tts` (`moshi-mlx-tts`)."""
     return run_cli(command, argv)

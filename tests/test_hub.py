@@ -74,7 +74,7 @@ def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
 
 
 def test_missing_flag_path_names_the_flag(tmp_path):
-    with pytest.raises(WeightsError, match="--mimi-weight .*nope.safetensors: file not found"):
+    with pytest.raises(WeightsError, match="mimi_weight=.*nope.safetensors: file not found"):
         hub.resolve_weights(mimi_weight=tmp_path / "nope.safetensors")
 
 

@@ -83,7 +83,7 @@ def test_advice_names_what_fits():
         check_fits(bf16, config)
     message = str(error.value)
     assert "\n" not in message and "needs 17.39 GB" in message
-    assert "it fits with -q 4 (6.81 GB)" in message
+    assert "it fits with quantize=4 (6.81 GB)" in message
     q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
     with pytest.raises(ConfigError) as error:
         check_fits(q4, config)
@@ -91,9 +91,7 @@ def test_advice_names_what_fits():
     assert (
         "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64) and " in message
     )
-    assert re.search(
-        r"--kv-bits 4 \(5\.2\d GB\) or --kv-bits 4 --context \d+ \(5\.3\d GB\)", message
-    )
+    assert re.search(r"kv_bits=4 \(5\.2\d GB\) or kv_bits=4 context=\d+ \(5\.3\d GB\)", message)
     check_fits(replace(q4, capacity=7 * 10**9), config)  # fits: no error
 
 
@@ -184,7 +182,10 @@ def test_memory_plan_flag_and_context(tmp_path, tmp_path_factory, capsys):
     context = tiny_config().context
     assert run_inference([*argv, "--context", str(context + 1)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"--context must be between 1 and {context}" in err
+    assert (
+        err.count("\n") == 1
+        and f"--context {context + 1} is out of range: it must be between 1 and {context}" in err
+    )
 
 
 @pytest.mark.parametrize("app", ["local", "local_web"])

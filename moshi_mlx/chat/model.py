@@ -166,7 +166,7 @@ class MoshiModel:
         """`ConfigError` for a voice or role given to a model without prompts."""
         if self.prompts is None and (voice is not None or role is not None):
             raise ConfigError(
-                "--voice and --role choose PersonaPlex's persona; this model is Moshi, whose "
+                "voice and role choose PersonaPlex's persona; this model is Moshi, whose "
                 "voice and character are in its weights (load nvidia/personaplex-7b-v1)"
             )
 

@@ -81,7 +81,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     """The repo and LM file name for `hf_repo` / `quantize` (4, 8 or 16 = bf16); a local
     folder's LM file is, without `quantize`, the most precise it holds."""
     if quantize is not None and quantize not in LM_FILES:
-        raise ConfigError(f"-q/--quantize must be 4, 8 or 16 (bf16), got {quantize}")
+        raise ConfigError(f"quantize must be 4, 8 or 16 (bf16), got {quantize}")
     repo = hf_repo or DEFAULT_REPO
     folder = local_folder(repo)
     if folder is not None:
@@ -97,7 +97,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
                 f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
                 f"weights: make a "
                 f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it "
-                "with --moshi-weight"
+                "as moshi_weight"
             )
         return repo, LM_FILES[bits][1]
     if quantize is None:
@@ -109,21 +109,21 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     return repo, LM_FILES[quantize][1]
 
 
-def _user_path(path: str | Path, flag: str) -> Path:
+def _user_path(path: str | Path, parameter: str) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise WeightsError(f"{flag} {path}: file not found")
+        raise WeightsError(f"{parameter}={path}: file not found")
     return path
 
 
-def repo_file(repo: str, filename: str, flag: str) -> Path:
+def repo_file(repo: str, filename: str, parameter: str) -> Path:
     """`filename` of the repo `repo`: a local folder's file, or the Hugging Face repo's
-    (cached); `WeightsError` naming the file (and where to put it by hand, or which `flag` to
+    (cached); `WeightsError` naming the file (and where to put it by hand, or which `parameter` to
     pass) when it cannot be had."""
     folder = local_folder(repo)
     if folder is not None:
         if not (folder / filename).is_file():
-            raise WeightsError(f"{folder} has no {filename} (or pass {flag} PATH)")
+            raise WeightsError(f"{folder} has no {filename} (or pass {parameter}=PATH)")
         return folder / filename
     from huggingface_hub import hf_hub_download
 
@@ -134,7 +134,7 @@ def repo_file(repo: str, filename: str, flag: str) -> Path:
         raise WeightsError(
             f"cannot get {filename} from the Hugging Face repo {repo} ({reason}: offline or not "
             f"downloaded); download it from https://huggingface.co/{repo} and put it in "
-            f"{weights_dir()}/ (or pass {flag} PATH)"
+            f"{weights_dir()}/ (or pass {parameter}=PATH)"
         ) from None
 
 
@@ -150,22 +150,22 @@ def find_config(
     Kyutai's schema and its LM file (`lm_file`) is not already local. None (the LM file
     says the rest) unless `required`."""
     if lm_config is not None:
-        return _user_path(lm_config, "--lm-config")
+        return _user_path(lm_config, "lm_config")
     if moshi_weight is not None and (beside := config_in(Path(moshi_weight).expanduser().parent)):
         return beside
     folder = local_folder(repo)
     if folder is not None:
-        return repo_file(repo, CONFIG_FILE, "--lm-config") if required else config_in(folder)
+        return repo_file(repo, CONFIG_FILE, "lm_config") if required else config_in(folder)
     if local := config_in(weights_dir()):
         return local
     if required:
-        return repo_file(repo, CONFIG_FILE, "--lm-config")
+        return repo_file(repo, CONFIG_FILE, "lm_config")
     facts = KNOWN_REPOS.get(repo)
     lm_is_local = moshi_weight is not None or (weights_dir() / lm_file).is_file()
     if lm_is_local or (facts is not None and not facts.read_config):
         return None
     try:
-        return repo_file(repo, CONFIG_FILE, "--lm-config")
+        return repo_file(repo, CONFIG_FILE, "lm_config")
     except WeightsError:  # no config.json in the repo: the LM file says what it is
         return None
 
@@ -185,32 +185,32 @@ def resolve_weights(
     `moshi_name` says for Kyutai's STT, TTS and Hibiki, else the one `quantize` picks."""
     repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
     # Check every given path before any (slow) download, so a typo fails at once.
-    given = {"--moshi-weight": moshi_weight, "--mimi-weight": mimi_weight, "--tokenizer": tokenizer}
-    for flag, path in given.items():
+    given = {"moshi_weight": moshi_weight, "mimi_weight": mimi_weight, "tokenizer": tokenizer}
+    for parameter, path in given.items():
         if path is not None:
-            _user_path(path, flag)
+            _user_path(path, parameter)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
     data = read_json(config) if config is not None else None
     names = data if data is not None and data.get("model_type") in CONFIG_NAMED_TYPES else {}
     if names and quantize is None:
         lm_file = names.get("moshi_name", LM_FILES[16][1])
-    wanted = {  # field: (file name in the repo, flag, path given by the user)
-        "moshi": (lm_file, "--moshi-weight", moshi_weight),
-        "mimi": (names.get("mimi_name", MIMI_FILE), "--mimi-weight", mimi_weight),
-        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "--tokenizer", tokenizer),
+    wanted = {  # field: (file name in the repo, parameter, path given by the user)
+        "moshi": (lm_file, "moshi_weight", moshi_weight),
+        "mimi": (names.get("mimi_name", MIMI_FILE), "mimi_weight", mimi_weight),
+        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "tokenizer", tokenizer),
     }
     found = {field: _find_file(repo, *entry) for field, entry in wanted.items()}
     return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
 
 
-def _find_file(repo: str, filename: str, flag: str, given: str | Path | None) -> Path:
+def _find_file(repo: str, filename: str, parameter: str, given: str | Path | None) -> Path:
     """The given path, else (for a hub repo) the weights folder's file, else the repo's."""
     if given is not None:
-        return _user_path(given, flag)
+        return _user_path(given, parameter)
     local = weights_dir() / filename
     if not is_local(repo) and local.is_file():
         return local
-    return repo_file(repo, filename, flag)
+    return repo_file(repo, filename, parameter)
 
 
 VOICES_FILE = KNOWN_REPOS[PERSONAPLEX_REPO].voices
@@ -225,4 +225,4 @@ def resolve_voices(files: WeightFiles) -> Path:
             return folder / VOICES_FILE
     facts = KNOWN_REPOS.get(files.repo)
     has_voices = is_local(files.repo) or (facts is not None and facts.voices)
-    return repo_file(files.repo if has_voices else PERSONAPLEX_REPO, VOICES_FILE, "--voice FILE")
+    return repo_file(files.repo if has_voices else PERSONAPLEX_REPO, VOICES_FILE, "voice")

@@ -1,6 +1,6 @@
 """Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
 
-python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [--voice V --role R] [weight flags]
+python -m moshi_mlx.run_inference in.wav -o out.wav [--seed 42] [--voice V --role R] [weight flags]
     [--tokens steps.npz]
 
 Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
@@ -22,6 +22,7 @@ import soundfile as sf
 from moshi_mlx.audio.wav import read_audio, write_audio
 from moshi_mlx.chat.model import StepResult
 from moshi_mlx.cli.common import (
+    CliParser,
     add_model_args,
     add_persona_args,
     check_persona_args,
@@ -40,14 +41,17 @@ from moshi_mlx.runtime.codec import SAMPLE_RATE
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.run_inference",
         description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
         "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
     )
     # Optional only for --list-voices and --memory-plan, which read no audio.
     parser.add_argument("input", nargs="?", help="the user's audio (wav, flac, ogg)")
-    parser.add_argument("output", nargs="?", help="where to write Moshi's audio (wav, flac, ogg)")
+    parser.add_argument(
+        "-o", "--output", help="where to write Moshi's audio (wav, flac, ogg); also: after input"
+    )
+    parser.add_argument("output_after_input", nargs="?", metavar="output", help=argparse.SUPPRESS)
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     parser.add_argument(
         "--tokens",
@@ -59,8 +63,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_model_args(parser)
     add_persona_args(parser)
     args = parser.parse_args(argv)
+    if args.output is not None and args.output_after_input is not None:
+        parser.error("give the output once: -o OUTPUT or after the input, not both")
+    args.output = args.output or args.output_after_input
     if args.output is None and not (args.list_voices or args.memory_plan):
-        parser.error("the following arguments are required: input, output")
+        parser.error("the following arguments are required: input, -o OUTPUT")
     return args
 
 

@@ -145,8 +145,8 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
     if options.context is not None:
         if not 1 <= options.context <= config.context:
             raise ConfigError(
-                f"--context must be between 1 and {config.context} steps (the model's "
-                f"attention window), got {options.context}"
+                f"context={options.context} is out of range: it must be between 1 and "
+                f"{config.context} steps (the model's attention window)"
             )
         config = replace(config, context=options.context)
     if found_kind == "chat":
@@ -190,7 +190,7 @@ def load_parts(repo: str | None, options: LoadOptions, kind: str | None = None) 
         used = files.lm_config or "the one its file carries or its layout says"
         raise WeightsMismatchError(
             f"{exc}; these LM weights do not fit the LM config ({used}): "
-            "pass the config.json that belongs to them with --lm-config"
+            "pass the config.json that belongs to them as lm_config"
         ) from None
     codec = load_codec(files.mimi, options.codec_backend, codec_codebooks(lm.cfg))
     tokenizer = load_tokenizer(files.tokenizer)
@@ -215,5 +215,5 @@ def check_codec_fits(cfg: LmConfig) -> None:
     if cfg.card != codec_card:
         raise ConfigError(
             f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-            f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
+            f"{codec_card}: the LM weights or lm_config do not belong to Moshi"
         )

@@ -22,6 +22,7 @@ holds those steps, and the first step after them reports their words and text).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -243,20 +244,31 @@ class Transcription:
     steps: list[SttStep]
 
 
-def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list[list[SttEvent]]:
+def transcribe(
+    model: SttModel,
+    audio: list[np.ndarray],
+    batch: int = 8,
+    sampling: TextSampling | None = None,
+    on_frames: Callable[[int], None] | None = None,
+) -> list[list[SttEvent]]:
     """The events of each audio (float32 mono at 24 kHz), `batch` of them stepping together;
-    each ends with its own flush, so its words are those it has transcribed alone."""
-    return [result.events for result in transcribe_steps(model, audio, batch)]
+    each ends with its own flush, so its words are those it has transcribed alone.
+    `on_frames(n)` after each step: n frames of the audio (80 ms each) were transcribed."""
+    return [result.events for result in transcribe_steps(model, audio, batch, sampling, on_frames)]
 
 
 def transcribe_steps(
-    model: SttModel, audio: list[np.ndarray], batch: int = 8
+    model: SttModel,
+    audio: list[np.ndarray],
+    batch: int = 8,
+    sampling: TextSampling | None = None,
+    on_frames: Callable[[int], None] | None = None,
 ) -> list[Transcription]:
     """`transcribe`, with every step of each audio (`Transcription`)."""
     results: list[Transcription] = []
     for first in range(0, len(audio), batch):
         group = audio[first : first + batch]
-        stt = model.speech_to_text(len(group))
+        stt = model.speech_to_text(len(group), sampling)
         frames = [math.ceil(len(pcm) / FRAME_SIZE) for pcm in group]
         ends = [stt.step_index + n + stt.flush_steps for n in frames]
         padded = np.zeros((len(group), max(frames) * FRAME_SIZE), np.float32)
@@ -274,5 +286,7 @@ def transcribe_steps(
                     steps[stream].append(out)
                 if out.index == ends[stream] - 1:
                     events[stream].extend(stt.finish_stream(stream))
+            if on_frames is not None:
+                on_frames(sum(step < n for n in frames))
         results.extend(map(Transcription, events, steps))
     return results

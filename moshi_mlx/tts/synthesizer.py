@@ -21,7 +21,7 @@ from `delay_steps + 2` frames on, `end_step` frames per request.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,8 +162,9 @@ class TtsModel:
         sampling: TtsSampling | None = None,
         seed: int | None = None,
         max_steps: int = 30_000,
+        on_step: Callable[[], None] | None = None,
     ) -> list[Speech]:
-        """Speak every request, in one batch."""
+        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech)."""
         run = TtsRun(self, requests, sampling, seed)
         for request, schedule in zip(requests, run.schedules):
             schedule.push(self.entries(request.text))
@@ -176,6 +177,8 @@ class TtsModel:
             for row, frame in enumerate(step.pcm):
                 if frame is not None:
                     pcm[row].append(frame)
+            if on_step is not None:
+                on_step()
         tokens = log.arrays(len(requests))
         return [
             Speech(

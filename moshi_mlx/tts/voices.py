@@ -56,7 +56,7 @@ def resolve_voice(
     if (weights_dir() / name).is_file():
         return weights_dir() / name
     try:
-        return repo_file(voice_repo, name, "--voice")
+        return repo_file(voice_repo, name, "voice")
     except WeightsError as exc:
         if str(voice) == DEFAULT_VOICE:  # no voice was chosen: say which file is needed
             raise TtsError(

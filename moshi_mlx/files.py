@@ -23,7 +23,7 @@ def check_output(input_path: Path, output: Path, force: bool, what: str) -> None
                 f"the output {output} is the input {what}; it would overwrite the input"
             )
         if not force:
-            raise MoshiError(f"{output} already exists; pass --force to overwrite it")
+            raise MoshiError(f"{output} already exists; pass force=True to overwrite it")
     if problem := folder_problem(output):
         raise MoshiError(f"cannot write {output}: {problem}")
 

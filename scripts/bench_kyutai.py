@@ -12,7 +12,7 @@ Runs in Kyutai's virtual environment (it pins mlx 0.26.5), through its public cl
 `bench.py --kyutai` calls it for every case, alternating with our own measurement.
 LM files are in the published MLX format (bf16, or q8/q4 packed by `mlx.nn.quantize`); the
 quantization is read from the file. The Mimi file is in the published PyTorch layout, which
-Kyutai's MLX Mimi converts with its own `load_pytorch_weights`. A TTS folder (`bench.py`'s
+Kyutai's MLX Mimi converts with its own `load_pytorch_weights`. A TTS folder (`bench/weights.py`'s
 `tts_weights`: config.json, the LM in the published PyTorch layout, tokenizer, voices) is
 loaded as Kyutai's `run_tts` loads its files, and `TTSModel.generate` timed per step.
 """
@@ -310,7 +310,7 @@ def _tts_run(tts, folder: Path, texts: list[str], steps: int) -> dict:
 def bench_tts(
     folder: Path, mimi_file: Path, batches: list[int], steps: int, warmup: int, seed: int
 ) -> dict:
-    """Kyutai's `TTSModel` on a bench TTS folder (`bench.py`'s `tts_weights`), per batch size:
+    """Kyutai's `TTSModel` on a bench TTS folder (`bench/weights.py`'s `tts_weights`), per batch size:
     a warm-up generation (`warmup` steps past the first audio) then a measured one."""
     start = time.perf_counter()
     tts = _tts_model(folder, mimi_file, 1)

@@ -1,4 +1,4 @@
-"""Shared by `bench.py` (our package) and `bench_kyutai.py` (Kyutai's): shapes and statistics.
+"""Shared by `bench/` (measuring our package) and `bench_kyutai.py` (Kyutai's): shapes, statistics.
 
 Kept free of any `moshi_mlx` import, so both virtual environments can load it.
 """
@@ -85,6 +85,9 @@ LM_SHAPES: dict[str, dict] = {
         "stt_config": {"audio_delay_seconds": 0.5, "audio_silence_prefix_seconds": 0.0},
     },
 }
+
+# stt-1b's structure at 128 wide and 2 layers: the `stt` part's tests.
+LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num_layers": 2}
 
 # Text-to-speech shapes as Kyutai `config.json` dicts, from the published
 # kyutai/tts-1.6b-en_fr config.json (tests/fixtures/kyutai_configs/): 32 audio streams

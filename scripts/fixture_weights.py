@@ -1,13 +1,24 @@
 """The reference fixture scripts' PyTorch models: their kwargs from a config.json and their
-random weights (run in the scripts' venvs)."""
+random weights (run in the scripts' venvs); and the numpy-only random file writers of
+`moshi_mlx.testing` that the fixtures share with the tests and the bench (`write_voice`,
+`random_voice`), importable without MLX."""
 
 from __future__ import annotations
 
 import copy
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the reference venvs do not install moshi_mlx
+    sys.path.insert(0, str(ROOT))
+
+from moshi_mlx.testing.voices import random_voice, write_voice
+
+__all__ = ["lm_kwargs", "mlx_names", "random_voice", "round_to_bf16", "write_voice"]
 
 KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")  # Kyutai's moshi_mlx 0.3.0
 

@@ -108,7 +108,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import lm_kwargs, mlx_names, round_to_bf16
+from fixture_weights import lm_kwargs, mlx_names, random_voice, round_to_bf16, write_voice
 from moshi.models import loaders
 from moshi.models.lm import LMModel
 from moshi.models.tts import DEFAULT_DSM_TTS_VOICE_REPO, StateMachine, TokenIds, TTSModel
@@ -283,28 +283,14 @@ def save_weights(model: LMModel, path: Path) -> None:
         assert tensor.dtype == expected, name
 
 
-def write_safetensors(path: Path, name: str, array: np.ndarray, metadata: dict) -> None:
-    """A one-tensor float32 .safetensors file with its metadata in the given order (the
-    safetensors package writes metadata in hash order, which changes from run to run)."""
-    assert array.dtype == np.float32
-    header = {
-        "__metadata__": metadata,
-        name: {"dtype": "F32", "shape": list(array.shape), "data_offsets": [0, array.nbytes]},
-    }
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + array.tobytes())
-
-
 def save_voices(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(21)
     metadata = {key: str(value) for key, value in TTS_CONFIG["model_id"].items()}
     paths = []
     for name in VOICES:
-        emb = rng.standard_normal(VOICE_SHAPE).astype(np.float32)
-        path = folder / f"{name}.safetensors"
-        write_safetensors(path, "speaker_wavs", emb, metadata)
+        emb = random_voice(rng, *VOICE_SHAPE[1:])
+        path = write_voice(folder / f"{name}.safetensors", emb, metadata)
         with safe_open(str(path), "pt") as f:
             assert f.metadata() == metadata
             assert torch.equal(f.get_tensor("speaker_wavs"), torch.from_numpy(emb))

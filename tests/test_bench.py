@@ -1,7 +1,9 @@
-"""Smoke test of scripts/bench.py: the tiny shape, a few steps, sane numbers in the JSON."""
+"""Smoke test of scripts/bench.py (the scripts/bench package): the tiny shape, a few steps, sane
+numbers in the JSON; its registry of parts and its GPU suite on tiny shapes."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -103,27 +105,26 @@ def test_echo_case(report):
     assert case["ours"]["frame_ms"]["p50"] < 40  # far below real time
 
 
-def _bench_module():
-    """scripts/bench.py as a module."""
+def _bench_module(name: str):
+    """A module of the scripts/bench package (`bench.{name}`)."""
     sys.path.insert(0, str(SCRIPTS))
     try:
-        import bench
+        return importlib.import_module(f"bench.{name}")
     finally:
         sys.path.remove(str(SCRIPTS))
-    return bench
 
 
 def test_bandwidth_floor_from_manifests():
-    bench = _bench_module()
+    floor = _bench_module("floor")
     read = {}
     for quant in ("bf16", "q8", "q4"):
-        total, read[quant] = bench.weight_bytes_per_step(MANIFESTS / f"moshiko_mlx_{quant}.tsv")
+        total, read[quant] = floor.weight_bytes_per_step(MANIFESTS / f"moshiko_mlx_{quant}.tsv")
         # Only the embedding tables' other rows are skipped: about 0.6 GB of 7B bf16.
         assert 0.9 * total < read[quant] < total
     assert read["bf16"] / 1e9 == pytest.approx(14.75, abs=0.01)
     assert read["q4"] / 1e9 == pytest.approx(4.61, abs=0.01)
     assert read["q8"] / 1e9 == pytest.approx(7.84, abs=0.01)
-    table = bench.format_floor(MANIFESTS)
+    table = floor.format_floor(MANIFESTS)
     # 4.61 GB at an M1's 68 GB/s: 67.8 ms per step.
     assert "| M1 | 68 |" in table and "67.8" in table
 
@@ -197,21 +198,21 @@ def test_persona_case(tmp_path):
 
 
 def test_personaplex_config_of_the_7b_shape():
-    bench = _bench_module()
-    moshi = LmConfig.from_dict(bench.LM_SHAPES["7b"])
+    persona = _bench_module("parts.persona")
+    moshi = LmConfig.from_dict(persona.LM_SHAPES["7b"])
     assert moshi == LmConfig.moshi_7b()
-    assert bench.personaplex_config(moshi) == LmConfig.personaplex_7b()
+    assert persona.personaplex_config(moshi) == LmConfig.personaplex_7b()
 
 
 def test_partly_prefilled_prompt_state_has_the_whole_prompts_layout():
     """What `--prefill-steps` times (7B on a CPU): the prefill of the prompt's first runs,
     in a state with the whole prompt's tokens, positions and KV ring, as what follows needs."""
-    bench = _bench_module()
-    cfg = bench.personaplex_config(LmConfig.from_dict(bench.LM_SHAPES["tiny"]))
+    persona = _bench_module("parts.persona")
+    cfg = persona.personaplex_config(LmConfig.from_dict(persona.LM_SHAPES["tiny"]))
     lm = Lm(cfg)
-    voice, role = bench.persona_prompt(cfg, 40, seed=0)
-    _, whole = bench._timed_prompt_state(lm, voice, role)
-    _, partial = bench._timed_prompt_state(lm, voice, role, prefilled=8)
+    voice, role = persona.persona_prompt(cfg, 40, seed=0)
+    _, whole = persona._timed_prompt_state(lm, voice, role)
+    _, partial = persona._timed_prompt_state(lm, voice, role, prefilled=8)
     assert partial.step_index == whole.step_index == 40
     assert int(partial.ring.position) == int(whole.ring.position) == 40
     assert partial.ring.capacity == whole.ring.capacity
@@ -251,13 +252,106 @@ def test_tts_layout_is_the_published_one():
     """The random TTS file's names, shapes and dtypes for the fixture's config are those of
     tests/fixtures/tts/weights.safetensors (written by Kyutai's PyTorch model)."""
     from moshi_mlx.checkpoints.io import read_safetensors_header
+    from moshi_mlx.testing.checkpoints import tts_pytorch_layout
 
-    bench = _bench_module()
     fixtures = ROOT / "tests" / "fixtures" / "tts"
-    layout = bench.tts_pytorch_layout(json.loads((fixtures / "config.json").read_text()))
+    layout = tts_pytorch_layout(json.loads((fixtures / "config.json").read_text()))
     published, _ = read_safetensors_header(fixtures / "weights.safetensors")
     assert layout == published
     # The bench's shapes are keyed as the published config.json (the fixture's order).
     fixture_keys = list(json.loads((fixtures / "config.json").read_text()))
-    for shape in bench.TTS_SHAPES.values():
+    for shape in _bench_module("shapes").TTS_SHAPES.values():
         assert list(shape) == fixture_keys[: len(shape)]
+
+
+def test_voice_writer_rewrites_the_tts_fixture_voices(tmp_path):
+    """`write_voice` (what scripts/make_tts_fixtures.py and the bench write voices with) gives
+    the committed fixture voices byte for byte, from the fixture script's generator."""
+    from moshi_mlx.testing.voices import random_voice, write_voice
+
+    fixtures = ROOT / "tests" / "fixtures" / "tts"
+    model_id = json.loads((fixtures / "config.json").read_text())["model_id"]
+    metadata = {key: str(value) for key, value in model_id.items()}
+    rng = np.random.default_rng(21)
+    for name in ("alice", "bob"):
+        voice = random_voice(rng, 16, 10)
+        path = write_voice(tmp_path / f"{name}.safetensors", voice, metadata)
+        assert path.read_bytes() == (fixtures / "voices" / f"{name}.safetensors").read_bytes()
+
+
+PART_NAMES = {"lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts"}
+
+
+def test_every_part_is_registered():
+    """One registry entry per part, in the order a run measures them, each from its own
+    module, and `--parts` takes exactly the registered names."""
+    parts = _bench_module("parts").PARTS
+    assert set(parts) == PART_NAMES
+    assert list(parts)[:4] == ["lm", "mimi", "pipeline", "echo"] and list(parts)[-1] == "web"
+    for name, part in parts.items():
+        assert part.name == name
+        assert part.cases.__module__.startswith("bench.parts.")
+    args = _bench_module("cli").parse_args(["--parts", ",".join(sorted(PART_NAMES))])
+    assert set(args.parts) == PART_NAMES
+
+
+@pytest.mark.parametrize("flags", [["--parts", "lm,nope"], ["--shapes", "huge"]])
+def test_an_unknown_name_is_a_one_line_error(flags):
+    command = [sys.executable, str(SCRIPTS / "bench.py"), *flags]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert f"error: {flags[0]}: unknown {flags[1].split(',')[-1]} (known: " in line
+
+
+def test_the_package_runs_as_a_folder_and_as_a_module():
+    """`python scripts/bench` and `python -m bench` (from scripts/) are `scripts/bench.py`."""
+    outputs = []
+    for command, cwd in (
+        ([sys.executable, str(SCRIPTS / "bench.py"), "--floor"], ROOT),
+        ([sys.executable, str(SCRIPTS / "bench"), "--floor"], ROOT),
+        ([sys.executable, "-m", "bench", "--floor"], SCRIPTS),
+    ):
+        run = {"cwd": cwd, "capture_output": True, "text": True, "timeout": 120}
+        done = subprocess.run(command, check=False, **run)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1] == outputs[2] and "| M1 | 68 |" in outputs[0]
+
+
+def test_gpu_suite_on_tiny_shapes(tmp_path):
+    """`--suite gpu --tiny` runs every figure end to end into one JSON file, each with its
+    flags, its cases and the numbers it is for."""
+    suite = _bench_module("suite")
+    out = tmp_path / "gpu.json"
+    command = [
+        sys.executable,
+        str(SCRIPTS / "bench.py"),
+        "--suite",
+        "gpu",
+        "--tiny",
+        "-o",
+        str(out),
+    ]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert (report["suite"], report["shapes"]) == ("gpu", "tiny")
+    assert set(_bench_module("cli").SUITES) == set(suite.SUITES)
+    figures = report["figures"]
+    assert list(figures) == [figure.name for figure in suite.GPU_SUITE]
+    for name, entry in figures.items():
+        assert "error" not in entry, (name, entry.get("error"))
+        assert entry["results"] and entry["summary"]
+        for key, value in entry["summary"].items():
+            if isinstance(value, float):
+                assert math.isfinite(value) and value > 0, (name, key)
+    step = figures["moshi_7b_q4_step"]["summary"]
+    assert 0 < step["host_ms_p50"] <= step["step_ms_p95"] and step["syncs_per_step"] == 1.0
+    stt = figures["stt_batch_8_vs_1"]["summary"]
+    assert stt["streams"] == 2 and stt["full_speedup"] > 0 and stt["start_step_ms_2"] > 0
+    persona = figures["personaplex_prefill_300"]["summary"]
+    assert persona["prompt_runs"] == 40 and persona["prefill_steps"] > 0
+    tts = figures["tts_real_time_factor"]["summary"]
+    assert tts["real_time_factor_b1"] == tts["audio_per_s_b1"] > 0 and tts["audio_per_s_b2"] > 0
+    assert figures["moshi_7b_q4_frame"]["summary"]["syncs_per_frame"] == 1.0

@@ -118,3 +118,30 @@ def test_no_audio_device(env):
 def test_portaudio_missing(env):
     line = _fails(env, "-c", HIDE_PORTAUDIO, "--list-devices", module=None)
     assert "PortAudio is not available" in line and "apt install libportaudio2" in line
+
+
+def test_hf_repo_that_is_no_folder(env, wav, tmp_path):
+    line = _fails(env, wav, tmp_path / "out.wav", "--hf-repo", tmp_path / "nope")
+    assert line.startswith(f"error: the repo {tmp_path / 'nope'} does not exist")
+    assert "huggingface.co" not in line
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "message"),
+    [
+        ("moshi_mlx.local", ["--max-lag", "soon"], "argument --max-lag: invalid float value"),
+        ("moshi_mlx.local_web", ["--max-conversations", "0"], "--max-conversations must be >= 1"),
+        ("moshi_mlx.run_inference", ["in.wav", "--kv-bits", "3"], "argument --kv-bits: invalid"),
+        ("moshi_mlx.run_inference", ["in.wav"], "required: input, -o OUTPUT"),
+        ("moshi_mlx.quantize", ["m.safetensors", "-q", "5"], "argument -q/--quantize: invalid"),
+        ("moshi_mlx.quantize", ["m.safetensors", "--bits", "5"], "argument --bits: invalid"),
+        ("moshi_mlx.stt", ["a.wav", "--batch", "0"], "--batch must be >= 1, got 0"),
+        ("moshi_mlx.stt", ["a.wav", "--text-temp", "hot"], "argument --text-temp: invalid"),
+        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--top-k", "many"], "argument --top-k: invalid"),
+        ("moshi_mlx", ["infer", "in.wav", "-o", "out.wav", "--temp", "x"], "argument --temp"),
+        ("moshi_mlx", ["nope"], "no command 'nope'; one of: local, web, infer"),
+    ],
+)
+def test_every_command_refuses_a_bad_value_in_one_line(env, module, args, message):
+    """argparse's refusals too: one line `error: ...`, no usage dump, exit code 2."""
+    assert message in _fails(env, *args, module=module)

@@ -58,6 +58,7 @@ def _touch(folder, names):
 
 def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
     folder = _touch(tmp_path / "w", ("model.q8.safetensors", "config.json", *NAMES))
+    (folder / "config.json").write_text("{}")  # read while resolving: its model_type
     monkeypatch.setenv(hub.WEIGHTS_ENV, str(folder))
     files = hub.resolve_weights(quantize=8)
     assert files == hub.WeightFiles(
@@ -73,7 +74,7 @@ def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
 
 
 def test_missing_flag_path_names_the_flag(tmp_path):
-    with pytest.raises(WeightsError, match="--mimi-weight .*nope.safetensors: file not found"):
+    with pytest.raises(WeightsError, match="mimi_weight=.*nope.safetensors: file not found"):
         hub.resolve_weights(mimi_weight=tmp_path / "nope.safetensors")
 
 
@@ -124,3 +125,46 @@ def test_offline_without_files_says_what_to_download_and_where(tmp_path):
     assert lines[0].startswith("error: cannot get model.q4.safetensors")
     assert "https://huggingface.co/kyutai/moshiko-mlx-q4" in lines[0]
     assert f"put it in {tmp_path / 'empty'}/" in lines[0] and "--moshi-weight" in lines[0]
+
+
+def test_a_local_folder_is_a_repo(tmp_path, monkeypatch):
+    monkeypatch.setenv(hub.WEIGHTS_ENV, str(_touch(tmp_path / "weights", NAMES)))
+    folder = _touch(tmp_path / "snapshot", ("model.q8.safetensors", *NAMES))
+    (folder / "config.json").write_text("{}")
+    files = hub.resolve_weights(str(folder))
+    assert files == hub.WeightFiles(
+        moshi=folder / "model.q8.safetensors",  # the most precise LM file it holds
+        mimi=folder / hub.MIMI_FILE,  # the folder's, not the weights folder's
+        tokenizer=folder / hub.TOKENIZER_FILE,
+        lm_config=folder / "config.json",
+    )
+    assert files.repo == str(folder) and files.config_data == {}
+    (folder / hub.VOICES_FILE).write_bytes(b"x")
+    assert hub.resolve_voices(files) == folder / hub.VOICES_FILE
+
+
+def test_a_folder_missing_a_file_names_it_in_one_line(tmp_path):
+    folder = _touch(tmp_path / "snapshot", ("model.q4.safetensors", hub.MIMI_FILE))
+    with pytest.raises(WeightsError) as caught:
+        hub.resolve_weights(str(folder))
+    message = str(caught.value)
+    assert message == f"{folder} has no {hub.TOKENIZER_FILE} (or pass --tokenizer PATH)"
+    stt = _touch(tmp_path / "stt", ())
+    (stt / "config.json").write_text('{"model_type": "stt", "mimi_name": "mimi.safetensors"}')
+    with pytest.raises(WeightsError, match=f"{stt} has no model.safetensors"):
+        hub.resolve_weights(str(stt), config_required=True)
+
+
+@pytest.mark.parametrize("repo", ["/no/such/folder", "./not_here", "~/not_here_either", "a/b/c"])
+def test_a_path_that_is_no_folder_is_refused_without_a_hub_url(repo):
+    with pytest.raises(WeightsError) as caught:
+        hub.resolve_weights(repo)
+    message = str(caught.value)
+    assert f"the repo {repo} does not exist" in message
+    assert "huggingface.co" not in message and "\n" not in message
+
+
+def test_a_file_given_as_the_repo_is_refused(tmp_path):
+    file = _touch(tmp_path, ("model.safetensors",)) / "model.safetensors"
+    with pytest.raises(WeightsError, match=f"the repo {file} is a file"):
+        hub.resolve_weights(str(file))

@@ -61,5 +61,5 @@ def test_empty_buffers_have_the_packed_shapes():
 def test_a_group_size_needs_bits():
     assert KVQuantization.chosen(None) is None
     assert KVQuantization.chosen(4, 64) == KVQuantization(4, 64)
-    with pytest.raises(ConfigError, match="--kv-group-size needs --kv-bits"):
+    with pytest.raises(ConfigError, match="kv_group_size needs kv_bits"):
         KVQuantization.chosen(None, 64)

@@ -1,5 +1,8 @@
 """LmConfig reads Kyutai's config.json schema of every model of the family."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -144,3 +147,16 @@ def test_each_model_is_called_by_its_name():
     assert LmConfig.from_dict(STT_2B6).model_name == "Kyutai STT"
     hibiki = LmConfig.moshi_7b().to_dict() | {"model_type": "hibiki"}
     assert LmConfig.from_dict(hibiki).model_name == "Hibiki"
+
+
+def test_personaplex_config_in_nvidias_terms_is_recognised():
+    """NVIDIA's config.json has Kyutai's keys only: dep_q 16 = n_q (a depformer over Moshi's
+    and the user's codebooks), none of our `user_codebooks` / `generator`."""
+    ours = json.loads((Path(__file__).parent / "fixtures/personaplex/config.json").read_text())
+    nvidia = {k: v for k, v in ours.items() if k not in ("user_codebooks", "generator")}
+    config = LmConfig.from_dict(nvidia)
+    assert config == LmConfig.from_dict(ours)
+    assert (config.moshi_codebooks, config.num_user_codebooks, config.prompted) == (8, 8, True)
+    assert LmConfig.from_dict(LmConfig.personaplex_7b().to_dict()) == LmConfig.personaplex_7b()
+    moshi = LmConfig.moshi_7b().to_dict()  # dep_q 8 of n_q 16: Moshi's, unchanged
+    assert LmConfig.from_dict(moshi) == LmConfig.moshi_7b()

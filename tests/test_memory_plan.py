@@ -29,11 +29,13 @@ from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import MlxCodec
 from moshi_mlx.runtime.memory_plan import (
+    MemoryPlan,
     check_fits,
     codec_bytes,
     kv_cache_bytes,
     plan_memory,
     quantized_lm_weight_bytes,
+    wired_memory,
 )
 
 GB = 1e9
@@ -81,7 +83,7 @@ def test_advice_names_what_fits():
         check_fits(bf16, config)
     message = str(error.value)
     assert "\n" not in message and "needs 17.39 GB" in message
-    assert "it fits with -q 4 (6.81 GB)" in message
+    assert "it fits with quantize=4 (6.81 GB)" in message
     q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
     with pytest.raises(ConfigError) as error:
         check_fits(q4, config)
@@ -89,9 +91,7 @@ def test_advice_names_what_fits():
     assert (
         "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64) and " in message
     )
-    assert re.search(
-        r"--kv-bits 4 \(5\.2\d GB\) or --kv-bits 4 --context \d+ \(5\.3\d GB\)", message
-    )
+    assert re.search(r"kv_bits=4 \(5\.2\d GB\) or kv_bits=4 context=\d+ \(5\.3\d GB\)", message)
     check_fits(replace(q4, capacity=7 * 10**9), config)  # fits: no error
 
 
@@ -182,7 +182,10 @@ def test_memory_plan_flag_and_context(tmp_path, tmp_path_factory, capsys):
     context = tiny_config().context
     assert run_inference([*argv, "--context", str(context + 1)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"--context must be between 1 and {context}" in err
+    assert (
+        err.count("\n") == 1
+        and f"--context {context + 1} is out of range: it must be between 1 and {context}" in err
+    )
 
 
 @pytest.mark.parametrize("app", ["local", "local_web"])
@@ -292,3 +295,19 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     gen.reserve_full_context()
     ring = sum(a.nbytes for a in (*gen.ring.keys, *gen.ring.values))
     assert ring == plan.kv_cache
+
+
+def test_wired_memory_waits_for_queued_work_before_restoring_the_limit(monkeypatch):
+    """As mlx-lm's `wired_limit`: the block's work is synchronised before the old wired limit
+    is put back (on Apple GPUs; here MLX's calls are recorded, as the CPU has no wired memory)."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx, "set_wired_limit", lambda limit: calls.append(("limit", limit)) or 7)
+    monkeypatch.setattr(mx, "synchronize", lambda *stream: calls.append(("synchronize",)))
+    plan = MemoryPlan(
+        weights=100, kv_cache=20, codec=5, activations=5, capacity=1000, device="test",
+        context=10, kv=None, dtype=mx.bfloat16, lm_bits=None,
+    )  # fmt: skip
+    with wired_memory(plan):
+        calls.append(("work",))
+    assert calls == [("limit", 130), ("work",), ("synchronize",), ("limit", 7)]

@@ -11,7 +11,7 @@ from conftest import MIMI_FIXTURES
 
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import AudioError, ConfigError
-from moshi_mlx.models.mimi import Mimi, MimiConfig
+from moshi_mlx.models.mimi import Mimi, MimiConfig, MimiState
 
 FRAME = 1920
 
@@ -66,14 +66,18 @@ def test_decoded_pcm_matches_reference(golden, codes_key, pcm_key):
     assert _relative_error(pcm, ref[pcm_key]) < 1e-4
 
 
-def _stream(mimi: Mimi, pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Encode then decode frame by frame; pcm (B, 1, T), T a multiple of the frame size."""
-    mimi.reset()
+def _stream(
+    mimi: Mimi, pcm: np.ndarray, state: MimiState | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode then decode frame by frame through `state` (reset first; a fresh one if None);
+    pcm (B, 1, T), T a multiple of the frame size."""
+    state = state or mimi.make_state()
+    state.reset()
     codes, out = [], []
     for start in range(0, pcm.shape[-1], FRAME):
-        frame_codes = mimi.encode_step(mx.array(pcm[..., start : start + FRAME]))
-        frame_pcm = mimi.decode_step(frame_codes)
-        mx.eval(frame_codes, frame_pcm, mimi.stream_state.state)
+        frame_codes = mimi.encode_step(mx.array(pcm[..., start : start + FRAME]), state)
+        frame_pcm = mimi.decode_step(frame_codes, state)
+        mx.eval(frame_codes, frame_pcm, state.state)
         codes.append(np.array(frame_codes))
         out.append(np.array(frame_pcm))
     return np.concatenate(codes, axis=-1), np.concatenate(out, axis=-1)
@@ -96,12 +100,13 @@ def test_streaming_equals_batch_with_odd_length(tiny_mimi, mimi_signal):
 
 def test_reset_restarts_the_stream(tiny_mimi, mimi_signal):
     pcm = mimi_signal(3 * FRAME)[None, None]
-    first = _stream(tiny_mimi, pcm)
-    second = _stream(tiny_mimi, pcm)  # _stream calls reset() first
+    state = tiny_mimi.make_state()
+    first = _stream(tiny_mimi, pcm, state)
+    second = _stream(tiny_mimi, pcm, state)  # _stream calls state.reset() first
     np.testing.assert_array_equal(first[0], second[0])
     np.testing.assert_array_equal(first[1], second[1])
     # Without reset the state carries over: the next frame differs from a fresh start.
-    carried = np.array(tiny_mimi.decode_step(mx.array(first[0][..., :1])))
+    carried = np.array(tiny_mimi.decode_step(mx.array(first[0][..., :1]), state))
     assert not np.allclose(carried, first[1][..., :FRAME])
 
 
@@ -118,9 +123,9 @@ def test_fewer_codebooks_give_a_prefix_of_the_codes(tiny_mimi_checkpoint, tiny_m
 
 def test_step_shapes_are_checked(tiny_mimi):
     with pytest.raises(AudioError, match="1920"):
-        tiny_mimi.encode_step(mx.zeros((1, 1, 1000)))
+        tiny_mimi.encode_step(mx.zeros((1, 1, 1000)), tiny_mimi.make_state())
     with pytest.raises(AudioError, match="8, 1"):
-        tiny_mimi.decode_step(mx.zeros((1, 4, 1), dtype=mx.uint32))
+        tiny_mimi.decode_step(mx.zeros((1, 4, 1), dtype=mx.uint32), tiny_mimi.make_state())
 
 
 def test_full_size_streaming_equals_batch(full_mimi_checkpoint, mimi_signal):

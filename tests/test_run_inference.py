@@ -214,3 +214,51 @@ def test_translation_stops_its_audio_lag_after_the_end_of_text(end):
     frames = pcm.reshape(-1, FRAME)[:, 0]
     last = 3 + max_tail_frames(3) if end <= 3 else end + 2
     np.testing.assert_array_equal(frames, np.arange(1, last + 1))
+
+
+# --- --tokens ---------------------------------------------------------------------------------
+def test_tokens_file_holds_every_step_the_api_produced(tmp_path, capsys, speech, flags):
+    """--tokens writes the text token, Moshi's codes and the inputs of every step: those the
+    API's conversation gives for the same audio, seed and sampling."""
+    from moshi_mlx.audio.wav import read_audio
+    from moshi_mlx.cli.common import load_model, sampling_from_args
+    from moshi_mlx.cli.infer import converse, parse_args
+
+    tokens = tmp_path / "steps.npz"
+    argv = [str(speech), str(tmp_path / "a.wav"), "--seed", "7", *flags, "--tokens", str(tokens)]
+    assert main(argv) == 0, capsys.readouterr().err
+    written = dict(np.load(tokens))
+
+    args = parse_args(argv)
+    model = load_model(args)
+    steps = []
+    with model.conversation(sampling=sampling_from_args(args), seed=7) as conversation:
+        converse(conversation, read_audio(speech, 24_000), FRAME, on_step=steps.append)
+    cfg = model.lm.cfg
+    assert sorted(written) == ["audio_codes", "input_tokens", "text_tokens"]
+    np.testing.assert_array_equal(written["text_tokens"], [s.text_token for s in steps])
+    codes = written["audio_codes"]
+    assert codes.shape == (cfg.moshi_codebooks, len(steps)) and codes.dtype == np.int32
+    for t, step in enumerate(steps):
+        if step.moshi_codes is None:
+            assert (codes[:, t] == -1).all()
+        else:
+            np.testing.assert_array_equal(codes[:, t], step.moshi_codes)
+        np.testing.assert_array_equal(written["input_tokens"][:, t], step.input_tokens)
+    assert written["input_tokens"].shape == (cfg.num_codebooks, len(steps))
+    assert (codes[:, cfg.max_delay :] >= 0).all()
+
+
+def test_tokens_file_is_refused_like_the_audio_output(tmp_path, capsys, speech, flags):
+    existing = tmp_path / "taken.npz"
+    existing.write_bytes(b"mine")
+    for tokens, message in (
+        (existing, "--force"),
+        (tmp_path / "steps.txt", ".npz"),
+        (tmp_path / "missing" / "steps.npz", "folder"),
+    ):
+        argv = [str(speech), str(tmp_path / "out.wav"), *flags, "--tokens", str(tokens)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert existing.read_bytes() == b"mine" and not (tmp_path / "out.wav").exists()

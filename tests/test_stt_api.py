@@ -138,3 +138,103 @@ def test_serve_speaks_kyutais_protocol_with_the_real_model(files, model, speech)
     words = [m["text"] for m in messages if m["type"] == "Word"]
     expected = [w.text for w in finished_words(transcribe(model, [pcm], 1)[0])]
     assert words == expected[: len(words)] and words, (words, expected)
+
+
+# --- tokens from step 0, the silence prefix's included ---------------------------------------
+class _ScriptedStepper:
+    """A `ListenStepper` that writes `script`'s tokens (then padding), the same in every
+    stream, with head probabilities of zero."""
+
+    def __init__(self, lm, batch=1, sampling=None, *, script: list[int]):
+        self.batch, self.step_index, self.script = batch, 0, script
+
+    @property
+    def ready(self) -> bool:
+        return self.step_index > 0
+
+    def step(self, codes):
+        import mlx.core as mx
+
+        from moshi_mlx.stt.stepper import ListenStep
+
+        script = self.script
+        token = script[self.step_index] if self.step_index < len(script) else 3
+        self.step_index += 1
+        batch = self.batch
+        return ListenStep(
+            mx.full((batch,), token, mx.int32), mx.zeros((batch, 1)), mx.zeros((batch, 4, 2))
+        )
+
+
+def test_words_written_while_the_silence_prefix_is_fed_are_kept(model, monkeypatch):
+    """As Kyutai's scripts keep every token from step 0: a word the model writes and closes
+    within the silence prefix (1 s, 13 steps, as stt-2.6b-en's) is reported, with the first step after it."""
+    from dataclasses import replace
+    from functools import partial
+    from types import SimpleNamespace
+
+    from moshi_mlx.models.config_sections import SttTiming
+    from moshi_mlx.stt import transcriber
+    from moshi_mlx.stt.words import Word
+
+    hello = model.tokenizer.encode("hello")
+    script = [0, *hello, 0]
+    assert len(script) < 13
+    monkeypatch.setattr(transcriber, "ListenStepper", partial(_ScriptedStepper, script=script))
+    cfg = replace(model.lm.cfg, stt_config=SttTiming(0.5, 1.0))
+    prefixed = replace(model, lm=SimpleNamespace(cfg=cfg))
+    assert prefixed.silence_prefix_steps == 13
+
+    stt = prefixed.speech_to_text()
+    [prefix] = stt.prefix_steps
+    assert [s.text_token for s in prefix] == script + [3] * (13 - len(script))
+    assert all(not s.events and not s.text for s in prefix)  # reported with the next step
+    first = stt.step(np.zeros(1920, np.float32))
+    assert first.index == 13 and first.text.strip() == "hello"
+    assert finished_words(first.events) == [Word("hello", 0.0, 0.0)]
+
+    [alone] = transcriber.transcribe(prefixed, [np.zeros(3 * 1920, np.float32)])
+    assert [w.text for w in finished_words(alone)] == ["hello"]
+
+
+def test_the_tokens_file_holds_every_step_of_each_file(files, model, speech, tmp_path):
+    """--tokens: one row per file, every step from step 0, equal to the API's steps; Kyutai's
+    rule over those tokens (a `WordTimer` from step 0) gives the command's words."""
+    from moshi_mlx.stt.transcriber import transcribe_steps
+    from moshi_mlx.stt.words import WordTimer
+
+    tokens = tmp_path / "steps.npz"
+    done = _stt_command(files, "--json", "--batch", "2", "--tokens", tokens, *map(str, speech))
+    assert done.returncode == 0, done.stderr
+    written = dict(np.load(tokens))
+    assert sorted(written) == ["pause_probs", "prefix_steps", "steps", "text_tokens"]
+    api = transcribe_steps(model, [read_audio(path) for path in speech], batch=2)
+    np.testing.assert_array_equal(written["steps"], [len(t.steps) for t in api])
+    assert written["prefix_steps"] == model.silence_prefix_steps
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    cfg = model.lm.cfg
+    for row, (transcription, line) in enumerate(zip(api, lines)):
+        steps = len(transcription.steps)
+        text_tokens = written["text_tokens"][row]
+        assert [s.text_token for s in transcription.steps] == text_tokens[:steps].tolist()
+        assert (text_tokens[steps:] == -1).all()
+        probs = written["pause_probs"][row]
+        np.testing.assert_array_equal(
+            probs[:steps], [s.pause_probabilities for s in transcription.steps]
+        )
+        assert np.isnan(probs[steps:]).all() and probs.shape[-1] == 4
+        timer = WordTimer(
+            model.tokenizer,
+            audio_delay=cfg.stt_config.audio_delay_seconds,
+            silence_prefix=cfg.stt_config.audio_silence_prefix_seconds,
+            padding_id=cfg.existing_text_padding_id,
+        )
+        events = [
+            e for step, token in enumerate(text_tokens[:steps]) for e in timer.push(step, token)
+        ]
+        words = finished_words([*events, *timer.finish()])
+        assert words == finished_words(transcription.events)
+        assert [w.text for w in words] == [w["text"] for w in line["words"]]
+    again = _stt_command(files, "--tokens", tokens, str(speech[0]))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "--force" in again.stderr

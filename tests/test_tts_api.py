@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
+import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,10 +18,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.errors import MoshiError, TtsError
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun, TtsStream
+from moshi_mlx.tts.voices import DEFAULT_VOICE, voice_file_name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
@@ -277,11 +281,6 @@ def _junk(path: Path) -> Path:
     return path
 
 
-def _bfloat16_voice(path: Path) -> Path:
-    mx.save_safetensors(str(path), {"speaker_wavs": mx.zeros((1, 16, 4), mx.bfloat16)})
-    return path
-
-
 def _nan_voice(path: Path) -> Path:
     values = np.zeros((1, 16, 4), np.float32)
     values[0, 3, 2] = np.nan
@@ -308,10 +307,6 @@ VOICES = {  # name: (write the file in a folder, what the error says)
         lambda d: _voice(d / "int.safetensors", np.zeros((1, 16, 4), np.int32)),
         "must hold finite floats",
     ),
-    "bfloat16": (
-        lambda d: _bfloat16_voice(d / "bf16.safetensors"),
-        "is not a readable safetensors file",
-    ),
 }
 
 
@@ -325,6 +320,44 @@ def test_a_bad_voice_file_is_refused_in_one_line(model, tmp_path, case):
     assert "\n" not in str(caught.value)
     with pytest.raises(TtsError, match=message.replace("[", r"\[")):
         model.stream(path)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_a_half_precision_voice_is_cast_to_float32(model, tmp_path, dtype):
+    """Kyutai's loader takes a voice of any floating dtype: so do we, cast to float32."""
+    values = mx.load(str(ALICE))["speaker_wavs"].astype(dtype)
+    path = tmp_path / "half.safetensors"
+    mx.save_safetensors(str(path), {"speaker_wavs": values})
+    voice = model.voice(path)
+    assert voice.dtype == mx.float32
+    assert mx.array_equal(voice, values[0].T.astype(mx.float32)).item()
+
+
+def test_the_default_voice_comes_from_local_folders_or_is_named_in_one_line(
+    model, tmp_path, monkeypatch
+):
+    """No voice given and no hub: the default voice's file in the weights folder or in a
+    voice repo that is a folder; else one line naming the file, never a hub URL."""
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "weights"))
+    name = voice_file_name(DEFAULT_VOICE, model.config)
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    local = replace(model, voice_repo=str(folder))
+    with pytest.raises(TtsError) as caught:
+        local.voice(DEFAULT_VOICE)
+    message = str(caught.value)
+    assert "no voice was given" in message and name in message and "\n" not in message
+    assert "huggingface.co" not in message
+    with pytest.raises(TtsError, match=f"{folder} has no expresso/other.0badf00d@7.safetensors"):
+        local.voice("expresso/other")
+    (folder / name).parent.mkdir(parents=True)
+    shutil.copy(ALICE, folder / name)
+    alice = model.voice(ALICE)
+    assert mx.array_equal(local.voice(DEFAULT_VOICE), alice).item()
+    in_weights = tmp_path / "weights" / name
+    in_weights.parent.mkdir(parents=True)
+    shutil.copy(BOB, in_weights)  # the weights folder comes first, for any voice repo
+    assert mx.array_equal(model.voice(DEFAULT_VOICE), model.voice(BOB)).item()
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])

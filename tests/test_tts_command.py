@@ -78,16 +78,6 @@ def _error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def _usage_error(done: subprocess.CompletedProcess) -> str:
-    """argparse's refusal: exit 2, the usage, then one error line."""
-    assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr and done.stderr.startswith("usage: ")
-    errors = [line for line in done.stderr.splitlines() if "error" in line]
-    assert errors == [done.stderr.strip().splitlines()[-1]], done.stderr
-    assert errors[0].startswith("python -m moshi_mlx.tts: error: ")
-    return errors[0]
-
-
 def _wav(path: Path) -> np.ndarray:
     """A speech wav's samples, checked: mono 24 kHz, whole 80 ms frames."""
     info = sf.info(str(path))
@@ -152,7 +142,7 @@ def test_a_jsonl_batch_writes_a_wav_and_words_per_id(env, tmp_path):
         {"id": "dialog", "turns": ["Hi.", "Yes."], "voices": [ALICE, BOB], "cfg_coef": 1.5},
     )
     out = tmp_path / "out"
-    done = _ok(_tts(env, "--jsonl", requests, "--out-folder", out, "--seed", 2))
+    done = _ok(_tts(env, "--jsonl", requests, "-o", out, "--seed", 2))
     assert sorted(path.name for path in out.iterdir()) == [
         "dialog.json",
         "dialog.wav",
@@ -207,12 +197,12 @@ def test_a_bad_jsonl_batch_is_refused_in_one_line(env, tmp_path, case):
         ((), "give exactly one of TEXT, --text-file or --jsonl"),
         ((TEXT, "--text-file", "t.txt", "-o", "x.wav"), "give exactly one of TEXT"),
         ((TEXT,), "say where the speech goes: -o WAV and/or --play"),
-        (("--jsonl", "r.jsonl", "-o", "x.wav"), "--jsonl writes into --out-folder"),
-        (("--jsonl", "r.jsonl", "--play"), "-o and --play are for one text"),
+        (("--jsonl", "r.jsonl", "--play"), "--jsonl writes into the -o folder; --play is for one"),
+        ((TEXT, "-o", "x.wav", "--temp", "hot"), "argument --temp: invalid float value: 'hot'"),
     ],
 )
 def test_bad_arguments_are_refused(env, args, message):
-    assert message in _usage_error(_tts(env, *args))
+    assert message in _error_line(_tts(env, *args))
 
 
 def test_bad_texts_and_voices_are_refused_in_one_line(env, tmp_path):
@@ -277,3 +267,74 @@ def _frames_in(heard: np.ndarray, frames: np.ndarray, tolerance: float = 2.5 / 3
         starts.append(found)
         position = found + FRAME if found is not None else position
     return starts
+
+
+# --- --tokens ---------------------------------------------------------------------------------
+# Row 0 of PyTorch's greedy "batch" run (tests/fixtures/tts/golden_generate.json).
+GOLDEN = json.loads((ROOT / FIXTURES / "golden_generate.json").read_text())["runs"]["batch"]
+GOLDEN_ROW = GOLDEN["rows"][0]
+
+
+def test_the_tokens_of_a_greedy_text_are_pytorchs(env, tmp_path):
+    """--tokens of one text: a row of every step's predicted and fed text tokens and each
+    frame's audio codes, equal to PyTorch's greedy run step for step (until this text's own
+    end: PyTorch's row ran on beside a longer one)."""
+    tokens = tmp_path / "steps.npz"
+    args = ("-o", tmp_path / "out.wav", "--voice", ALICE, "--temp", 0, "--tokens", tokens)
+    _ok(_tts(env, GOLDEN_ROW["text"], "--cfg-coef", GOLDEN_ROW["cfg"], *args))
+    written = dict(np.load(tokens))
+    assert sorted(written) == ["audio_codes", "fed_text_tokens", "predicted_text_tokens"]
+    predicted, fed = written["predicted_text_tokens"], written["fed_text_tokens"]
+    steps = predicted.shape[1]
+    assert predicted.shape == fed.shape == (1, steps) and steps > 40
+    logged = np.stack([predicted[0], fed[0]], axis=1).tolist()
+    assert logged == GOLDEN_ROW["logged_text_tokens"][:steps]
+    codes = written["audio_codes"]
+    frames = np.array(GOLDEN_ROW["frames"][: codes.shape[2]])
+    assert codes.shape == (1, frames.shape[1] - 1, steps - 2)  # max_delay 2
+    np.testing.assert_array_equal(codes[0], frames[:, 1:].T)
+
+
+def test_the_tokens_of_a_jsonl_batch_are_the_apis(env, tmp_path, full_mimi_checkpoint):
+    """--jsonl --tokens: one row per line, what `TtsModel.synthesize` gives the same requests,
+    seed and sampling; an existing tokens file is kept without --force."""
+    from moshi_mlx.tts.stepper import TtsSampling
+    from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
+
+    requests = _jsonl(
+        tmp_path / "requests.jsonl",
+        {"id": "greeting", "turns": [TEXT], "voices": [ALICE]},
+        {"id": "dialog", "turns": ["Hi.", "Yes."], "voices": [ALICE, BOB], "cfg_coef": 1.5},
+    )
+    tokens = tmp_path / "steps.npz"
+    batch = ("--jsonl", requests, "--out-folder", tmp_path / "out", "--seed", 2)
+    _ok(_tts(env, *batch, "--tokens", tokens))
+    written = dict(np.load(tokens))
+    model = TtsModel.load(
+        moshi_weight=ROOT / FIXTURES / "weights.safetensors",
+        mimi_weight=full_mimi_checkpoint,
+        tokenizer=ROOT / FIXTURES / "tokenizer.model",
+        lm_config=ROOT / FIXTURES / "config.json",
+    )
+    speeches = model.synthesize(
+        [
+            TtsRequest([TEXT], (ROOT / ALICE,)),
+            TtsRequest(["Hi.", "Yes."], (ROOT / ALICE, ROOT / BOB), 1.5),
+        ],
+        TtsSampling(),
+        seed=2,
+    )
+    for row, speech in enumerate(speeches):
+        np.testing.assert_array_equal(
+            written["predicted_text_tokens"][row], speech.predicted_tokens
+        )
+        np.testing.assert_array_equal(written["fed_text_tokens"][row], speech.fed_tokens)
+        np.testing.assert_array_equal(written["audio_codes"][row], speech.audio_codes)
+    steps = written["fed_text_tokens"].shape[1]
+    assert written["audio_codes"].shape == (2, model.config.dep_q, steps - model.config.max_delay)
+    assert (written["audio_codes"][:, :, -1] >= 0).all()
+    line = _error_line(_tts(env, *batch, "--force", "--tokens", tmp_path / "steps.wav"))
+    assert ".npz" in line
+    tokens.write_bytes(b"mine")
+    line = _error_line(_tts(env, *batch, "--out-folder", tmp_path / "again", "--tokens", tokens))
+    assert "--force" in line and tokens.read_bytes() == b"mine"

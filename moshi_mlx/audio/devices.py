@@ -56,13 +56,13 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
     sd = import_sounddevice()
     devices = _devices(sd)
     channels_key = f"max_{kind}_channels"
-    flag = f"--{kind}-device"
+    parameter = f"{kind}_device"
     usable = [i for i, dev in enumerate(devices) if dev[channels_key] > 0]
     if not usable:
         what = "microphone" if kind == "input" else "speaker or headphones"
         raise AudioError(
             f"no audio {kind} device found; connect a {what} "
-            f"(or start your sound server) and check with --list-devices"
+            f"(or start your sound server) and check with format_devices()"
         )
     if spec is None or spec == "":
         default = sd.default.device[0 if kind == "input" else 1]
@@ -73,7 +73,8 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
         index = int(spec)
         if index not in usable:
             raise AudioError(
-                f"device {index} is not an {kind} device; pick one from --list-devices for {flag}"
+                f"device {index} is not an {kind} device; pick one of format_devices() as "
+                f"{parameter}"
             )
         return index
     needle = str(spec).lower()
@@ -83,7 +84,7 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
         return exact[0]
     if not matches:
         raise AudioError(
-            f"no {kind} device name contains {spec!r}; see --list-devices and pass {flag}"
+            f"no {kind} device name contains {spec!r}; see format_devices() and pass {parameter}"
         )
     return matches[0]
 
@@ -99,5 +100,5 @@ def open_failure(kind: str, index: int, reason: Exception) -> AudioError:
     in Moshi's format (24 kHz mono)."""
     return AudioError(
         f"cannot open {kind} device {index} ({device_name(index)}) at 24000 Hz, "
-        f"mono: {reason}; choose another with --{kind}-device (see --list-devices)"
+        f"mono: {reason}; choose another {kind}_device (see format_devices())"
     )

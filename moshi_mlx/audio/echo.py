@@ -16,7 +16,9 @@ from moshi_mlx.errors import AudioError
 
 SUB_FRAME_SECONDS = 0.01  # the canceller's unit: 10 ms
 PACKAGE = "pywebrtc-audio"
-INSTALL_HINT = f"pip install {PACKAGE} (or pass --no-echo-cancel, e.g. with headphones)"
+INSTALL_HINT = (
+    f"pip install {PACKAGE} (or turn it off with cancel_echo=False, e.g. with headphones)"
+)
 
 
 def _import_webrtc():

@@ -14,25 +14,29 @@ holds its own streaming state (LM caches, codec state, random key, text decoder)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
+import sentencepiece
 
 from moshi_mlx.chat.generate import LmGen, LmGenStep, StepFunctions
 from moshi_mlx.chat.persona.prompts import Prompts
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
-from moshi_mlx.checkpoints.io import read_safetensors_header
-from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import lm_config_of
-from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsMismatchError
+from moshi_mlx.checkpoints.hub import WeightFiles
+from moshi_mlx.errors import AudioError, ConfigError, MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
-from moshi_mlx.runtime.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
+from moshi_mlx.runtime.loading import (
+    LoadedParts,
+    LoadOptions,
+    check_codec_fits,
+    codec_codebooks,
+    load_parts,
+)
+from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
@@ -52,12 +56,20 @@ WARMUP_STEPS = 4
 class StepResult:
     """One 80 ms step of a conversation: Moshi's audio (1920,) float32 and its new text;
     with an echo canceller, also the user's audio as Moshi heard it (after cancellation).
-    `end_of_text`: the model sampled its text's end (Hibiki: the translation is over)."""
+    `end_of_text`: the model sampled its text's end (Hibiki: the translation is over).
+
+    The step's tokens (None only in results made by hand): `text_token`, the text token
+    Moshi wrote (ids 0 and 3: padding); `moshi_codes` (moshi_codebooks,) int32, the codes of
+    Moshi's audio frame, None until the delays are filled; `input_tokens` (num_codebooks,)
+    int32, what the step fed the LM (text, Moshi's codebooks, the user's; delays applied)."""
 
     pcm: np.ndarray
     text: str
     heard: np.ndarray | None = None
     end_of_text: bool = False
+    text_token: int | None = None
+    moshi_codes: np.ndarray | None = None
+    input_tokens: np.ndarray | None = None
 
 
 class MoshiModel:
@@ -73,6 +85,8 @@ class MoshiModel:
         codec_backend: str = "mlx",
         memory: MemoryPlan | None = None,
         kv_quantization: KVQuantization | None = None,
+        codec: Codec | None = None,
+        tokenizer: sentencepiece.SentencePieceProcessor | None = None,
     ):
         self.lm = lm
         # The compiled steps its conversations share, per sampling, KV layout and guidance.
@@ -81,9 +95,9 @@ class MoshiModel:
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
         self.files = files
         self.codec_backend = codec_backend
-        _check_codec_fits(lm.cfg)
-        self._codec = load_codec(files.mimi, codec_backend, num_codebooks=lm.cfg.moshi_codebooks)
-        self.tokenizer = load_tokenizer(files.tokenizer)
+        check_codec_fits(lm.cfg)
+        self._codec = codec or load_codec(files.mimi, codec_backend, codec_codebooks(lm.cfg))
+        self.tokenizer = tokenizer or load_tokenizer(files.tokenizer)
         self.prompts = None  # PersonaPlex: its voice and role prompts (`persona.prompts`)
         if lm.cfg.prompted:
             self.prompts = Prompts(lm, self._codec, self.tokenizer, files, kv_quantization)
@@ -98,38 +112,35 @@ class MoshiModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | LmConfig | None = None,
         codec_backend: str = "mlx",
-        dtype: mx.Dtype | None = None,
+        dtype: mx.Dtype | str | None = None,
         context: int | None = None,
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         check_memory: bool = True,
     ) -> MoshiModel:
-        """Find the weights (local paths, the `weights/` folder, then the Hugging Face hub; see
-        `moshi_mlx.checkpoints.hub`) and load them. `quantize` is 4, 8 or 16 (bf16);
-        `lm_config` is a Kyutai `config.json` path or an `LmConfig` (default: the repo's
-        config, else Moshi 7B). `dtype` is the LM's compute dtype (default: bf16 on a GPU,
-        float32 on the CPU; see `moshi_mlx.checkpoints.lm.compute_dtype`). `context` shortens
-        the attention window (at most the config's 3000 steps) and `kv_bits` (8 or 4, with
-        `kv_group_size`) quantizes the KV cache, both to save memory. Unless
-        `check_memory` is False, a model that would not fit in the device's memory raises
-        `ConfigError` with what would, before any weight is read (see `memory_plan`).
-        """
-        files, config = find_model(
-            hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, lm_config, context
+        """Load a chat model (Moshi, PersonaPlex, Hibiki) from `hf_repo`, a hub repo id or a
+        local folder laid out like one (default kyutai/moshiko-mlx-q4), or the given files;
+        the options are `moshi_mlx.runtime.loading.LoadOptions`' (the one load path).
+        Unless `check_memory` is False, a model that would not fit in the device's memory
+        raises `ConfigError` with what would, before any weight is read."""
+        options = LoadOptions(
+            quantize, moshi_weight, mimi_weight, tokenizer, lm_config, codec_backend, dtype,
+            context, kv_bits, kv_group_size, check_memory,
+        )  # fmt: skip
+        return cls.from_parts(load_parts(hf_repo, options, "chat"), codec_backend)
+
+    @classmethod
+    def from_parts(cls, parts: LoadedParts, codec_backend: str = "mlx") -> MoshiModel:
+        """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
+        return cls(
+            parts.lm,
+            parts.files,
+            codec_backend,
+            parts.memory,
+            parts.kv_quantization,
+            codec=parts.codec,
+            tokenizer=parts.tokenizer,
         )
-        kv_quantization = KVQuantization.chosen(kv_bits, kv_group_size)
-        plan = memory_plan(files, config, codec_backend, dtype, kv_quantization)
-        if check_memory:
-            check_fits(plan, config)
-        try:
-            lm = load_lm(files.moshi, config, dtype=plan.dtype)
-        except WeightsMismatchError as exc:
-            used = files.lm_config or "the one its file carries or its layout says"
-            raise WeightsMismatchError(
-                f"{exc}; these LM weights do not fit the LM config ({used}): "
-                "pass the config.json that belongs to them with --lm-config"
-            ) from None
-        return cls(lm, files, codec_backend, plan, kv_quantization)
 
     def conversation(
         self,
@@ -166,7 +177,7 @@ class MoshiModel:
         """`ConfigError` for a voice or role given to a model without prompts."""
         if self.prompts is None and (voice is not None or role is not None):
             raise ConfigError(
-                "--voice and --role choose PersonaPlex's persona; this model is Moshi, whose "
+                "voice and role choose PersonaPlex's persona; this model is Moshi, whose "
                 "voice and character are in its weights (load nvidia/personaplex-7b-v1)"
             )
 
@@ -191,56 +202,12 @@ class MoshiModel:
                 conversation.step(silence)
 
 
-def find_model(
-    hf_repo: str | None = None,
-    quantize: int | None = None,
-    moshi_weight: str | Path | None = None,
-    mimi_weight: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    lm_config: str | Path | LmConfig | None = None,
-    context: int | None = None,
-) -> tuple[WeightFiles, LmConfig]:
-    """The files of a model and its LM config, as `MoshiModel.load` finds them."""
-    config_path = None if isinstance(lm_config, LmConfig) else lm_config
-    files = resolve_weights(hf_repo, quantize, moshi_weight, mimi_weight, tokenizer, config_path)
-    config = (
-        lm_config if isinstance(lm_config, LmConfig) else lm_config_of(files.moshi, files.lm_config)
-    )
-    if context is not None:
-        if not 1 <= context <= config.context:
-            raise ConfigError(
-                f"--context must be between 1 and {config.context} steps (the model's "
-                f"attention window), got {context}"
-            )
-        config = replace(config, context=context)
-    _check_codec_fits(config)  # before reading gigabytes of weights
-    return files, config
-
-
-def memory_plan(
-    files: WeightFiles,
-    config: LmConfig,
-    codec_backend: str = "mlx",
-    dtype: mx.Dtype | None = None,
-    kv_quantization: KVQuantization | None = None,
-) -> MemoryPlan:
-    """What the model of these files would take in memory, from their headers alone;
-    `ConfigError` if the KV cache's quantization does not fit the LM's attention heads."""
-    if kv_quantization is not None:
-        kv_quantization.check_head_dim(config.temporal_config().head_dim)
-    layout, metadata = read_safetensors_header(files.moshi)
-    codec = codec_bytes(codec_backend, files.mimi, config.moshi_codebooks)
-    return plan_memory(
-        config, layout, codec, dtype, kv_quantization, lm_metadata=metadata, source=str(files.moshi)
-    )
-
-
 def step_frame(
     generator: LmGen, codec: Codec, pcm: np.ndarray | None
 ) -> tuple[LmGenStep, mx.array | None]:
     """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
     Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
-    with the codec's state; returns the step and Moshi's pcm. pcm None: Hibiki's
+    with the codec's state (the step's inputs too); returns the step and Moshi's pcm. pcm None: Hibiki's
     end-of-input frame (every code = card) in place of encoded audio."""
     cfg = generator.lm.cfg
     if pcm is None:
@@ -251,24 +218,8 @@ def step_frame(
     reply = None
     if out.moshi_codes_array is not None:
         reply = codec.decode_step(out.moshi_codes_array)
-    mx.eval(out.text_token_array, out.moshi_codes_array, reply, codec.state)
+    mx.eval(out.text_token_array, out.moshi_codes_array, out.input_tokens, reply, codec.state)
     return out, reply
-
-
-def _check_codec_fits(cfg: LmConfig) -> None:
-    """Raise `ConfigError` unless the LM's audio streams match Mimi's codebooks."""
-    if cfg.num_user_codebooks != cfg.moshi_codebooks:
-        raise ConfigError(
-            f"the LM config has {cfg.moshi_codebooks} Moshi and {cfg.num_user_codebooks} user "
-            "codebooks; "
-            "the codec needs the same number of both"
-        )
-    codec_card = MimiConfig.moshi().quantizer.bins
-    if cfg.card != codec_card:
-        raise ConfigError(
-            f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-            f"{codec_card}: the LM weights or --lm-config do not belong to Moshi"
-        )
 
 
 class Conversation:
@@ -336,7 +287,15 @@ class Conversation:
         token = out.text_token
         text = self._text.decode(token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)
-        return StepResult(pcm_out, text, heard, token == self._model.tokenizer.eos_id())
+        return StepResult(
+            pcm_out,
+            text,
+            heard,
+            token == self._model.tokenizer.eos_id(),
+            token,
+            out.moshi_codes,
+            np.array(out.input_tokens, dtype=np.int32),
+        )
 
     def reset(self) -> None:
         """Start over: empty LM caches, codec state and text; the seed's random stream restarts."""

@@ -1,8 +1,13 @@
-"""Finding Moshi's weight files: explicit paths, the local `weights/` folder, or the HF hub.
+"""Finding a model's files: explicit paths, the local `weights/` folder, a repo's files.
 
-Each file is looked up in this order: a path given by the user; the weights folder
-(`$MOSHI_MLX_WEIGHTS`, else `./weights`); the Hugging Face hub through `hf_hub_download`,
-which uses (and fills) the usual Hugging Face cache.
+A repo is a Hugging Face repo id (`kyutai/moshiko-mlx-q4`) or a local folder laid out like
+one (a downloaded snapshot); `repo_file` is the one place that tells them apart. Each file is
+looked up in this order: a path given by the user; for a hub repo, the weights folder
+(`$MOSHI_MLX_WEIGHTS`, else `./weights`); the repo (a folder's file, or the hub's through
+`hf_hub_download`, which uses and fills the usual Hugging Face cache).
+
+The config.json comes first (`find_config`): its `model_type` says which model the files are
+and, for Kyutai's STT, TTS and Hibiki repos, names the other files. It is read once, here.
 """
 
 from __future__ import annotations
@@ -28,18 +33,22 @@ from moshi_mlx.errors import ConfigError, WeightsError
 
 _REPO_SUFFIX = re.compile(f"-({'|'.join(suffix for suffix, _ in LM_FILES.values())})$")
 WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
+# Model types whose config.json names their files (`moshi_name`, `mimi_name`, ...).
+CONFIG_NAMED_TYPES = ("stt", "tts", "hibiki")
 
 
 @dataclass(frozen=True)
 class WeightFiles:
-    """Local paths of everything a Moshi model needs; `lm_config` is None for the 7B preset."""
+    """Local paths of everything a model needs; `lm_config` is None for the 7B preset."""
 
     moshi: Path
     mimi: Path
     tokenizer: Path
     lm_config: Path | None
-    # The hub repo files not found locally come (or would come) from: not part of equality.
+    # The repo (hub id or folder) files not found locally come (or would come) from, and the
+    # config.json's contents (read once): not part of equality.
     repo: str = dataclasses.field(default=DEFAULT_REPO, compare=False)
+    config_data: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def weights_dir() -> Path:
@@ -47,11 +56,39 @@ def weights_dir() -> Path:
     return Path(os.environ.get(WEIGHTS_ENV) or "weights")
 
 
+def local_folder(repo: str) -> Path | None:
+    """The folder `repo` names when it is a local path, None when it is a hub repo id;
+    `WeightsError` for a path that is no folder (never a hub URL built from a path)."""
+    path = Path(repo).expanduser()
+    if path.is_dir():
+        return path
+    looks_like_path = repo.startswith(("/", ".", "~")) or repo.count("/") > 1 or path.exists()
+    if looks_like_path:
+        what = "is a file" if path.is_file() else "does not exist"
+        raise WeightsError(
+            f"the repo {repo} {what}: give a folder laid out like a Hugging Face repo, or a "
+            "repo id (owner/name)"
+        )
+    return None
+
+
+def is_local(repo: str) -> bool:
+    """Whether `repo` is a local folder rather than a hub repo id."""
+    return local_folder(repo) is not None
+
+
 def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, str]:
-    """The hub repo and LM file name for `--hf-repo` / `-q` (4, 8 or 16 = bf16)."""
+    """The repo and LM file name for `hf_repo` / `quantize` (4, 8 or 16 = bf16); a local
+    folder's LM file is, without `quantize`, the most precise it holds."""
     if quantize is not None and quantize not in LM_FILES:
-        raise ConfigError(f"-q/--quantize must be 4, 8 or 16 (bf16), got {quantize}")
+        raise ConfigError(f"quantize must be 4, 8 or 16 (bf16), got {quantize}")
     repo = hf_repo or DEFAULT_REPO
+    folder = local_folder(repo)
+    if folder is not None:
+        if quantize is not None:
+            return repo, LM_FILES[quantize][1]
+        held = [LM_FILES[bits][1] for bits in sorted(LM_FILES, reverse=True)]
+        return repo, next((name for name in held if (folder / name).is_file()), held[-1])
     facts = KNOWN_REPOS.get(repo)
     if facts is not None:
         bits = max(facts.lm_bits) if quantize is None else quantize
@@ -60,7 +97,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
                 f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
                 f"weights: make a "
                 f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it "
-                "with --moshi-weight"
+                "as moshi_weight"
             )
         return repo, LM_FILES[bits][1]
     if quantize is None:
@@ -72,16 +109,22 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     return repo, LM_FILES[quantize][1]
 
 
-def _user_path(path: str | Path, flag: str) -> Path:
+def _user_path(path: str | Path, parameter: str) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise WeightsError(f"{flag} {path}: file not found")
+        raise WeightsError(f"{parameter}={path}: file not found")
     return path
 
 
-def download_file(repo: str, filename: str, flag: str) -> Path:
-    """`filename` of the Hugging Face repo `repo` (cached); `WeightsError` saying where to put
-    it by hand (or which `flag` to pass) when it cannot be had."""
+def repo_file(repo: str, filename: str, parameter: str) -> Path:
+    """`filename` of the repo `repo`: a local folder's file, or the Hugging Face repo's
+    (cached); `WeightsError` naming the file (and where to put it by hand, or which `parameter` to
+    pass) when it cannot be had."""
+    folder = local_folder(repo)
+    if folder is not None:
+        if not (folder / filename).is_file():
+            raise WeightsError(f"{folder} has no {filename} (or pass {parameter}=PATH)")
+        return folder / filename
     from huggingface_hub import hf_hub_download
 
     try:
@@ -91,8 +134,40 @@ def download_file(repo: str, filename: str, flag: str) -> Path:
         raise WeightsError(
             f"cannot get {filename} from the Hugging Face repo {repo} ({reason}: offline or not "
             f"downloaded); download it from https://huggingface.co/{repo} and put it in "
-            f"{weights_dir()}/ (or pass {flag} PATH)"
+            f"{weights_dir()}/ (or pass {parameter}=PATH)"
         ) from None
+
+
+def find_config(
+    repo: str,
+    lm_config: str | Path | None = None,
+    moshi_weight: str | Path | None = None,
+    lm_file: str = LM_FILES[4][1],
+    required: bool = False,
+) -> Path | None:
+    """Kyutai's config.json of a model: the given path, beside given LM weights, in a local
+    repo folder, in the weights folder, else the hub repo's, when it publishes one in
+    Kyutai's schema and its LM file (`lm_file`) is not already local. None (the LM file
+    says the rest) unless `required`."""
+    if lm_config is not None:
+        return _user_path(lm_config, "lm_config")
+    if moshi_weight is not None and (beside := config_in(Path(moshi_weight).expanduser().parent)):
+        return beside
+    folder = local_folder(repo)
+    if folder is not None:
+        return repo_file(repo, CONFIG_FILE, "lm_config") if required else config_in(folder)
+    if local := config_in(weights_dir()):
+        return local
+    if required:
+        return repo_file(repo, CONFIG_FILE, "lm_config")
+    facts = KNOWN_REPOS.get(repo)
+    lm_is_local = moshi_weight is not None or (weights_dir() / lm_file).is_file()
+    if lm_is_local or (facts is not None and not facts.read_config):
+        return None
+    try:
+        return repo_file(repo, CONFIG_FILE, "lm_config")
+    except WeightsError:  # no config.json in the repo: the LM file says what it is
+        return None
 
 
 def resolve_weights(
@@ -102,91 +177,52 @@ def resolve_weights(
     mimi_weight: str | Path | None = None,
     tokenizer: str | Path | None = None,
     lm_config: str | Path | None = None,
+    default_repo: str = DEFAULT_REPO,
+    config_required: bool = False,
 ) -> WeightFiles:
-    """Find (downloading if needed) every file of a Moshi model; see the module docstring."""
-    repo, lm_file = repo_and_lm_file(hf_repo, quantize)
-    wanted = {  # field: (file name in the repo, flag, path given by the user)
-        "moshi": (lm_file, "--moshi-weight", moshi_weight),
-        "mimi": (MIMI_FILE, "--mimi-weight", mimi_weight),
-        "tokenizer": (TOKENIZER_FILE, "--tokenizer", tokenizer),
+    """Find (downloading if needed) every file of a model; see the module docstring. The
+    config.json is found first (`find_config`) and read once; the LM file is the one its
+    `moshi_name` says for Kyutai's STT, TTS and Hibiki, else the one `quantize` picks."""
+    repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
+    # Check every given path before any (slow) download, so a typo fails at once.
+    given = {"moshi_weight": moshi_weight, "mimi_weight": mimi_weight, "tokenizer": tokenizer}
+    for parameter, path in given.items():
+        if path is not None:
+            _user_path(path, parameter)
+    config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
+    data = read_json(config) if config is not None else None
+    names = data if data is not None and data.get("model_type") in CONFIG_NAMED_TYPES else {}
+    if names and quantize is None:
+        lm_file = names.get("moshi_name", LM_FILES[16][1])
+    wanted = {  # field: (file name in the repo, parameter, path given by the user)
+        "moshi": (lm_file, "moshi_weight", moshi_weight),
+        "mimi": (names.get("mimi_name", MIMI_FILE), "mimi_weight", mimi_weight),
+        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "tokenizer", tokenizer),
     }
-    config = _user_path(lm_config, "--lm-config") if lm_config is not None else None
-    found, from_hub = _find_files(repo, wanted)
-    if lm_config is None:
-        config = _optional_config(repo, found["moshi"], from_hub)
-    return WeightFiles(lm_config=config, repo=repo, **found)
+    found = {field: _find_file(repo, *entry) for field, entry in wanted.items()}
+    return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
 
 
-def _optional_config(repo: str, moshi: Path, from_hub: bool) -> Path | None:
-    """Kyutai's config.json next to the LM weights, in the weights folder, or on the hub."""
-    local = config_in(moshi.parent) or config_in(weights_dir())
-    facts = KNOWN_REPOS.get(repo)
-    if local is not None or not from_hub or (facts is not None and not facts.read_config):
+def _find_file(repo: str, filename: str, parameter: str, given: str | Path | None) -> Path:
+    """The given path, else (for a hub repo) the weights folder's file, else the repo's."""
+    if given is not None:
+        return _user_path(given, parameter)
+    local = weights_dir() / filename
+    if not is_local(repo) and local.is_file():
         return local
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return Path(hf_hub_download(repo, CONFIG_FILE))
-    except Exception:  # noqa: BLE001 - no config.json in the repo: use the 7B preset
-        return None
+    return repo_file(repo, filename, parameter)
 
 
 VOICES_FILE = KNOWN_REPOS[PERSONAPLEX_REPO].voices
 
 
 def resolve_voices(files: WeightFiles) -> Path:
-    """PersonaPlex's voices archive: beside the LM weights, in the weights folder, else from
-    the hub (the files' repo if it publishes voices, else NVIDIA's)."""
+    """PersonaPlex's voices archive: beside the LM weights, in the weights folder, in the
+    files' repo folder, else from the hub (the files' repo if it publishes voices, else
+    NVIDIA's)."""
     for folder in (files.moshi.parent, weights_dir()):
         if (folder / VOICES_FILE).is_file():
             return folder / VOICES_FILE
     facts = KNOWN_REPOS.get(files.repo)
-    repo = files.repo if facts is not None and facts.voices else PERSONAPLEX_REPO
-    return download_file(repo, VOICES_FILE, "--voice FILE")
-
-
-def resolve_config_named(
-    hf_repo: str,
-    moshi_weight: str | Path | None = None,
-    mimi_weight: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    lm_config: str | Path | None = None,
-) -> WeightFiles:
-    """The files of a repo whose `config.json` names them (`moshi_name`, `mimi_name`,
-    `tokenizer_name`: Kyutai's STT and Hibiki repos): the config first (given, in the weights
-    folder, or from the hub), then each file as `resolve_weights` finds it."""
-    if lm_config is not None:
-        config = _user_path(lm_config, "--lm-config")
-    else:
-        config = config_in(weights_dir()) or download_file(hf_repo, CONFIG_FILE, "--lm-config")
-    names = read_json(config)
-    wanted = {  # field: (file name in the repo, flag, path given by the user)
-        "moshi": (names.get("moshi_name", LM_FILES[16][1]), "--moshi-weight", moshi_weight),
-        "mimi": (names.get("mimi_name", MIMI_FILE), "--mimi-weight", mimi_weight),
-        "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "--tokenizer", tokenizer),
-    }
-    return WeightFiles(lm_config=config, repo=hf_repo, **_find_files(hf_repo, wanted)[0])
-
-
-def _find_files(
-    repo: str, wanted: dict[str, tuple[str, str, str | Path | None]]
-) -> tuple[dict[str, Path], bool]:
-    """Each wanted file (field: (name in the repo, flag, path given by the user)): the given
-    path, else the weights folder's, else the hub's; and whether the LM file is the hub's."""
-    # Check every given path before any (slow) download, so a typo fails at once.
-    found = {
-        field: _user_path(given, flag)
-        for field, (_, flag, given) in wanted.items()
-        if given is not None
-    }
-    from_hub = False
-    for field, (filename, flag, _) in wanted.items():
-        if field in found:
-            continue
-        local = weights_dir() / filename
-        if local.is_file():
-            found[field] = local
-        else:
-            found[field] = download_file(repo, filename, flag)
-            from_hub = from_hub or field == "moshi"
-    return found, from_hub
+    has_voices = is_local(files.repo) or (facts is not None and facts.voices)
+    return repo_file(files.repo if has_voices else PERSONAPLEX_REPO, VOICES_FILE, "voice")

@@ -1,6 +1,6 @@
 """Convert a bf16 Moshi LM checkpoint (MLX or PyTorch naming) to Kyutai's MLX q4/q8/bf16 format.
 
-The command is `python -m moshi_mlx.quantize model.safetensors --bits 4`. The output is one safetensors file
+The command is `python -m moshi_mlx.quantize model.safetensors -q 4`. The output is one safetensors file
 named, shaped and typed like Kyutai's published `model.q4.safetensors` / `model.q8.safetensors`
 / `model.safetensors`, with the quantization recorded in its metadata (`quantization_bits`,
 `quantization_group_size`). Tensors are converted one at a time, in row blocks, and written at
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+from tqdm import tqdm
 
 from moshi_mlx.checkpoints.conversion import TensorRecipe, plan_conversion
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
@@ -46,32 +47,16 @@ _CHUNK_ELEMENTS = 1 << 22  # rows are processed in blocks of about this many val
 _CACHE_LIMIT_BYTES = 256 << 20
 
 
-class _Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total_bytes: int, total_tensors: int, enabled: bool):
-        self.total_bytes, self.total_tensors, self.enabled = total_bytes, total_tensors, enabled
-        self.start = time.monotonic()
-        self._last_draw = 0.0
-
-    def update(self, done_bytes: int, done_tensors: int) -> None:
-        now = time.monotonic()
-        finished = done_tensors == self.total_tensors
-        if not self.enabled or (now - self._last_draw < 0.1 and not finished):
-            return
-        self._last_draw = now
-        fraction = done_bytes / max(self.total_bytes, 1)
-        filled = int(30 * fraction)
-        elapsed = int(now - self.start)
-        sys.stderr.write(
-            f"\r[{'#' * filled}{'.' * (30 - filled)}] {100 * fraction:3.0f}%  "
-            f"{done_tensors}/{self.total_tensors} tensors  "
-            f"{done_bytes / 1e9:.2f}/{self.total_bytes / 1e9:.2f} GB  "
-            f"{elapsed // 60}:{elapsed % 60:02d}"
-        )
-        if finished:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+def _progress_bar(total_bytes: int, total_tensors: int, progress: bool | None) -> tqdm:
+    """The conversion's bar on stderr: shown when stderr is a terminal, or as `progress` says."""
+    return tqdm(
+        total=total_bytes / 1e9,
+        desc=f"0/{total_tensors} tensors",
+        bar_format="{percentage:3.0f}%|{bar:30}| {desc}  {n:.2f}/{total:.2f} GB  "
+        "{elapsed}<{remaining}",
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
+    )
 
 
 @dataclass
@@ -179,13 +164,13 @@ def quantize_checkpoint(
     existing output without `force`)."""
     input_path = Path(input_path)
     if bits not in LM_FILES:
-        raise MoshiError(f"--bits must be 4, 8 or 16, got {bits}")
+        raise MoshiError(f"bits must be 4, 8 or 16, got {bits}")
     if bits == 16:
         group_size = None
     else:
         group_size = group_size or DEFAULT_GROUP_SIZE[bits]
         if group_size not in GROUP_SIZES:
-            raise MoshiError(f"--group-size must be one of {GROUP_SIZES}, got {group_size}")
+            raise MoshiError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
     output_path = Path(output_path) if output_path else default_output(input_path, bits)
     check_output(input_path, output_path, force, what="checkpoint")
 
@@ -208,7 +193,7 @@ def quantize_checkpoint(
     if group_size is not None and not any(name.endswith(".scales") for name in layout):
         raise MoshiError(  # its metadata would declare a quantization that no tensor has
             f"{input_path}: no layer's input width divides by the group size {group_size}, so "
-            "nothing would be quantized; pick a smaller --group-size, or --bits 16"
+            "nothing would be quantized; pick a smaller group_size, or bits=16"
         )
     metadata = quantization_metadata(bits, group_size) | config_metadata(config)
     by_source: dict[str, list[TensorRecipe]] = defaultdict(list)
@@ -216,13 +201,14 @@ def quantize_checkpoint(
         by_source[recipe.source].append(recipe)
 
     errors: dict[str, float] = {}
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = _Progress(sum(a.nbytes for a in tensors.values()), len(recipes), show)
+    total_bytes = sum(a.nbytes for a in tensors.values())
     previous_cache_limit = mx.set_cache_limit(_CACHE_LIMIT_BYTES)
+    bar = None
     try:
         with written_atomically(output_path) as partial, open(partial, "wb") as file:
             writer = SafetensorsWriter(file, layout, metadata)
-            done_bytes = done_tensors = 0
+            bar = _progress_bar(total_bytes, len(recipes), progress)
+            done_tensors = 0
             for source_name, source_recipes in by_source.items():
                 source = tensors.pop(source_name)  # drop the lazy handle once converted
                 share = source.nbytes / len(source_recipes)
@@ -232,15 +218,20 @@ def quantize_checkpoint(
                     error = _convert_tensor(writer, recipe, source, bits, group_size)
                     if error is not None:
                         errors[recipe.target.removesuffix(".weight")] = error
-                    done_bytes, done_tensors = done_bytes + share, done_tensors + 1
-                    bar.update(round(done_bytes), done_tensors)
+                    done_tensors += 1
+                    bar.set_description_str(f"{done_tensors}/{len(recipes)} tensors", False)
+                    bar.update(share / 1e9)
                 del source
             writer.check_complete()
             file.flush()
             os.fsync(file.fileno())
+            bar.close()  # the finished bar stays on screen
     except OSError as exc:  # disk full, no permission, ...
         raise MoshiError(f"cannot write {output_path}: {exc.strerror or exc}") from exc
     finally:
+        if bar is not None and not bar.disable:  # not closed: an error ends the conversion
+            bar.leave = False  # wiped, so that the error's one line stands alone
+            bar.close()
         mx.set_cache_limit(previous_cache_limit)
         mx.clear_cache()
     return QuantizeResult(

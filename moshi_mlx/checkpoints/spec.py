@@ -23,6 +23,7 @@ DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
 # Kyutai's speech-to-text with its voice-activity heads (PyTorch naming; file names in its
 # config.json, as in every delayed-streams repo: STT, Hibiki).
 DEFAULT_STT_REPO = "kyutai/stt-1b-en_fr"
+DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
 MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
 TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
 CONFIG_FILE = "config.json"
@@ -111,12 +112,21 @@ def lm_config_of(lm_file: str | Path, config_path: str | Path | None = None) -> 
     PersonaPlex 7B; otherwise Moshi 7B)."""
     if config_path is not None:
         return read_lm_config(config_path)
-    layout, metadata = read_safetensors_header(lm_file)
+    return lm_config_from_header(*read_safetensors_header(lm_file), str(lm_file))
+
+
+def lm_config_from_header(
+    layout: Layout, metadata: dict[str, str], source: str, config_data: dict | None = None
+) -> LmConfig:
+    """`lm_config_of` from what was already read: a config.json's contents (`config_data`),
+    else the LM file's header (`layout`, `metadata`, read from `source`)."""
+    if config_data is not None:
+        return LmConfig.from_dict(config_data)
     if CONFIG_KEY in metadata:
         try:
             return LmConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
         except ValueError:
-            raise ConfigError(f"{lm_file}: its metadata's LM config is not JSON") from None
+            raise ConfigError(f"{source}: its metadata's LM config is not JSON") from None
     steps = {m.group(1) for name in layout if (m := _DEPFORMER_STEP.match(name))}
     personaplex = LmConfig.personaplex_7b()
     return personaplex if len(steps) == personaplex.dep_q else LmConfig.moshi_7b()

@@ -1,13 +1,24 @@
-"""Command-line plumbing shared by the entry points: model flags and the error boundary."""
+"""Command-line plumbing shared by the commands: one parser, the shared flag groups, progress
+bars and the error boundary.
+
+Every command speaks one dialect: the same flag means the same thing everywhere (`--hf-repo`,
+`--lm-config`, `-o`, the sampling flags), and every bad value ends the command with one line
+`error: ...` on stderr and exit code 2, whether argparse or the library finds it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import NoReturn
+
+from tqdm import tqdm
 
 from moshi_mlx.chat.persona.role import DEFAULT_ROLE, read_role
 from moshi_mlx.chat.persona.voice import (
@@ -19,36 +30,62 @@ from moshi_mlx.chat.persona.voice import (
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
 from moshi_mlx.errors import ConfigError, MoshiError
-from moshi_mlx.modules.kv_quant import (
-    DEFAULT_KV_GROUP_SIZE,
-    KV_BITS,
-    KV_GROUP_SIZES,
-    KVQuantization,
-)
+from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts, memory_plan
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.limits import Limits
 
 USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """Flags choosing the weights, the codec backend and sampling."""
+class CliParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose refusals (an unknown flag, a bad value, a missing
+    argument, `parser.error(...)`) are one line `error: ...` on stderr and exit code 2, as
+    every other user error of the commands; `-h` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT)
+
+
+def add_alias(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, *names: str, dest: str, **kwargs
+) -> None:
+    """An old spelling of the flag stored in `dest`: accepted, not shown in `--help`."""
+    group.add_argument(
+        *names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs
+    )
+
+
+def add_weight_args(
+    parser: argparse.ArgumentParser,
+    default_repo: str,
+    *,
+    precision: bool = False,
+    codec: bool = True,
+) -> None:
+    """`--hf-repo`, the local file flags (`--moshi-weight`, `--mimi-weight`, `--tokenizer`,
+    `--lm-config`), with `precision` `-q/--quantize` and with `codec` `--codec`."""
     weights = parser.add_argument_group(
         "weights",
         f"files are looked up in this order: the path flags, the weights folder "
         f"(${WEIGHTS_ENV}, else ./weights), the Hugging Face hub (and its cache)",
     )
     weights.add_argument(
-        "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_REPO})"
+        "--hf-repo",
+        metavar="REPO",
+        help=f"Hugging Face repo id, or a local folder laid out like one (default {default_repo})",
     )
-    weights.add_argument(
-        "-q",
-        "--quantize",
-        type=int,
-        choices=tuple(LM_FILES),
-        help="LM precision: 4 or 8 bits, 16 = bf16 (picks the matching kyutai repo)",
-    )
+    if precision:
+        weights.add_argument(
+            "-q",
+            "--quantize",
+            type=int,
+            choices=tuple(LM_FILES),
+            help="LM precision: 4 or 8 bits, 16 = bf16 (picks the matching kyutai repo)",
+        )
     weights.add_argument("--moshi-weight", metavar="PATH", help="local LM weights (.safetensors)")
     weights.add_argument(
         "--mimi-weight", metavar="PATH", help="local Mimi codec weights (.safetensors)"
@@ -59,12 +96,64 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     weights.add_argument(
         "--lm-config", metavar="PATH", help="local LM config.json in Kyutai's format"
     )
-    weights.add_argument(
-        "--codec",
-        choices=BACKENDS,
-        default=BACKENDS[0],
-        help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
+    if codec:
+        weights.add_argument(
+            "--codec",
+            choices=BACKENDS,
+            default=BACKENDS[0],
+            help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
+        )
+    add_dtype_arg(weights)
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """A model's published sampling defaults, and why they are what they are; a None value
+    means the model samples no such token, and its command has no such flag."""
+
+    why: str
+    temp: float | None = None
+    temp_of: str = "audio"  # the tokens `temp` samples
+    top_k: int | None = None  # audio top-k
+    text_temp: float | None = None
+    text_top_k: int | None = None
+    seed: bool = True  # whether sampling draws random numbers (not when it is greedy only)
+
+
+_CHAT_SAMPLING = SamplingConfig()
+CHAT_SAMPLING = SamplingDefaults(
+    why="Kyutai's Moshi defaults (its LMGen): audio sampled hotter than text, so that the voice "
+    "sounds natural while the words stay on topic",
+    temp=_CHAT_SAMPLING.audio_temp,
+    top_k=_CHAT_SAMPLING.audio_top_k,
+    text_temp=_CHAT_SAMPLING.text_temp,
+    text_top_k=_CHAT_SAMPLING.text_top_k,
+)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, defaults: SamplingDefaults) -> None:
+    """`--temp`, `--top-k`, `--text-temp`, `--text-top-k` and `--seed`, those the model
+    samples, each with the model's published default."""
+    group = parser.add_argument_group("sampling", f"defaults: {defaults.why}")
+    if defaults.seed:
+        group.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+    flags = (
+        ("--temp", "temp", float, f"{defaults.temp_of} temperature, 0 = greedy"),
+        ("--top-k", "top_k", int, "audio top-k, 0 = all tokens"),
+        ("--text-temp", "text_temp", float, "text temperature, 0 = greedy"),
+        ("--text-top-k", "text_top_k", int, "text top-k, 0 = all tokens"),
     )
+    for flag, name, kind, help_ in flags:
+        default = getattr(defaults, name)
+        if default is not None:
+            group.add_argument(
+                flag, type=kind, default=default, help=f"{help_} (default %(default)s)"
+            )
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The chat models' flags: weights (with `-q`), memory and sampling."""
+    add_weight_args(parser, DEFAULT_REPO, precision=True)
     memory = parser.add_argument_group("memory")
     memory.add_argument(
         "--context",
@@ -92,34 +181,20 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print how much memory the model would take and whether it fits, then exit",
     )
-    defaults = SamplingConfig()
-    sampling = parser.add_argument_group("sampling")
-    sampling.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
-    sampling.add_argument(
-        "--temp",
-        type=float,
-        default=defaults.audio_temp,
-        help="audio temperature, 0 = greedy (default %(default)s)",
-    )
-    sampling.add_argument(
-        "--text-temp",
-        type=float,
-        default=defaults.text_temp,
-        help="text temperature, 0 = greedy (default %(default)s)",
-    )
-    sampling.add_argument(
-        "--top-k", type=int, default=defaults.audio_top_k, help="audio top-k (default %(default)s)"
-    )
-    sampling.add_argument(
-        "--text-top-k",
-        type=int,
-        default=defaults.text_top_k,
-        help="text top-k (default %(default)s)",
-    )
-    sampling.add_argument(
+    add_sampling_args(parser, CHAT_SAMPLING)
+    parser.add_argument_group("guidance").add_argument(
         "--cfg-coef",
         type=float,
         help="Hibiki: classifier-free guidance, 1 = none (default: the model's config, else 1)",
+    )
+
+
+def add_dtype_arg(group: argparse._ArgumentGroup) -> None:
+    """`--dtype`: the LM's compute dtype (default: bfloat16 on a GPU, float32 on the CPU)."""
+    group.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="the LM's compute dtype (default: bfloat16 on a GPU, float32 on the CPU)",
     )
 
 
@@ -171,6 +246,57 @@ def max_lag_frames(args: argparse.Namespace) -> int:
     return max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE))
 
 
+def add_limit_args(group: argparse._ArgumentGroup) -> None:
+    """`--max-connections`, `--header-timeout`, `--idle-timeout`, `--client-silence-timeout`."""
+    defaults = Limits()
+    group.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        metavar="N",
+        help="open connections at most; the longest-idle one is closed to make room "
+        "(default %(default)s, fewer if the descriptor limit, ulimit -n, is lower)",
+    )
+    group.add_argument(
+        "--header-timeout",
+        type=float,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="a new connection's request must arrive within this (default %(default)s)",
+    )
+    group.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=defaults.idle_timeout,
+        metavar="SECONDS",
+        help="close keep-alive connections idle this long (default %(default)s)",
+    )
+    group.add_argument(
+        "--client-silence-timeout",
+        type=float,
+        default=defaults.client_silence_timeout,
+        metavar="SECONDS",
+        help="end a conversation whose client sent no audio for this long (default "
+        "%(default)s); a silent websocket is pinged after half of it",
+    )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The `Limits` of the flags; `ConfigError` for a value that is not positive."""
+    if args.max_connections < 1:
+        raise ConfigError(f"--max-connections must be >= 1, got {args.max_connections}")
+    for flag in ("header_timeout", "idle_timeout", "client_silence_timeout"):
+        if not getattr(args, flag) > 0:
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
+    return Limits(
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        idle_timeout=args.idle_timeout,
+        client_silence_timeout=args.client_silence_timeout,
+    )
+
+
 def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
     """The `SamplingConfig` that the sampling flags describe."""
     return SamplingConfig(
@@ -181,44 +307,42 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
     )
 
 
-def _model_choices(args: argparse.Namespace) -> dict:
-    """The weight flags as keyword arguments of `MoshiModel.load` / `find_model`."""
-    return {
-        "hf_repo": args.hf_repo,
-        "quantize": args.quantize,
-        "moshi_weight": args.moshi_weight,
-        "mimi_weight": args.mimi_weight,
-        "tokenizer": args.tokenizer,
-        "lm_config": args.lm_config,
-        "context": args.context,
-    }
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    """The weight and memory flags as the options of the one load path."""
+    return LoadOptions(
+        quantize=args.quantize,
+        moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight,
+        tokenizer=args.tokenizer,
+        lm_config=args.lm_config,
+        codec_backend=args.codec,
+        dtype=args.dtype,
+        context=args.context,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+    )
 
 
 def print_memory_plan(args: argparse.Namespace) -> int:
     """`--memory-plan`: print the plan of the model the flags describe (no weight is read)."""
-    from moshi_mlx.chat.model import find_model, memory_plan
-
-    files, config = find_model(**_model_choices(args))
-    kv_quantization = KVQuantization.chosen(args.kv_bits, args.kv_group_size)
-    plan = memory_plan(files, config, args.codec, kv_quantization=kv_quantization)
-    print(plan.table())
+    options = load_options(args)
+    print(memory_plan(find_model(args.hf_repo, options, "chat"), options).table())
     return 0
 
 
 def print_voice_names(args: argparse.Namespace) -> int:
     """`--list-voices`: the published voices of the PersonaPlex model the flags describe, one
     name a line (no weight is read)."""
-    from moshi_mlx.chat.model import find_model
     from moshi_mlx.chat.persona.voice import voice_names
     from moshi_mlx.checkpoints.hub import resolve_voices
 
-    files, config = find_model(**_model_choices(args))
-    if not config.prompted:
+    found = find_model(args.hf_repo, load_options(args), "chat")
+    if not found.config.prompted:
         raise ConfigError(
             "--list-voices lists PersonaPlex's voices; this model is Moshi, whose voice is in "
             "its weights (load nvidia/personaplex-7b-v1)"
         )
-    print("\n".join(voice_names(resolve_voices(files))))
+    print("\n".join(voice_names(resolve_voices(found.files))))
     return 0
 
 
@@ -244,15 +368,10 @@ class _StderrHandler(logging.Handler):
 
 
 def load_model(args: argparse.Namespace):
-    """Load the `MoshiModel` that the weight flags describe."""
+    """Load the chat model (`MoshiModel`) that the weight flags describe."""
     from moshi_mlx.chat.model import MoshiModel
 
-    return MoshiModel.load(
-        codec_backend=args.codec,
-        kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        **_model_choices(args),
-    )
+    return MoshiModel.from_parts(load_parts(args.hf_repo, load_options(args), "chat"), args.codec)
 
 
 def exit_at_once(code: int) -> NoReturn:
@@ -263,12 +382,73 @@ def exit_at_once(code: int) -> NoReturn:
     os._exit(code)
 
 
+# Library errors name API parameters (`kv_bits=3`, `lm_config`, `force=True`); a command
+# shows its user the flag of each. A name with no underscore is translated only as `name=`.
+_PARAMETER_FLAGS = {
+    "hf_repo": "--hf-repo",
+    "quantize": "-q",
+    "bits": "-q",
+    "group_size": "--group-size",
+    "moshi_weight": "--moshi-weight",
+    "mimi_weight": "--mimi-weight",
+    "tokenizer": "--tokenizer",
+    "lm_config": "--lm-config",
+    "context": "--context",
+    "kv_bits": "--kv-bits",
+    "kv_group_size": "--kv-group-size",
+    "memory_plan": "--memory-plan",
+    "voice": "--voice",
+    "role": "--role",
+    "input_device": "--input-device",
+    "output_device": "--output-device",
+}
+_API_PHRASES = {
+    "force=True": "--force",
+    "cancel_echo=False": "--no-echo-cancel",
+    "format_devices()": "--list-devices",
+}
+_PARAMETER = re.compile(
+    r"(?<![\w./-])(" + "|".join(sorted(_PARAMETER_FLAGS, key=len, reverse=True)) + r")"
+    r"(?:(=)|(?![\w./=-]))"
+)
+
+
+def in_flag_terms(message: str) -> str:
+    """`message` of a library error with each API parameter it names spelled as the flag that
+    sets it (`kv_bits=3` -> `--kv-bits 3`, `lm_config` -> `--lm-config`)."""
+    for phrase, flag in _API_PHRASES.items():
+        message = message.replace(phrase, flag)
+
+    def flag_of(match: re.Match) -> str:
+        name, assigned = match.group(1), match.group(2)
+        if not assigned and "_" not in name:  # a plain English word, not surely the parameter
+            return match.group(0)
+        return _PARAMETER_FLAGS[name] + (" " if assigned else "")
+
+    return _PARAMETER.sub(flag_of, message)
+
+
+@contextmanager
+def progress_bar(force: bool | None = None, **kwargs) -> Iterator[tqdm]:
+    """A tqdm bar on stderr, shown when stderr is a terminal (or `force`d on or off); an error
+    inside wipes it, so that the error's one line stands alone."""
+    bar = tqdm(file=sys.stderr, disable=None if force is None else not force, **kwargs)
+    try:
+        yield bar
+    except BaseException:
+        bar.leave = False
+        raise
+    finally:
+        bar.close()
+
+
 def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
-    """Run `command`, printing a `MoshiError` as one line on stderr (exit code 2)."""
+    """Run `command`, printing a `MoshiError` as one line on stderr, in flag terms (exit code
+    2); Ctrl-C prints `interrupted` (exit code 130)."""
     try:
         return command(argv)
     except MoshiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {in_flag_terms(str(exc))}", file=sys.stderr)
         return USER_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
 
-python -m moshi_mlx.run_inference in.wav out.wav [--seed 42] [--voice V --role R] [weight flags]
+python -m moshi_mlx.run_inference in.wav -o out.wav [--seed 42] [--voice V --role R] [weight flags]
+    [--tokens steps.npz]
 
 Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
 English speech (out.wav) and text out. After the source, as Kyutai's `run_inference`, it gets
@@ -12,14 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from moshi_mlx.audio.wav import read_audio, write_audio
+from moshi_mlx.chat.model import StepResult
 from moshi_mlx.cli.common import (
+    CliParser,
     add_model_args,
     add_persona_args,
     check_persona_args,
@@ -30,31 +33,52 @@ from moshi_mlx.cli.common import (
     run_cli,
     sampling_from_args,
 )
+from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import AudioError
 from moshi_mlx.files import check_output, written_atomically
+from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.codec import SAMPLE_RATE
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.run_inference",
         description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
         "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
     )
     # Optional only for --list-voices and --memory-plan, which read no audio.
     parser.add_argument("input", nargs="?", help="the user's audio (wav, flac, ogg)")
-    parser.add_argument("output", nargs="?", help="where to write Moshi's audio (wav, flac, ogg)")
+    parser.add_argument(
+        "-o", "--output", help="where to write Moshi's audio (wav, flac, ogg); also: after input"
+    )
+    parser.add_argument("output_after_input", nargs="?", metavar="output", help=argparse.SUPPRESS)
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    parser.add_argument(
+        "--tokens",
+        metavar="FILE.npz",
+        help="also write every step's tokens: text_tokens (T,) Moshi's text, audio_codes "
+        "(K, T) Moshi's audio codes (-1 until the delays fill), input_tokens (K_in, T) what "
+        "each step fed the LM; T steps, Hibiki's end-of-input and tail steps included",
+    )
     add_model_args(parser)
     add_persona_args(parser)
     args = parser.parse_args(argv)
+    if args.output is not None and args.output_after_input is not None:
+        parser.error("give the output once: -o OUTPUT or after the input, not both")
+    args.output = args.output or args.output_after_input
     if args.output is None and not (args.list_voices or args.memory_plan):
-        parser.error("the following arguments are required: input, output")
+        parser.error("the following arguments are required: input, -o OUTPUT")
     return args
 
 
-def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) -> np.ndarray:
-    """Feed `user_pcm` frame by frame (zero-padding the last one); Moshi's audio, same length."""
+OnStep = Callable[[StepResult], None]
+
+
+def converse(
+    conversation, user_pcm: np.ndarray, frame_size: int, on_step: OnStep | None = None
+) -> np.ndarray:
+    """Feed `user_pcm` frame by frame (zero-padding the last one); Moshi's audio, same length.
+    `on_step` sees every step's result."""
     n_frames = -(-len(user_pcm) // frame_size)
     padded = np.zeros(n_frames * frame_size, dtype=np.float32)
     padded[: len(user_pcm)] = user_pcm
@@ -62,8 +86,8 @@ def converse(conversation, user_pcm: np.ndarray, frame_size: int, on_text=None) 
     for i in range(n_frames):
         result = conversation.step(padded[i * frame_size : (i + 1) * frame_size])
         replies.append(result.pcm)
-        if result.text and on_text is not None:
-            on_text(result.text)
+        if on_step is not None:
+            on_step(result)
     return np.concatenate(replies)[: len(user_pcm)] if replies else np.zeros(0, np.float32)
 
 
@@ -74,19 +98,23 @@ def max_tail_frames(source_frames: int) -> int:
 
 
 def translate(
-    conversation, source_pcm: np.ndarray, frame_size: int, audio_lag: int, on_text=None
+    conversation,
+    source_pcm: np.ndarray,
+    frame_size: int,
+    audio_lag: int,
+    on_step: OnStep | None = None,
 ) -> np.ndarray:
     """Hibiki: `converse` over the source, then its end-of-input frame and silence until the
     text ends (`max_tail_frames` at most) and the `audio_lag` frames of audio behind that
     text (the LM's `max_delay`) have played; the translation's audio from the source's start.
     An end of text sampled before the end of input is not one (Kyutai's rule)."""
-    replies = [converse(conversation, source_pcm, frame_size, on_text)]
+    replies = [converse(conversation, source_pcm, frame_size, on_step)]
     silence = np.zeros(frame_size, np.float32)
     result, ended_at = conversation.end_of_input(), None
     for frame in range(max_tail_frames(-(-len(source_pcm) // frame_size))):
         replies.append(result.pcm)
-        if result.text and on_text is not None:
-            on_text(result.text)
+        if on_step is not None:
+            on_step(result)
         if ended_at is None and result.end_of_text:
             ended_at = frame
         if ended_at is not None and frame - ended_at >= audio_lag:
@@ -103,6 +131,19 @@ def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
         raise AudioError(f"cannot write {output}: use a .wav, .flac or .ogg file name")
 
 
+def step_tokens(steps: Sequence[StepResult], cfg: LmConfig) -> dict[str, np.ndarray]:
+    """The `--tokens` arrays of a conversation's steps (see its help)."""
+    silent = np.full(cfg.moshi_codebooks, NO_TOKEN, np.int32)
+    codes = [silent if s.moshi_codes is None else s.moshi_codes for s in steps]
+    return {
+        "text_tokens": np.array([s.text_token for s in steps], np.int32),
+        "audio_codes": np.array(codes, np.int32).reshape(-1, cfg.moshi_codebooks).T,
+        "input_tokens": np.array([s.input_tokens for s in steps], np.int32)
+        .reshape(-1, cfg.num_codebooks)
+        .T,
+    }
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.memory_plan:
@@ -111,14 +152,22 @@ def _run(argv: Sequence[str] | None) -> int:
         return print_voice_names(args)
     output = Path(args.output)
     check_audio_output(Path(args.input), output, args.force)  # before minutes of inference
+    tokens = Path(args.tokens) if args.tokens else None
+    if tokens is not None:
+        check_tokens_output(tokens, [Path(args.input)], args.force, "recording")
     user_pcm = read_audio(args.input, SAMPLE_RATE)  # before loading: a bad file fails fast
     check_persona_args(args)
     log_to_stderr()  # PersonaPlex: how long its prompt took
     model = load_model(args)
 
-    def show(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    steps: list[StepResult] = []
+
+    def show(result: StepResult) -> None:
+        if tokens is not None:
+            steps.append(result)
+        if result.text:
+            sys.stdout.write(result.text)
+            sys.stdout.flush()
 
     conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
         sampling=sampling_from_args(args),
@@ -131,14 +180,16 @@ def _run(argv: Sequence[str] | None) -> int:
     with conversation:
         if model.lm.cfg.model_type == "hibiki":
             lag = model.lm.cfg.max_delay
-            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_text=show)
+            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_step=show)
         else:
-            moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_text=show)
+            moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_step=show)
         seed = conversation.seed
     elapsed = time.monotonic() - started
     sys.stdout.write("\n")
     with written_atomically(output) as partial:
         write_audio(partial, moshi_pcm, model.sample_rate)
+    if tokens is not None:
+        write_tokens(tokens, step_tokens(steps, model.lm.cfg))
     seconds = len(moshi_pcm) / model.sample_rate
     print(
         f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "

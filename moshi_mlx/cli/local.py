@@ -30,11 +30,13 @@ from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
 from moshi_mlx.cli.common import (
     INTERRUPTED_EXIT,
+    CliParser,
     add_max_lag_arg,
     add_model_args,
     add_persona_args,
     check_persona_args,
     exit_at_once,
+    in_flag_terms,
     load_model,
     log_to_stderr,
     max_lag_frames,
@@ -53,7 +55,7 @@ _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.local",
         description="Full-duplex voice conversation with Moshi (Ctrl-C to stop).",
     )
@@ -160,7 +162,7 @@ def _echo_canceller(args: argparse.Namespace) -> EchoCanceller | None:
     try:
         return EchoCanceller(SAMPLE_RATE, denoise=args.denoise, cancel_echo=args.echo_cancel)
     except AudioError as exc:
-        _status(f"{exc}; going on without it: use headphones")
+        _status(f"{in_flag_terms(str(exc))}; going on without it: use headphones")
         return None
 
 

@@ -1,6 +1,6 @@
 """Convert or quantize a Moshi LM checkpoint to Kyutai's MLX format.
 
-    python -m moshi_mlx.quantize model.safetensors --bits 4 [--group-size 64] [--check]
+    python -m moshi_mlx.quantize model.safetensors -q 4 [--group-size 64] [-o OUT] [--check]
 
 The conversion lives in `moshi_mlx.checkpoints.quantize`, the `--check` comparison in
 `moshi_mlx.chat.check`.
@@ -15,12 +15,12 @@ from pathlib import Path
 from moshi_mlx.chat.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
-from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.common import CliParser, add_alias, run_cli
 from moshi_mlx.errors import MoshiError, WeightsMismatchError
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> CliParser:
+    parser = CliParser(
         prog="python -m moshi_mlx.quantize",
         description="Convert a bf16 Moshi LM checkpoint (Kyutai's MLX or PyTorch naming) to "
         "Kyutai's MLX format: 4-bit, 8-bit or bf16.",
@@ -32,7 +32,15 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="output file (default: model.q4/q8.safetensors next to input)",
     )
-    parser.add_argument("--bits", type=int, choices=tuple(LM_FILES), default=4, help="default: 4")
+    parser.add_argument(
+        "-q",
+        "--quantize",
+        type=int,
+        choices=tuple(LM_FILES),
+        default=4,
+        help="LM precision: 4 or 8 bits, 16 = bf16 (default %(default)s)",
+    )
+    add_alias(parser, "--bits", dest="quantize", type=int, choices=tuple(LM_FILES))
     parser.add_argument(
         "--group-size",
         type=int,
@@ -54,17 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--check-steps", type=int, default=16, help="steps for --check")
     parser.add_argument(
-        "--config",
+        "--lm-config",
         type=Path,
         help="Kyutai config.json of the input (default: config.json next to it, else the "
         "config its layout says: Moshi or PersonaPlex 7B); the output carries it",
     )
+    add_alias(parser, "--config", dest="lm_config", type=Path)
     return parser
 
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    config = lm_config_of(args.input, args.config or config_in(args.input.parent))
+    config = lm_config_of(args.input, args.lm_config or config_in(args.input.parent))
     if args.check and config.model_type == "tts":
         raise MoshiError(
             "--check replays Moshi-style generation, which a text-to-speech model cannot run "
@@ -76,10 +85,10 @@ def _run(argv: Sequence[str] | None) -> int:
             check_source(args.input, config)
         except WeightsMismatchError as exc:
             raise WeightsMismatchError(
-                f"{exc}; --check needs the config.json of these weights (--config)"
+                f"{exc}; --check needs the config.json of these weights (--lm-config)"
             ) from None
     result = quantize_checkpoint(
-        args.input, args.output, args.bits, args.group_size, args.force, args.progress, config
+        args.input, args.output, args.quantize, args.group_size, args.force, args.progress, config
     )
     print(result.error_report(args.worst))
     print(result.summary())

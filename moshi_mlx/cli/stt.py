@@ -2,6 +2,7 @@
 Kyutai's streaming speech-to-text websocket.
 
     python -m moshi_mlx.stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
+        [--tokens steps.npz]
     python -m moshi_mlx.stt --mic [--input-device NAME]
     python -m moshi_mlx.stt --serve [--host 127.0.0.1 --port 8080]
 """
@@ -25,27 +26,44 @@ from moshi_mlx.audio.devices import (
     resolve_device,
 )
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
-from moshi_mlx.cli.common import run_cli
+from moshi_mlx.cli.common import (
+    CliParser,
+    SamplingDefaults,
+    add_alias,
+    add_sampling_args,
+    add_weight_args,
+    progress_bar,
+    run_cli,
+)
 from moshi_mlx.cli.stt_serve import add_server_args
 from moshi_mlx.cli.stt_serve import serve as serve_streams
+from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.files import check_output, written_atomically
-from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.stt.events import EndOfTurn, SttStep
-from moshi_mlx.stt.transcriber import SttModel, transcribe
+from moshi_mlx.stt.stepper import TextSampling
+from moshi_mlx.stt.transcriber import SttModel, Transcription, transcribe_steps
 from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words
 
 FORMATS = {"text": (to_text, ".txt"), "json": (to_json, ".json"), "srt": (to_srt, ".srt")}
 END_OF_TURN = " [end of turn]\n"
+AUDIO_BAR = "{l_bar}{bar}| {n:.1f}/{total:.1f} s of audio [{elapsed}<{remaining}]"
+
+
+STT_SAMPLING = SamplingDefaults(
+    why="Kyutai's STT decodes greedily (temperature 0): a transcript has one right answer, "
+    "and sampling only adds mistakes",
+    text_temp=TextSampling().temp,
+    text_top_k=TextSampling().top_k,
+    seed=False,
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m moshi_mlx.stt", description=__doc__.split("\n\n")[0]
-    )
+    parser = CliParser(prog="python -m moshi_mlx.stt", description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", help="audio files to transcribe (wav, flac, ogg)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--mic", action="store_true", help="live captions from the microphone")
@@ -55,9 +73,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     style.add_argument("--json", action="store_true", help="words with start and end times")
     style.add_argument("--srt", action="store_true", help="subtitles")
     out.add_argument(
-        "-o", "--output-dir", metavar="DIR", help="write FILE.txt/.json/.srt here, not stdout"
+        "-o", "--output", metavar="DIR", help="write FILE.txt/.json/.srt here, not stdout"
     )
+    add_alias(out, "--output-dir", dest="output")
     out.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    out.add_argument(
+        "--tokens",
+        metavar="FILE.npz",
+        help="also write every step's tokens, one row per file in the order given: "
+        "text_tokens (N, T) int32 (-1: no token, while the delays fill or past the file's "
+        "end), pause_probs (N, T, H) float32 (each voice-activity head's 'done' probability; "
+        "NaN: none), steps (N,) each file's steps, from step 0: prefix_steps of silence first",
+    )
     out.add_argument(
         "--batch",
         type=int,
@@ -65,17 +92,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="files transcribed together in one batch (default %(default)s)",
     )
-    weights = parser.add_argument_group(
-        "weights", f"the path flags, then the weights folder (${WEIGHTS_ENV}), then the hub"
+    out.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="show a progress bar on stderr (default: when it is a terminal)",
     )
-    weights.add_argument(
-        "--hf-repo", metavar="REPO", help=f"Hugging Face repo (default {DEFAULT_STT_REPO})"
-    )
-    weights.add_argument("--moshi-weight", metavar="PATH", help="local LM weights")
-    weights.add_argument("--mimi-weight", metavar="PATH", help="local Mimi weights")
-    weights.add_argument("--tokenizer", metavar="PATH", help="local text tokenizer")
-    weights.add_argument("--lm-config", metavar="PATH", help="local config.json")
-    weights.add_argument("--codec", choices=BACKENDS, default=BACKENDS[0], help="Mimi backend")
+    add_weight_args(parser, DEFAULT_STT_REPO)
+    add_sampling_args(parser, STT_SAMPLING)
     audio = parser.add_argument_group("microphone")
     audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
     audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
@@ -87,6 +110,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("give audio files, --mic or --serve")
     if args.files and (args.mic or args.serve):
         parser.error("files cannot be combined with --mic or --serve")
+    if args.tokens and not args.files:
+        parser.error("--tokens writes the tokens of files; give audio files")
     return args
 
 
@@ -98,7 +123,12 @@ def _load(args: argparse.Namespace) -> SttModel:
         args.tokenizer,
         args.lm_config,
         args.codec,
+        dtype=args.dtype,
     )
+
+
+def _sampling(args: argparse.Namespace) -> TextSampling:
+    return TextSampling(temp=args.text_temp, top_k=args.text_top_k)
 
 
 def transcribe_files(args: argparse.Namespace) -> int:
@@ -107,17 +137,27 @@ def transcribe_files(args: argparse.Namespace) -> int:
     render, suffix = FORMATS[style]
     paths = [Path(f) for f in args.files]
     outputs = []
-    if args.output_dir is not None:
-        outputs = [Path(args.output_dir) / (p.stem + suffix) for p in paths]
+    if args.output is not None:
+        outputs = [Path(args.output) / (p.stem + suffix) for p in paths]
         for path, output in zip(paths, outputs):
             check_output(path, output, args.force, "audio file")
     elif style == "srt" and len(paths) > 1:
-        raise ConfigError("--srt of several files needs --output-dir (one subtitle file each)")
+        raise ConfigError("--srt of several files needs -o DIR (one subtitle file each)")
+    tokens = Path(args.tokens) if args.tokens else None
+    if tokens is not None:
+        check_tokens_output(tokens, paths, args.force, "audio file")
     audio = [read_audio(p, SAMPLE_RATE) for p in paths]  # every file read before the model
     model = _load(args)
     started = time.monotonic()
-    events = transcribe(model, audio, args.batch)
     seconds = sum(len(a) for a in audio) / SAMPLE_RATE
+    with progress_bar(
+        args.progress, total=round(seconds, 2), unit="s", bar_format=AUDIO_BAR, leave=False
+    ) as bar:
+        frame_seconds = FRAME_SIZE / SAMPLE_RATE
+        transcriptions = transcribe_steps(
+            model, audio, args.batch, _sampling(args), lambda n: bar.update(n * frame_seconds)
+        )
+    events = [transcription.events for transcription in transcriptions]
     print(
         f"transcribed {seconds:.1f} s of audio in {time.monotonic() - started:.1f} s",
         file=sys.stderr,
@@ -133,7 +173,29 @@ def transcribe_files(args: argparse.Namespace) -> int:
             if len(paths) > 1:
                 print(f"== {path}")
             print(text.rstrip("\n"))
+    if tokens is not None:
+        write_tokens(tokens, step_tokens(transcriptions, model.silence_prefix_steps))
     return 0
+
+
+def step_tokens(transcriptions: list[Transcription], prefix_steps: int) -> dict[str, np.ndarray]:
+    """The `--tokens` arrays of the files' transcriptions (see its help)."""
+    lengths = [len(t.steps) for t in transcriptions]
+    heads = max((len(s.pause_probabilities) for t in transcriptions for s in t.steps), default=0)
+    text_tokens = np.full((len(transcriptions), max(lengths, default=0)), NO_TOKEN, np.int32)
+    pause_probs = np.full((*text_tokens.shape, heads), np.nan, np.float32)
+    for row, transcription in enumerate(transcriptions):
+        for column, step in enumerate(transcription.steps):
+            if step.text_token is not None:
+                text_tokens[row, column] = step.text_token
+            if step.pause_probabilities:
+                pause_probs[row, column] = step.pause_probabilities
+    return {
+        "text_tokens": text_tokens,
+        "pause_probs": pause_probs,
+        "steps": np.array(lengths, np.int32),
+        "prefix_steps": np.array(prefix_steps, np.int32),
+    }
 
 
 def caption(step: SttStep) -> str:
@@ -150,7 +212,7 @@ def live_captions(args: argparse.Namespace) -> int:
     sd = import_sounddevice()
     device = resolve_device(args.input_device, "input")
     model = _load(args)
-    stt = model.speech_to_text()
+    stt = model.speech_to_text(sampling=_sampling(args))
     frames: queue.Queue[np.ndarray] = queue.Queue(maxsize=64)
 
     def on_audio(indata, _frames, _time, _status) -> None:  # PortAudio's thread: never blocks
@@ -187,11 +249,11 @@ def serve(args: argparse.Namespace) -> int:
 
     def warm_up() -> None:
         loaded.append(_load(args))
-        stt = loaded[0].speech_to_text()
+        stt = loaded[0].speech_to_text(sampling=_sampling(args))
         for _ in range(2):
             stt.step(np.zeros(FRAME_SIZE, np.float32))
 
-    return serve_streams(args, lambda: loaded[0].speech_to_text(), warm_up)
+    return serve_streams(args, lambda: loaded[0].speech_to_text(sampling=_sampling(args)), warm_up)
 
 
 def _run(argv: Sequence[str] | None) -> int:
@@ -207,4 +269,5 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m moshi_mlx.stt` (`moshi-mlx-stt`)."""
     return run_cli(_run, argv)

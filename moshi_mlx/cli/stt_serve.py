@@ -14,10 +14,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
+from moshi_mlx.cli.common import add_limit_args, limits_from_args
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
-from moshi_mlx.serve.limits import add_limit_args, fitted_limits, limits_from_args
+from moshi_mlx.serve.limits import fitted_limits
 from moshi_mlx.serve.sessions import stop_on_sigterm
 from moshi_mlx.serve.stt.server import ASR_PATH, SttServerConfig, create_app, log
 from moshi_mlx.serve.stt.worker import StreamFactory, SttWorker

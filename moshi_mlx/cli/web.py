@@ -24,11 +24,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from moshi_mlx.cli.common import (
+    CliParser,
+    add_limit_args,
     add_max_lag_arg,
     add_model_args,
     add_persona_args,
     check_persona_args,
     exit_at_once,
+    limits_from_args,
     load_model,
     max_lag_frames,
     print_memory_plan,
@@ -41,12 +44,12 @@ from moshi_mlx.serve.chat.server import PAGE_DIR, ServerConfig, create_app, log
 from moshi_mlx.serve.chat.worker import ModelWorker
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
-from moshi_mlx.serve.limits import add_limit_args, fitted_limits, limits_from_args
+from moshi_mlx.serve.limits import fitted_limits
 from moshi_mlx.serve.sessions import stop_on_sigterm
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.local_web",
         description="Serve Moshi to a browser (Kyutai's chat protocol on /api/chat).",
     )

@@ -201,6 +201,8 @@ class LmConfig:
         if unknown:
             raise ConfigError(f"LM config has key(s) moshi_mlx does not know: {', '.join(unknown)}")
         kwargs = {key: data[key] for key in known if key in data and data[key] is not None}
+        if _is_personaplex_in_nvidia_terms(data):
+            kwargs.update(user_codebooks=data["n_q"] // 2, generator="personaplex")
         if data.get("demux_second_text_stream"):  # PyTorch's LMModel spelling
             kwargs["demux_second_stream"] = True
         kwargs.setdefault("hidden_scale", 4.125)
@@ -435,6 +437,23 @@ class LmConfig:
             positional_embedding=self.depformer_pos_emb,
             max_period=self.depformer_max_period,
         )
+
+
+def _is_personaplex_in_nvidia_terms(data: dict[str, Any]) -> bool:
+    """Whether a config.json is PersonaPlex's as NVIDIA writes it: Kyutai's keys, a depformer
+    over every audio stream (dep_q = n_q: Moshi's half, then the user's), and neither of our
+    `user_codebooks` and `generator` keys that say so."""
+    n_q, dep_q = data["n_q"], data["dep_q"]
+    return (
+        data.get("model_type", "moshi") == "moshi"
+        and isinstance(n_q, int)
+        and n_q > 0
+        and n_q % 2 == 0
+        and dep_q == n_q
+        and "user_codebooks" not in data
+        and "generator" not in data
+        and not data.get("conditioners")
+    )
 
 
 def _check_positive_int(name: str, value: Any) -> None:

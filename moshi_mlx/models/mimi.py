@@ -12,13 +12,13 @@ from typing import Any
 
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_flatten
 
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
 from moshi_mlx.modules.kv_cache import KVCache
 from moshi_mlx.modules.quantizer import QuantizerConfig, SplitResidualVectorQuantizer
 from moshi_mlx.modules.seanet import SeanetConfig, SeanetDecoder, SeanetEncoder
+from moshi_mlx.modules.streaming import StateTree
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 BATCH_CHUNK_FRAMES = 25  # batch encode/decode run 2 s at a time: flat memory for long files
@@ -162,8 +162,9 @@ class MimiConfig:
 
 
 @dataclass
-class MimiState:
-    """Every streaming buffer of a `Mimi`: conv tails and attention caches, both directions."""
+class MimiState(StateTree):
+    """Every streaming buffer of a `Mimi`, both directions: a tree of conv states and KV
+    caches that the caller makes (`Mimi.make_state`), resets, keeps or saves."""
 
     encoder: list
     encoder_caches: list[KVCache]
@@ -171,20 +172,6 @@ class MimiState:
     upsample: ConvTransposeState
     decoder_caches: list[KVCache]
     decoder: list
-
-    def _leaves(self) -> list[ConvState | ConvTransposeState | KVCache]:
-        """Every per-layer state object, found through their common `state` attribute."""
-        leaves = tree_flatten(vars(self), is_leaf=lambda node: hasattr(node, "state"))
-        return [leaf for _, leaf in leaves]
-
-    def reset(self) -> None:
-        for leaf in self._leaves():
-            leaf.reset()
-
-    @property
-    def state(self) -> list[mx.array]:
-        """The arrays to evaluate with each step's outputs, so the lazy graph does not grow."""
-        return [array for leaf in self._leaves() for array in leaf.state]
 
 
 class Mimi(nn.Module):
@@ -210,7 +197,6 @@ class Mimi(nn.Module):
         self.upsample = ConvTranspose1d(dim, dim, 2 * stride, stride, groups=dim, bias=False)
         self.decoder_transformer = Transformer(cfg.transformer)
         self.decoder = SeanetDecoder(cfg.seanet)
-        self.stream_state = self.make_state()
 
     @property
     def frame_size(self) -> int:
@@ -221,7 +207,7 @@ class Mimi(nn.Module):
         return self.cfg.sample_rate
 
     def make_state(self) -> MimiState:
-        """A fresh streaming state (the model keeps one in `self.stream_state` for the step API)."""
+        """A fresh streaming state for `encode_step` and `decode_step`."""
         return MimiState(
             encoder=self.encoder.make_state(),
             encoder_caches=self.encoder_transformer.make_caches(),
@@ -230,10 +216,6 @@ class Mimi(nn.Module):
             decoder_caches=self.decoder_transformer.make_caches(),
             decoder=self.decoder.make_state(),
         )
-
-    def reset(self) -> None:
-        """Start a new stream: forget every buffered sample and attention position."""
-        self.stream_state.reset()
 
     # Channels-last internals: pcm (B, T, 1), latent (B, frames, D), codes (B, frames, K).
     def _latent(self, pcm: mx.array, state: MimiState) -> mx.array:
@@ -283,21 +265,21 @@ class Mimi(nn.Module):
         codes = codes.transpose(0, 2, 1)
         return self._in_chunks(self._pcm, codes, BATCH_CHUNK_FRAMES).transpose(0, 2, 1)
 
-    def encode_step(self, pcm: mx.array, state: MimiState | None = None) -> mx.array:
+    def encode_step(self, pcm: mx.array, state: MimiState) -> mx.array:
         """One streaming frame: pcm (B, 1, frame_size) -> codes (B, K, 1), lazily (evaluate
-        them together with the state's arrays). `state` defaults to `self.stream_state`."""
+        them together with the `state`'s arrays, which it updates)."""
         if pcm.ndim != 3 or pcm.shape[1:] != (1, self.frame_size):
             raise AudioError(
                 f"expected pcm of shape (B, 1, {self.frame_size}), got {tuple(pcm.shape)}"
             )
-        latent = self._latent(pcm.transpose(0, 2, 1), state or self.stream_state)
+        latent = self._latent(pcm.transpose(0, 2, 1), state)
         return self.quantizer.encode(latent).transpose(0, 2, 1)
 
-    def decode_step(self, codes: mx.array, state: MimiState | None = None) -> mx.array:
+    def decode_step(self, codes: mx.array, state: MimiState) -> mx.array:
         """One streaming frame: codes (B, K, 1) -> pcm (B, 1, frame_size), lazily (evaluate
-        it together with the state's arrays). `state` defaults to `self.stream_state`."""
+        it together with the `state`'s arrays, which it updates)."""
         if codes.ndim != 3 or codes.shape[1:] != (self.num_codebooks, 1):
             raise AudioError(
                 f"expected codes of shape (B, {self.num_codebooks}, 1), got {tuple(codes.shape)}"
             )
-        return self._pcm(codes.transpose(0, 2, 1), state or self.stream_state).transpose(0, 2, 1)
+        return self._pcm(codes.transpose(0, 2, 1), state).transpose(0, 2, 1)

@@ -1,7 +1,7 @@
 """Causal 1-d convolutions and transposed convolutions that stream, channels-last.
 
 Each layer is stateless; its streaming state is a `ConvState` / `ConvTransposeState` the caller
-owns. A batch call is a streaming call on a fresh state, so both give the same numbers.
+owns (a `StreamingState`). A batch call is a streaming call on a fresh state, so both give the same numbers.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from typing import Literal
 import mlx.core as mx
 from mlx import nn
 
+from moshi_mlx.modules.streaming import BaseState
 
-class ConvState:
+
+class ConvState(BaseState):
     """The last `context` input steps of a causal conv (None before the first step)."""
 
     def __init__(self) -> None:
@@ -26,8 +28,12 @@ class ConvState:
         """The arrays a caller evaluates with a step's outputs."""
         return [] if self.previous is None else [self.previous]
 
+    @state.setter
+    def state(self, state: list[mx.array]) -> None:
+        self.previous = state[0] if state else None
 
-class ConvTransposeState:
+
+class ConvTransposeState(BaseState):
     """The overlapping tail a transposed conv has produced but not emitted yet."""
 
     def __init__(self) -> None:
@@ -40,6 +46,10 @@ class ConvTransposeState:
     def state(self) -> list[mx.array]:
         """The arrays a caller evaluates with a step's outputs."""
         return [] if self.partial is None else [self.partial]
+
+    @state.setter
+    def state(self, state: list[mx.array]) -> None:
+        self.partial = state[0] if state else None
 
 
 class Conv1d(nn.Module):

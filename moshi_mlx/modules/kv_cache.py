@@ -7,11 +7,12 @@ from functools import cached_property
 import mlx.core as mx
 
 from moshi_mlx.modules.kv_quant import KVQuantization, Quantized, recent_slots
+from moshi_mlx.modules.streaming import BaseState
 
 Buffer = mx.array | Quantized  # one layer's keys (or values): plain, or quantized
 
 
-class KVCache:
+class KVCache(BaseState):
     """Ring buffer holding the keys and values of the last `capacity` positions.
 
     A query at position t attends to positions t - capacity + 1 .. t (itself included), as in
@@ -35,6 +36,19 @@ class KVCache:
     def state(self) -> list[mx.array]:
         """The cached keys and values (none before the first update)."""
         return [] if self.keys is None else [self.keys, self.values]
+
+    @state.setter
+    def state(self, state: list[mx.array]) -> None:
+        self.keys, self.values = state if state else (None, None)
+
+    @property
+    def meta_state(self) -> tuple[str, ...]:
+        """Capacity, absolute position of the next token, and its ring index."""
+        return tuple(map(str, (self.capacity, self.offset, self._write)))
+
+    @meta_state.setter
+    def meta_state(self, meta_state: tuple[str, ...]) -> None:
+        self.capacity, self.offset, self._write = map(int, meta_state)
 
     @property
     def length(self) -> int:
@@ -123,7 +137,7 @@ def ring_capacity(positions: int, context: int) -> int:
     return min(capacity, context)
 
 
-class KVRing:
+class KVRing(BaseState):
     """The keys and values of a stack of layers for one-position steps in `mx.compile`d code.
 
     Everything a step reads is an array, so one trace serves every step of a capacity:
@@ -173,6 +187,35 @@ class KVRing:
             buffers = [quantization.empty(size, dtype, recent) for _ in range(2 * layers)]
         position = mx.array(0, mx.int32)
         return cls(buffers[:layers], buffers[layers:], position, context, quantization)
+
+    @property
+    def state(self) -> dict[str, list[Buffer] | mx.array]:
+        """Each layer's key and value buffers, and the position."""
+        return {"keys": self.keys, "values": self.values, "position": self.position}
+
+    @state.setter
+    def state(self, state: dict[str, list[Buffer] | mx.array]) -> None:
+        def buffer(saved: Buffer | list[mx.array]) -> Buffer:  # a file's lists back to tuples
+            return saved if isinstance(saved, mx.array) else tuple(saved)
+
+        self.keys = [buffer(b) for b in state["keys"]]
+        self.values = [buffer(b) for b in state["values"]]
+        self.position = state["position"]
+        for derived in ("visible", "_slot", "_recent_slot"):
+            self.__dict__.pop(derived, None)
+
+    @property
+    def meta_state(self) -> tuple[str, ...]:
+        """The context, then the quantization's bits and group size if any."""
+        quantization = self.quantization
+        both = () if quantization is None else (quantization.bits, quantization.group_size)
+        return tuple(map(str, (self.context, *both)))
+
+    @meta_state.setter
+    def meta_state(self, meta_state: tuple[str, ...]) -> None:
+        context, *quantization = map(int, meta_state)
+        self.context = context
+        self.quantization = KVQuantization(*quantization) if quantization else None
 
     def replaced(self, keys: list[Buffer], values: list[Buffer], position: mx.array) -> KVRing:
         """A ring of the same context and quantization over other buffers and position."""
@@ -246,6 +289,10 @@ class KVRing:
             recent = new[:, :, mx.array(by_slot)]
         return (*packed, recent)
 
+    def layer(self, index: int) -> RingLayer:
+        """Layer `index` of this ring, as the cache an `Attention` updates and reads."""
+        return RingLayer(self, index)
+
     def advanced(self) -> KVRing:
         """This ring after its step: the updated buffers, at the next position."""
         return self.replaced(self.keys, self.values, self.position + 1)
@@ -267,3 +314,46 @@ class KVRing:
         return self.replaced(
             [grow(b) for b in self.keys], [grow(b) for b in self.values], self.position
         )
+
+    def trimmed(self, positions: int) -> KVRing:
+        """This ring with only the slots its first `positions` positions filled (the host's
+        count of `position`; all of them once it wrapped): the smaller ring to save, which
+        `grown` pads back. A quantized ring's recent positions stay whole."""
+        kept = min(positions, self.capacity)
+
+        def trim(buffer: Buffer) -> Buffer:
+            if isinstance(buffer, tuple):
+                return (*(part[:, :, :kept] for part in buffer[:3]), buffer[3])
+            return buffer[:, :, :kept]
+
+        keys, values = [trim(b) for b in self.keys], [trim(b) for b in self.values]
+        return self.replaced(keys, values, self.position)
+
+
+class RingLayer:
+    """One layer of a `KVRing` as the cache `Attention` passes keys and values through: one
+    position written at the ring's position (the mask its written slots), or the first T
+    positions filled into a ring at position 0 (the mask causal)."""
+
+    def __init__(self, ring: KVRing, index: int):
+        self.ring = ring
+        self.index = index
+
+    @property
+    def offset(self) -> mx.array:
+        """The absolute position of the next token (a () int32 array)."""
+        return self.ring.position
+
+    @property
+    def quantization(self) -> KVQuantization | None:
+        return self.ring.quantization
+
+    def update_and_fetch(
+        self, keys: mx.array, values: mx.array
+    ) -> tuple[Buffer, Buffer, mx.array | str]:
+        """Add keys and values (B, H, T, D); return the keys, values and mask to attend with."""
+        if keys.shape[2] == 1:
+            keys, values = self.ring.update(self.index, keys, values)
+            return keys, values, self.ring.visible
+        self.ring.fill(self.index, keys, values)
+        return keys, values, "causal"

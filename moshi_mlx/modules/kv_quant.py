@@ -55,10 +55,10 @@ class KVQuantization:
         """`bits` with its default group size unless one is given; `ConfigError` for a choice
         MLX cannot quantize with."""
         if bits not in KV_BITS:
-            raise ConfigError(f"--kv-bits must be one of {KV_BITS}, got {bits}")
+            raise ConfigError(f"kv_bits must be one of {KV_BITS}, got {bits}")
         group_size = group_size or DEFAULT_KV_GROUP_SIZE[bits]
         if group_size not in KV_GROUP_SIZES:
-            raise ConfigError(f"--kv-group-size must be one of {KV_GROUP_SIZES}, got {group_size}")
+            raise ConfigError(f"kv_group_size must be one of {KV_GROUP_SIZES}, got {group_size}")
         return cls(bits, group_size)
 
     @classmethod
@@ -66,7 +66,7 @@ class KVQuantization:
         """`of(bits, group_size)`, or None (an unquantized cache) without `bits`;
         `ConfigError` for a group size without bits."""
         if bits is None and group_size is not None:
-            raise ConfigError("--kv-group-size needs --kv-bits (8 or 4)")
+            raise ConfigError("kv_group_size needs kv_bits (8 or 4)")
         return None if bits is None else cls.of(bits, group_size)
 
     def check_head_dim(self, head_dim: int) -> None:

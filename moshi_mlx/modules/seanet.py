@@ -1,7 +1,8 @@
 """SEANet: Mimi's convolutional encoder (waveform -> latent) and decoder (latent -> waveform).
 
 Channels-last throughout: (B, T, C). Streaming state is a nested list of `ConvState` /
-`ConvTransposeState`, one per conv, built by `make_state()`.
+`ConvTransposeState`, one per conv, built by `make_state()`: a tree of `StreamingState`s
+(`modules.streaming`), saved and rebuilt as one.
 """
 
 from __future__ import annotations

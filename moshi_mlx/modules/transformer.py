@@ -17,8 +17,12 @@ from typing import Literal
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
+
+Cache = KVCache | RingLayer  # what one layer's attention passes its keys and values through
+RopeTables = tuple[mx.array, mx.array]  # `rope_tables`' cos and sin
+Rope = int | RopeTables | None  # where RoPE starts, or a step's tables; None: the cache's offset
 
 
 @dataclass(frozen=True)
@@ -90,50 +94,48 @@ class Attention(nn.Module):
             keys = self._rope(keys, offset)
         return queries, keys, values
 
-    def _attend(self, queries, keys, values, mask: mx.array | str | None) -> mx.array:
-        batch, _, steps, _ = queries.shape
-        out = mx.fast.scaled_dot_product_attention(
-            queries, keys, values, scale=self.scale, mask=mask
-        )
-        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, steps, -1))
-
-    def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
-        queries, keys, values = self._project(x, cache.offset)
-        keys, values, mask = cache.update_and_fetch(keys, values)
-        return self._attend(queries, keys, values, mask)
-
-    def prefill(self, x: mx.array, ring: KVRing, layer: int) -> mx.array:
-        """The first T positions x (B, T, D) at once through layer `layer` of a `KVRing` at
-        position 0 (causal; T within the context): the same numbers as T `step`s."""
-        queries, keys, values = self._project(x, 0)
-        ring.fill(layer, keys, values)
-        return self._attend(queries, keys, values, "causal")
-
-    def step(
-        self, x: mx.array, ring: KVRing, layer: int, rope: tuple[mx.array, mx.array] | None
-    ) -> mx.array:
-        """One position x (B, D) through layer `layer` of a `KVRing`, RoPE'd with the step's
-        `rope_tables` (None without positional embedding); traceable by `mx.compile`.
-
-        The same numbers as `__call__` with a `KVCache`, in fewer operations: no transposes
-        of a single position, and RoPE from tables shared by every layer of the step.
-        """
+    def _project_one(self, x: mx.array, rope: RopeTables | None) -> tuple[mx.array, ...]:
+        """Queries, keys and values (B, H, 1, head_dim) of one position x (B, D), RoPE'd with
+        a step's `rope_tables`: no transposes of a single position."""
         batch = x.shape[0]
         qkv = self.in_proj(x)
-        if rope is not None:
+        if self.use_rope:
             cos, sin = rope  # interleaved pairs: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
             qkv = qkv.reshape(batch, 3, self.num_heads, self.head_dim // 2, 2)
             qkv = qkv * cos + qkv[..., ::-1] * sin
         qkv = qkv.reshape(batch, 3 * self.num_heads, 1, self.head_dim)
-        queries, keys, values = mx.split(qkv, 3, axis=1)  # (B, H, 1, head_dim) each
-        keys, values = ring.update(layer, keys, values)
-        if ring.quantization is None:
-            out = mx.fast.scaled_dot_product_attention(
-                queries, keys, values, scale=self.scale, mask=ring.visible
-            )
+        return mx.split(qkv, 3, axis=1)
+
+    def __call__(self, x: mx.array, cache: Cache, rope: Rope = None) -> mx.array:
+        """x (B, T, D) -> (B, T, D), attending through `cache` (a `KVCache`, or a layer of a
+        `KVRing`: `KVRing.layer`), which takes the new keys and values and returns what to
+        attend to. RoPE starts at `rope` (the cache's offset when None); one position x (B, D)
+        of a compiled step takes the step's `rope_tables` instead, shared by every layer."""
+        if x.ndim == 2:
+            queries, keys, values = self._project_one(x, rope)
         else:
-            out = ring.quantization.attention(queries, keys, values, self.scale, ring.visible)
-        return self.out_proj(out.reshape(batch, -1))
+            queries, keys, values = self._project(x, cache.offset if rope is None else rope)
+        keys, values, mask = cache.update_and_fetch(keys, values)
+        out = scaled_dot_product_attention(queries, keys, values, cache, self.scale, mask)
+        if x.ndim == 2:
+            return self.out_proj(out.reshape(x.shape[0], -1))
+        batch, _, steps, _ = queries.shape
+        return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, steps, -1))
+
+
+def scaled_dot_product_attention(
+    queries: mx.array,
+    keys: Buffer,
+    values: Buffer,
+    cache: Cache,
+    scale: float,
+    mask: mx.array | str | None,
+) -> mx.array:
+    """Attention over what a cache returned: packed through its quantization's attention
+    when the buffers are a quantized ring's, else MLX's fused attention."""
+    if isinstance(keys, tuple):
+        return cache.quantization.attention(queries, keys, values, scale, mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
 def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:
@@ -251,25 +253,11 @@ class TransformerLayer(nn.Module):
             return self.gating(x)
         return self.linear2(nn.gelu(self.linear1(x)))
 
-    def __call__(self, x: mx.array, cache: KVCache, cross: CrossKV | None = None) -> mx.array:
-        return self._residuals(x, self.self_attn(self.norm1(x), cache), cross)
-
-    def prefill(
-        self, x: mx.array, ring: KVRing, layer: int, cross: CrossKV | None = None
+    def __call__(
+        self, x: mx.array, cache: Cache, cross: CrossKV | None = None, rope: Rope = None
     ) -> mx.array:
-        """The first T positions x (B, T, D) through layer `layer` (see `Attention.prefill`)."""
-        return self._residuals(x, self.self_attn.prefill(self.norm1(x), ring, layer), cross)
-
-    def step(
-        self,
-        x: mx.array,
-        ring: KVRing,
-        layer: int,
-        rope: tuple[mx.array, mx.array] | None,
-        cross: CrossKV | None = None,
-    ) -> mx.array:
-        """One position x (B, D) through layer `layer` of a `KVRing` (see `Attention.step`)."""
-        return self._residuals(x, self.self_attn.step(self.norm1(x), ring, layer, rope), cross)
+        """x (B, T, D), or one position (B, D), through this layer (see `Attention`)."""
+        return self._residuals(x, self.self_attn(self.norm1(x), cache, rope), cross)
 
     def _residuals(self, x: mx.array, attn: mx.array, cross: CrossKV | None) -> mx.array:
         if self.has_layer_scale:
@@ -284,7 +272,9 @@ class TransformerLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """A stack of `TransformerLayer`s; the caller owns the per-layer `KVCache`s."""
+    """A stack of `TransformerLayer`s; the caller owns the streaming state: per-layer
+    `KVCache`s (`__call__`), or a `KVRing` of every layer (`prefill`, `step`), each layer
+    attending through `KVRing.layer`."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -326,7 +316,7 @@ class Transformer(nn.Module):
         ring = ring.grown(steps)
         ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists
         for index, layer in enumerate(self.layers):
-            x = layer.prefill(x, ring, index, None if cross is None else cross[index])
+            x = layer(x, ring.layer(index), None if cross is None else cross[index], rope=0)
         return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
 
     def step(self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None) -> mx.array:
@@ -337,5 +327,5 @@ class Transformer(nn.Module):
         if cfg.positional_embedding == "rope":
             rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.dtype)
         for index, layer in enumerate(self.layers):
-            x = layer.step(x, ring, index, rope, None if cross is None else cross[index])
+            x = layer(x, ring.layer(index), None if cross is None else cross[index], rope)
         return x

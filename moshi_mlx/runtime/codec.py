@@ -18,7 +18,8 @@ import numpy as np
 
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import AudioError, MoshiError, WeightsError
-from moshi_mlx.models.mimi import Mimi
+from moshi_mlx.models.mimi import Mimi, MimiState
+from moshi_mlx.modules.streaming import state_arrays
 
 SAMPLE_RATE = 24_000
 FRAME_SIZE = 1920
@@ -97,7 +98,8 @@ def _check_codes(codes: np.ndarray | mx.array, num_codebooks: int) -> None:
 
 
 class MlxCodec:
-    """Our MLX Mimi behind the `Codec` interface; the stream's state is the codec's own."""
+    """Our MLX Mimi behind the `Codec` interface; the stream's state (`stream`, a
+    `StreamingState`) is the codec's own."""
 
     sample_rate = SAMPLE_RATE
     frame_size = FRAME_SIZE
@@ -105,25 +107,25 @@ class MlxCodec:
     def __init__(self, model: Mimi):
         self.model = model
         self.num_codebooks = model.num_codebooks
-        self._stream = model.make_state()
+        self.stream: MimiState = model.make_state()
 
     def encode_step(self, pcm: np.ndarray | mx.array) -> mx.array:
         _check_pcm(pcm)
         frame = mx.array(pcm, dtype=mx.float32)
-        codes = self.model.encode_step(frame[None, None, :], self._stream)
+        codes = self.model.encode_step(frame[None, None, :], self.stream)
         return codes[0, :, 0].astype(mx.int32)
 
     def decode_step(self, codes: np.ndarray | mx.array) -> mx.array:
         _check_codes(codes, self.num_codebooks)
         codes = mx.array(codes, dtype=mx.uint32)
-        return self.model.decode_step(codes[None, :, None], self._stream)[0, 0]
+        return self.model.decode_step(codes[None, :, None], self.stream)[0, 0]
 
     @property
     def state(self) -> list[mx.array]:
-        return self._stream.state
+        return state_arrays(self.stream)
 
     def reset(self) -> None:
-        self._stream.reset()
+        self.stream.reset()
 
     def fresh(self) -> MlxCodec:
         return MlxCodec(self.model)
@@ -139,16 +141,16 @@ class MlxBatchEncoder:
     def __init__(self, model: Mimi, streams: int):
         self.model = model
         self.streams = streams
-        self._stream = model.make_state()
+        self.stream: MimiState = model.make_state()  # a row per stream
 
     def encode_frames(self, pcm: np.ndarray | mx.array) -> mx.array:
         _check_frames(pcm, self.streams)
         frames = mx.array(pcm, dtype=mx.float32)
-        return self.model.encode_step(frames[:, None, :], self._stream)[:, :, 0].astype(mx.int32)
+        return self.model.encode_step(frames[:, None, :], self.stream)[:, :, 0].astype(mx.int32)
 
     @property
     def state(self) -> list[mx.array]:
-        return self._stream.state
+        return state_arrays(self.stream)
 
 
 class RustyMimiCodec:

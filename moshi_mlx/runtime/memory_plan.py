@@ -211,8 +211,8 @@ def plan_memory(
 
 
 def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
-    """Up to three choices that make a plan that does not fit fit, as command-line flags with
-    what they come to (empty when none does)."""
+    """Up to three choices that make a plan that does not fit fit, as `MoshiModel.load`
+    parameters (`quantize=4 kv_bits=8`) with what they come to (empty when none does)."""
     dtype = plan.dtype
 
     def with_kv(kv: KVQuantization | None, context: int | None = None) -> MemoryPlan:
@@ -232,23 +232,23 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
     candidates: list[tuple[str, MemoryPlan]] = []
     if plan.lm_bits != 4:
         q4 = quantized_lm_weight_bytes(config, 4, dtype)
-        candidates.append(("-q 4", replace(plan, weights=q4)))
+        candidates.append(("quantize=4", replace(plan, weights=q4)))
         candidates += [
-            (f"-q 4 --kv-bits {kv.bits}", replace(with_kv(kv), weights=q4)) for kv in smaller_kv
+            (f"quantize=4 kv_bits={kv.bits}", replace(with_kv(kv), weights=q4)) for kv in smaller_kv
         ]
-    candidates += [(f"--kv-bits {kv.bits}", with_kv(kv)) for kv in smaller_kv]
+    candidates += [(f"kv_bits={kv.bits}", with_kv(kv)) for kv in smaller_kv]
     q4g64 = quantized_lm_weight_bytes(config, 4, dtype, group_size=64)
     if q4g64 < plan.weights:
         requantize = "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64)"
         for kv in (plan.kv, *smaller_kv):
-            flags = requantize + ("" if kv == plan.kv else f" and --kv-bits {kv.bits}")
+            flags = requantize + ("" if kv == plan.kv else f" and kv_bits={kv.bits}")
             candidates.append((flags, replace(with_kv(kv), weights=q4g64)))
     for kv in (plan.kv, *smaller_kv[-1:]):
         context = longest_context(with_kv(kv))
         if context >= _MIN_USEFUL_CONTEXT and not with_kv(kv).fits:
-            flags = f"--context {context}"
+            flags = f"context={context}"
             if kv != plan.kv:
-                flags = f"--kv-bits {kv.bits} {flags}"
+                flags = f"kv_bits={kv.bits} {flags}"
             candidates.append((flags, with_kv(kv, context)))
     fitting = [(flags, option) for flags, option in candidates if option.fits]
     return [f"{flags} ({option.total / 1e9:.2f} GB)" for flags, option in fitting[:3]]
@@ -265,13 +265,15 @@ def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
     )
     options = fit_advice(plan, config)
     advice = "; it fits with " + " or ".join(options) if options else "; no smaller choice fits"
-    raise ConfigError(needs + advice + " (see --memory-plan)")
+    raise ConfigError(needs + advice + " (see memory_plan)")
 
 
 @contextmanager
 def wired_memory(plan: MemoryPlan | None) -> Iterator[None]:
     """On Apple GPUs, keep the model's memory wired (resident) while in the block, then put
-    MLX's previous wired limit back. Elsewhere, or without a plan, it does nothing."""
+    MLX's previous wired limit back once the work queued in the block is done (as mlx-lm's
+    `wired_limit`: lowering the limit under running kernels would unwire their buffers).
+    Elsewhere, or without a plan, it does nothing."""
     if plan is None or not mx.metal.is_available():
         yield
         return
@@ -279,4 +281,5 @@ def wired_memory(plan: MemoryPlan | None) -> Iterator[None]:
     try:
         yield
     finally:
+        mx.synchronize()
         mx.set_wired_limit(previous)

@@ -1,15 +1,12 @@
-"""A server's caps and deadlines (`Limits`), their command-line flags, and fitting them to the
-process's file-descriptor limit."""
+"""A server's caps and deadlines (`Limits`), and fitting them to the process's file-descriptor
+limit (the flags that set them are `moshi_mlx.cli.common.add_limit_args`)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-from moshi_mlx.errors import ConfigError
 
 # Descriptors kept free of connections for the model's files, logs, pipes and the like.
 DESCRIPTOR_RESERVE = 64
@@ -25,57 +22,6 @@ class Limits:
     # Seconds without audio from a client in a conversation; a websocket peer that sends
     # nothing for half of it is pinged and must answer within a quarter of it.
     client_silence_timeout: float = 5.0
-
-
-def add_limit_args(group: argparse._ArgumentGroup) -> None:
-    """`--max-connections`, `--header-timeout`, `--idle-timeout`, `--client-silence-timeout`."""
-    defaults = Limits()
-    group.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        metavar="N",
-        help="open connections at most; the longest-idle one is closed to make room "
-        "(default %(default)s, fewer if the descriptor limit, ulimit -n, is lower)",
-    )
-    group.add_argument(
-        "--header-timeout",
-        type=float,
-        default=defaults.header_timeout,
-        metavar="SECONDS",
-        help="a new connection's request must arrive within this (default %(default)s)",
-    )
-    group.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=defaults.idle_timeout,
-        metavar="SECONDS",
-        help="close keep-alive connections idle this long (default %(default)s)",
-    )
-    group.add_argument(
-        "--client-silence-timeout",
-        type=float,
-        default=defaults.client_silence_timeout,
-        metavar="SECONDS",
-        help="end a conversation whose client sent no audio for this long (default "
-        "%(default)s); a silent websocket is pinged after half of it",
-    )
-
-
-def limits_from_args(args: argparse.Namespace) -> Limits:
-    """The `Limits` of the flags; `ConfigError` for a value that is not positive."""
-    if args.max_connections < 1:
-        raise ConfigError(f"--max-connections must be >= 1, got {args.max_connections}")
-    for flag in ("header_timeout", "idle_timeout", "client_silence_timeout"):
-        if not getattr(args, flag) > 0:
-            name = "--" + flag.replace("_", "-")
-            raise ConfigError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
-    return Limits(
-        max_connections=args.max_connections,
-        header_timeout=args.header_timeout,
-        idle_timeout=args.idle_timeout,
-        client_silence_timeout=args.client_silence_timeout,
-    )
 
 
 def fit_to_descriptor_limit(limits: Limits) -> tuple[Limits, int]:

@@ -34,10 +34,12 @@ SttEvent = WordStarted | WordEnded | EndOfTurn
 class SttStep:
     """One 80 ms step of one stream: its index from the stream's start, the events it
     produced, each voice-activity head's probability that the speaker is done (empty when
-    the checkpoint has no such heads), and the text its token adds (for live captions, at
-    once; a word's event comes when the word is known to be complete)."""
+    the checkpoint has no such heads), the text its token adds (for live captions, at
+    once; a word's event comes when the word is known to be complete), and `text_token`, the
+    token the model wrote (ids 0 and 3: padding; None while the model's delays fill)."""
 
     index: int
     events: tuple[SttEvent, ...] = ()
     pause_probabilities: tuple[float, ...] = ()
     text: str = ""
+    text_token: int | None = None

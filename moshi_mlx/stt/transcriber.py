@@ -13,25 +13,30 @@
 of the weights per step serves them all, in Mimi and in the LM. Each stream has its own codec
 state (a row of the batch's), word timer and turn detector; they start together (pad shorter
 audio with silence).
+
+As Kyutai's scripts, a transcription starts with the config's silence prefix and keeps every
+token from step 0: what the model writes while the silence is fed counts (`prefix_steps`
+holds those steps, and the first step after them reports their words and text).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
-from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, lm_config_of
+from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
+from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
+from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
+from moshi_mlx.runtime.tokenizer import TextDecoder
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
 from moshi_mlx.stt.stepper import ListenStepFunction, ListenStepper, TextSampling
 from moshi_mlx.stt.words import WordTimer
@@ -52,6 +57,7 @@ class SttModel:
     codec: Codec
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
+    memory: MemoryPlan | None = None  # the plan it was loaded under
     # The compiled steps its transcriptions share, per sampling.
     step_cache: ModelCache[ListenStepFunction] = field(init=False, repr=False, compare=False)
 
@@ -67,22 +73,36 @@ class SttModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | None = None,
         codec_backend: str = "mlx",
-        dtype: mx.Dtype | None = None,
+        dtype: mx.Dtype | str | None = None,
+        context: int | None = None,
     ) -> SttModel:
-        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
-        kyutai/stt-1b-en_fr, whose config.json names them) and load them."""
-        files = resolve_config_named(
-            hf_repo or DEFAULT_STT_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        """Load Kyutai's STT from `hf_repo`, a hub repo id or a local folder laid out like one
+        (default kyutai/stt-1b-en_fr, whose config.json names the files), or the given files;
+        the options are `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
+        options = LoadOptions(
+            moshi_weight=moshi_weight,
+            mimi_weight=mimi_weight,
+            tokenizer=tokenizer,
+            lm_config=lm_config,
+            codec_backend=codec_backend,
+            dtype=dtype,
+            context=context,
         )
-        config = lm_config_of(files.moshi, files.lm_config)
-        if config.dep_q or config.stt_config is None:
+        return cls.from_parts(load_parts(hf_repo, options, "stt"))
+
+    @classmethod
+    def from_parts(cls, parts: LoadedParts) -> SttModel:
+        """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
+        if parts.lm.cfg.stt_config is None:
             raise ConfigError(
-                f"{files.lm_config} is not a speech-to-text config (it needs dep_q 0 and an "
-                "stt_config)"
+                f"{parts.files.lm_config} is not a speech-to-text config (no stt_config)"
             )
-        lm = load_lm(files.moshi, config, dtype=dtype)
-        codec = load_codec(files.mimi, codec_backend, num_codebooks=config.n_q)
-        return cls(lm, codec, load_tokenizer(files.tokenizer), files)
+        return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, parts.memory)
+
+    @property
+    def silence_prefix_steps(self) -> int:
+        """Steps of silence a transcription starts with (the config's silence prefix)."""
+        return math.ceil(self.lm.cfg.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
 
     def speech_to_text(
         self, streams: int = 1, sampling: TextSampling | None = None
@@ -132,8 +152,17 @@ class SpeechToText:
         self._decoders = [TextDecoder(model.tokenizer) for _ in range(streams)]
         self._turns = [_TurnDetector() for _ in range(streams)]
         self._silence = np.zeros((streams, FRAME_SIZE), np.float32)
-        for _ in range(math.ceil(self.timing.audio_silence_prefix_seconds / FRAME_SECONDS)):
-            self._advance(self._silence)
+        prefix = [self._step(self._silence) for _ in range(model.silence_prefix_steps)]
+        # The prefix's words and text wait for the first step after it (`_advance`).
+        self._carried: list[SttStep] | None = None
+        if prefix:
+            self._carried = [
+                _joined([steps[stream] for steps in prefix]) for stream in range(streams)
+            ]
+        self.prefix_steps: list[list[SttStep]] = [
+            [replace(steps[stream], events=(), text="") for steps in prefix]
+            for stream in range(streams)
+        ]  # per stream, the silence prefix's steps: their tokens and probabilities
 
     @property
     def step_index(self) -> int:
@@ -177,6 +206,14 @@ class SpeechToText:
         return self._timers[stream].finish()
 
     def _advance(self, pcm: np.ndarray) -> list[SttStep]:
+        """`_step`; the first one also reports what the silence prefix's steps produced."""
+        steps = self._step(pcm)
+        if self._carried is not None:
+            steps = [_joined([carried, step]) for carried, step in zip(self._carried, steps)]
+            self._carried = None
+        return steps
+
+    def _step(self, pcm: np.ndarray) -> list[SttStep]:
         out = self._stepper.step(self._encoder.encode_frames(pcm))
         mx.eval(out.text_tokens, out.head_probabilities, self._encoder.state)
         index = self._stepper.step_index - 1
@@ -192,23 +229,59 @@ class SpeechToText:
             done = heads[stream, TURN_HEAD] if heads.shape[1] > TURN_HEAD else None
             events += self._turns[stream].update(text, done, time)
             pause = tuple(float(p) for p in heads[stream])
-            steps.append(SttStep(index, events, pause, text))
+            steps.append(SttStep(index, events, pause, text, token))
         return steps
 
 
-def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list[list[SttEvent]]:
+def _joined(steps: list[SttStep]) -> SttStep:
+    """The last of `steps`, with the events and text of them all."""
+    events = tuple(event for step in steps for event in step.events)
+    text = "".join(step.text for step in steps)
+    return replace(steps[-1], events=events, text=text)
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """One audio's transcription: its `events` (words, ends of turn), and its `steps` from
+    step 0, the silence prefix's first, to the end of its own flush (each event is in one
+    step, but for the last words, which `finish_stream` reports after the steps)."""
+
+    events: list[SttEvent]
+    steps: list[SttStep]
+
+
+def transcribe(
+    model: SttModel,
+    audio: list[np.ndarray],
+    batch: int = 8,
+    sampling: TextSampling | None = None,
+    on_frames: Callable[[int], None] | None = None,
+) -> list[list[SttEvent]]:
     """The events of each audio (float32 mono at 24 kHz), `batch` of them stepping together;
-    each ends with its own flush, so its words are those it has transcribed alone."""
-    results: list[list[SttEvent]] = []
+    each ends with its own flush, so its words are those it has transcribed alone.
+    `on_frames(n)` after each step: n frames of the audio (80 ms each) were transcribed."""
+    return [result.events for result in transcribe_steps(model, audio, batch, sampling, on_frames)]
+
+
+def transcribe_steps(
+    model: SttModel,
+    audio: list[np.ndarray],
+    batch: int = 8,
+    sampling: TextSampling | None = None,
+    on_frames: Callable[[int], None] | None = None,
+) -> list[Transcription]:
+    """`transcribe`, with every step of each audio (`Transcription`)."""
+    results: list[Transcription] = []
     for first in range(0, len(audio), batch):
         group = audio[first : first + batch]
-        stt = model.speech_to_text(len(group))
+        stt = model.speech_to_text(len(group), sampling)
         frames = [math.ceil(len(pcm) / FRAME_SIZE) for pcm in group]
         ends = [stt.step_index + n + stt.flush_steps for n in frames]
         padded = np.zeros((len(group), max(frames) * FRAME_SIZE), np.float32)
         for stream, pcm in enumerate(group):
             padded[stream, : len(pcm)] = pcm
         events: list[list[SttEvent]] = [[] for _ in group]
+        steps = [list(prefix) for prefix in stt.prefix_steps]
         for step in range(max(ends) - stt.step_index):
             frame = padded[:, step * FRAME_SIZE : (step + 1) * FRAME_SIZE]
             if frame.shape[1] < FRAME_SIZE:
@@ -216,7 +289,10 @@ def transcribe(model: SttModel, audio: list[np.ndarray], batch: int = 8) -> list
             for stream, out in enumerate(stt.step_batch(frame)):
                 if out.index < ends[stream]:
                     events[stream].extend(out.events)
+                    steps[stream].append(out)
                 if out.index == ends[stream] - 1:
                     events[stream].extend(stt.finish_stream(stream))
-        results.extend(events)
+            if on_frames is not None:
+                on_frames(sum(step < n for n in frames))
+        results.extend(map(Transcription, events, steps))
     return results

@@ -2,8 +2,9 @@
 two LMs on them.
 
 Real weights cannot be part of a test; these writers produce files with Kyutai's exact names,
-shapes and dtypes (LM: MLX bf16/q8/q4; Mimi: the PyTorch layout), filled with random values
-at the scale of a trained model's, so the loaders and the whole pipeline run on them.
+shapes and dtypes (LM: MLX bf16/q8/q4; Mimi: the PyTorch layout; TTS LM: the PyTorch layout
+of kyutai/tts-1.6b-en_fr), filled with random values at the scale of a trained model's, so the
+loaders and the whole pipeline run on them. Voice embeddings: `moshi_mlx.testing.voices`.
 """
 
 from __future__ import annotations
@@ -131,6 +132,93 @@ def write_random_mimi_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path))
+    return path
+
+
+def tts_pytorch_layout(config: dict) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
+    """Names, shapes and dtypes of a TTS LM file in the published PyTorch layout (that of
+    kyutai/tts-1.6b-en_fr's `dsm_tts_1e68beda@240.safetensors`) for a Kyutai `config.json`:
+    packed attention projections, the depformer's weight sets stacked or numbered by the
+    schedule's values, low-rank depformer embeddings, the conditioners in float32."""
+    dim, card, vocab = config["dim"], config["card"], config["text_card"] + 1
+    hidden = 2 * int(config["hidden_scale"] * dim) // 3  # the gated FFN's width (SiLU gating)
+    ddim, rank = config["depformer_dim"], config["depformer_low_rank_embeddings"]
+    dhidden = 2 * config["depformer_dim_feedforward"] // 3
+    sets = max(config["depformer_weights_per_step_schedule"]) + 1
+    dep_q = config["dep_q"]
+    bf16, f32 = mx.bfloat16, mx.float32
+    layout: dict[str, tuple[tuple[int, ...], mx.Dtype]] = {}
+    for name, conditioner in config["conditioners"].items():
+        prefix = f"condition_provider.conditioners.{name}"
+        if conditioner["type"] == "lut":
+            lut = conditioner["lut"]
+            layout[f"{prefix}.embed.weight"] = ((lut["n_bins"] + 1, lut["dim"]), f32)
+            layout[f"{prefix}.output_proj.weight"] = ((dim, lut["dim"]), f32)
+        else:
+            layout[f"{prefix}.output_proj.weight"] = ((dim, conditioner["tensor"]["dim"]), f32)
+        layout[f"{prefix}.learnt_padding"] = ((1, 1, dim), f32)
+    for layer in range(config["depformer_num_layers"]):
+        prefix = f"depformer.layers.{layer}"
+        for s in range(sets):
+            layout[f"{prefix}.gating.{s}.linear_in.weight"] = ((2 * dhidden, ddim), bf16)
+            layout[f"{prefix}.gating.{s}.linear_out.weight"] = ((ddim, dhidden), bf16)
+        layout[f"{prefix}.norm1.alpha"] = layout[f"{prefix}.norm2.alpha"] = ((1, 1, ddim), bf16)
+        layout[f"{prefix}.self_attn.in_proj_weight"] = ((sets * 3 * ddim, ddim), bf16)
+        layout[f"{prefix}.self_attn.out_proj.weight"] = ((sets * ddim, ddim), bf16)
+    for k in range(dep_q - 1):
+        layout[f"depformer_emb.{k}.low_rank.weight"] = ((ddim, rank), bf16)
+        layout[f"depformer_emb.{k}.weight"] = ((card + 1, rank), bf16)
+    for s in range(sets):
+        layout[f"depformer_in.{s}.weight"] = ((ddim, dim), bf16)
+    for part in ("low_rank", "out1", "out2"):
+        layout[f"depformer_text_emb.{part}.weight"] = ((ddim, rank), bf16)
+    layout["depformer_text_emb.weight"] = ((vocab, rank), bf16)
+    for k in range(config["n_q"]):
+        layout[f"emb.{k}.weight"] = ((card + 1, dim), bf16)
+    for k in range(dep_q):
+        layout[f"linears.{k}.weight"] = ((card, ddim), bf16)
+    layout["out_norm.alpha"] = ((1, 1, dim), bf16)
+    layout["text_emb.out1.weight"] = layout["text_emb.out2.weight"] = ((dim, dim), bf16)
+    layout["text_emb.weight"] = ((vocab, dim), bf16)
+    layout["text_linear.weight"] = ((config["text_card"], dim), bf16)
+    for layer in range(config["num_layers"]):
+        prefix = f"transformer.layers.{layer}"
+        for attention in ("self_attn", "cross_attention"):
+            layout[f"{prefix}.{attention}.in_proj_weight"] = ((3 * dim, dim), bf16)
+            layout[f"{prefix}.{attention}.out_proj.weight"] = ((dim, dim), bf16)
+        layout[f"{prefix}.gating.linear_in.weight"] = ((2 * hidden, dim), bf16)
+        layout[f"{prefix}.gating.linear_out.weight"] = ((dim, hidden), bf16)
+        layout[f"{prefix}.norm1.alpha"] = layout[f"{prefix}.norm2.alpha"] = ((1, 1, dim), bf16)
+        layout[f"{prefix}.norm_cross.bias"] = layout[f"{prefix}.norm_cross.weight"] = ((dim,), bf16)
+    return dict(sorted(layout.items()))
+
+
+def _random_tts_tensor(name: str, shape: tuple[int, ...], key: mx.array) -> mx.array:
+    """Norm gains in [0.8, 1.2], biases and learnt paddings in [-0.1, 0.1], matrices and
+    embeddings uniform with variance 1/fan_in (as `write_random_lm_checkpoint`)."""
+    if name.endswith((".alpha", "norm_cross.weight")):
+        return mx.random.uniform(0.8, 1.2, shape, key=key)
+    if name.endswith((".bias", "learnt_padding")):
+        return mx.random.uniform(-0.1, 0.1, shape, key=key)
+    bound = (3 / shape[-1]) ** 0.5
+    return mx.random.uniform(-bound, bound, shape, key=key)
+
+
+def write_random_tts_checkpoint(path: str | Path, config: dict, seed: int = 0) -> Path:
+    """Write a random TTS LM file in the published PyTorch layout (`tts_pytorch_layout` of
+    Kyutai's `config.json` dict `config`: bf16, the conditioners float32), one tensor in
+    memory at a time. Returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    layout = tts_pytorch_layout(config)
+    keys = mx.random.split(mx.random.key(seed), len(layout))
+    with open(path, "wb") as file:
+        writer = SafetensorsWriter(file, layout, metadata={"format": "pt"})
+        for (name, (dims, dtype)), key in zip(layout.items(), keys):
+            array = _random_tts_tensor(name, dims, key).astype(dtype)
+            mx.eval(array)
+            writer.write_rows(name, 0, array)
+        writer.check_complete()
     return path
 
 

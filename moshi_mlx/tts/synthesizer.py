@@ -21,23 +21,22 @@ from `delay_steps + 2` frames on, `end_step` frames per request.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import WeightFiles, resolve_config_named
-from moshi_mlx.checkpoints.lm import load_lm
-from moshi_mlx.checkpoints.spec import lm_config_of
-from moshi_mlx.errors import ConfigError, TtsError
+from moshi_mlx.checkpoints.hub import WeightFiles
+from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.transformer import CrossKV
-from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
+from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
+from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsSampling, TtsStepFunctions, TtsStepper
 from moshi_mlx.tts.voices import (
@@ -49,7 +48,6 @@ from moshi_mlx.tts.voices import (
     voice_keys_values,
 )
 
-DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
 DEFAULT_CFG_COEF = 2.0  # Kyutai's default guidance, given as the "cfg" condition
 FINAL_PADDING = 4  # steps generated past the last word's audio (Kyutai's)
@@ -68,14 +66,23 @@ class TtsRequest:
     cfg_coef: float | None = DEFAULT_CFG_COEF
 
 
+def _no_tokens() -> np.ndarray:
+    return np.zeros(0, np.int32)
+
+
 @dataclass
 class Speech:
     """A spoken request: `pcm` float32 at 24 kHz, `words` [(word, start seconds)], and
-    `complete`: False when the step budget ran out before the text's end."""
+    `complete`: False when the step budget ran out before the text's end. Its tokens at every
+    step of the run (`TokenLog.arrays`, this request's row): `predicted_tokens` (T,) and
+    `fed_tokens` (T,) the text tokens, `audio_codes` (dep_q, T - max_delay) each frame's."""
 
     pcm: np.ndarray
     words: list[tuple[str, float]] = field(default_factory=list)
     complete: bool = True
+    predicted_tokens: np.ndarray = field(default_factory=_no_tokens)
+    fed_tokens: np.ndarray = field(default_factory=_no_tokens)
+    audio_codes: np.ndarray = field(default_factory=_no_tokens)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,7 @@ class TtsModel:
     tokenizer: object  # sentencepiece.SentencePieceProcessor
     files: WeightFiles
     voice_repo: str = DEFAULT_VOICE_REPO
+    memory: MemoryPlan | None = None  # the plan it was loaded under
     # The compiled steps its runs share, and the empty voice slots' cross-attention keys and
     # values per voice length (`voice_keys_values`).
     step_cache: ModelCache[TtsStepFunctions] = field(init=False, repr=False, compare=False)
@@ -105,19 +113,27 @@ class TtsModel:
         tokenizer: str | Path | None = None,
         lm_config: str | Path | None = None,
         voice_repo: str = DEFAULT_VOICE_REPO,
-        dtype: mx.Dtype | None = None,
+        dtype: mx.Dtype | str | None = None,
+        context: int | None = None,
     ) -> TtsModel:
-        """Find the files (given paths, the weights folder, the hub repo `hf_repo`, default
-        kyutai/tts-1.6b-en_fr, whose config.json names them) and load them."""
-        files = resolve_config_named(
-            hf_repo or DEFAULT_TTS_REPO, moshi_weight, mimi_weight, tokenizer, lm_config
+        """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
+        (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
+        voices come from `voice_repo` (a hub repo id or a folder); the other options are
+        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
+        options = LoadOptions(
+            moshi_weight=moshi_weight,
+            mimi_weight=mimi_weight,
+            tokenizer=tokenizer,
+            lm_config=lm_config,
+            dtype=dtype,
+            context=context,
         )
-        config = lm_config_of(files.moshi, files.lm_config)
-        if config.tts_config is None:
-            raise ConfigError(f"{files.lm_config} is not a text-to-speech config (no tts_config)")
-        lm = load_lm(files.moshi, config, dtype=dtype)
-        codec = load_codec(files.mimi, "mlx", num_codebooks=config.dep_q)
-        return cls(lm, codec, load_tokenizer(files.tokenizer), files, voice_repo)
+        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo)
+
+    @classmethod
+    def from_parts(cls, parts: LoadedParts, voice_repo: str = DEFAULT_VOICE_REPO) -> TtsModel:
+        """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
+        return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, voice_repo, parts.memory)
 
     @property
     def config(self) -> LmConfig:
@@ -156,22 +172,32 @@ class TtsModel:
         sampling: TtsSampling | None = None,
         seed: int | None = None,
         max_steps: int = 30_000,
+        on_step: Callable[[], None] | None = None,
     ) -> list[Speech]:
-        """Speak every request, in one batch."""
+        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech)."""
         run = TtsRun(self, requests, sampling, seed)
         for request, schedule in zip(requests, run.schedules):
             schedule.push(self.entries(request.text))
             schedule.close()
         pcm: list[list[np.ndarray]] = [[] for _ in requests]
+        log = TokenLog(self.config.dep_q)
         while not run.finished and run.step_index < max_steps:
-            for row, frame in enumerate(run.step()):
+            step = run.step()
+            log.add(step.tokens)
+            for row, frame in enumerate(step.pcm):
                 if frame is not None:
                     pcm[row].append(frame)
+            if on_step is not None:
+                on_step()
+        tokens = log.arrays(len(requests))
         return [
             Speech(
                 np.concatenate(frames) if frames else np.zeros(0, np.float32),
                 run.words(row),
                 run.schedules[row].end_step is not None,
+                tokens["predicted_text_tokens"][row],
+                tokens["fed_text_tokens"][row],
+                tokens["audio_codes"][row],
             )
             for row, frames in enumerate(pcm)
         ]
@@ -211,6 +237,45 @@ class TtsTokens:
     predicted: list[int]
     fed: list[int]
     frame: mx.array | None
+
+
+@dataclass(frozen=True)
+class TtsStep:
+    """One step of a `TtsRun`: per request its next 80 ms of audio (float32 (1920,)) or None
+    (none yet, or its audio ended), and the step's `tokens`."""
+
+    pcm: list[np.ndarray | None]
+    tokens: TtsTokens
+
+
+class TokenLog:
+    """A run's tokens, step by step (`add`), the frames kept as the steps' arrays until
+    `arrays` reads them all at once."""
+
+    def __init__(self, dep_q: int):
+        self.dep_q = dep_q
+        self._predicted: list[list[int]] = []
+        self._fed: list[list[int]] = []
+        self._frames: list[mx.array] = []
+
+    def add(self, tokens: TtsTokens) -> None:
+        self._predicted.append(tokens.predicted)
+        self._fed.append(tokens.fed)
+        if tokens.frame is not None:
+            self._frames.append(tokens.frame)
+
+    def arrays(self, batch: int) -> dict[str, np.ndarray]:
+        """Row b for request b: `predicted_text_tokens` (B, T) the text tokens the model
+        predicted, `fed_text_tokens` (B, T) those fed back, `audio_codes` (B, dep_q, F) the
+        codes of the frames the steps returned (F = T - max_delay; -1: no audio yet)."""
+        frames = np.array(mx.stack(self._frames), np.int32) if self._frames else None
+        if frames is None:
+            frames = np.zeros((0, batch, 1 + self.dep_q), np.int32)
+        return {
+            "predicted_text_tokens": np.array(self._predicted, np.int32).reshape(-1, batch).T,
+            "fed_text_tokens": np.array(self._fed, np.int32).reshape(-1, batch).T,
+            "audio_codes": frames[:, :, 1:].transpose(1, 2, 0),
+        }
 
 
 class TtsRun:
@@ -266,14 +331,14 @@ class TtsRun:
         fed = [s.commit(t, token) for s, token in zip(self.schedules, predicted)]
         return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
 
-    def step(self) -> list[np.ndarray | None]:
+    def step(self) -> TtsStep:
         """One step for every request: its next 80 ms of audio, or None (none yet, or its
-        audio ended)."""
+        audio ended), and the step's tokens."""
         t = self.stepper.step_index
         tokens = self.step_tokens()
         frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
         if tokens.frame is None or frame_index < self._first_audio:
-            return [None] * len(self.schedules)
+            return TtsStep([None] * len(self.schedules), tokens)
         codes = tokens.frame[:, 1:, None].astype(mx.uint32)
         mimi = self.model.codec.model
         self._mimi_state = self._mimi_state or mimi.make_state()
@@ -283,7 +348,7 @@ class TtsRun:
         for row, schedule in enumerate(self.schedules):
             ended = schedule.end_step is not None and played >= schedule.end_step
             frames.append(None if played < 0 or ended else np.clip(pcm[row], -1, 1))
-        return frames
+        return TtsStep(frames, tokens)
 
     def words(self, row: int) -> list[tuple[str, float]]:
         """Request `row`'s words with the time (s) each starts in its audio. A word taken at
@@ -362,7 +427,18 @@ class TtsStream:
     def frames(self) -> Iterator[np.ndarray | None]:
         """Step until the text is closed and spoken: 80 ms of audio per step once it plays,
         None while waiting."""
-        while not self.run.finished:
-            frame = self.run.step()[0]
-            if frame is not None or self._schedule.waiting:
+        for step in self.steps():
+            frame = step.pcm[0]
+            if frame is not None or self.waiting:
                 yield frame
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the last step asked for a word not pushed yet."""
+        return self._schedule.waiting
+
+    def steps(self) -> Iterator[TtsStep]:
+        """`frames`, as every step's `TtsStep` (with its tokens), those that play nothing
+        included."""
+        while not self.run.finished:
+            yield self.run.step()

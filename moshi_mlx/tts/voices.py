@@ -2,7 +2,8 @@
 
 A voice file is a safetensors file holding `speaker_wavs` (1, dim, frames) float32 (published:
 (1, 512, 125)), made for one model: the repo names it `{voice}.{sig}@{epoch}.safetensors` after
-the model's `model_id`. Only safetensors are read, so a voice from a stranger never runs code.
+the model's `model_id`; its floats may be of any floating dtype (bf16, float16), as Kyutai's
+loader takes them. Only safetensors are read, so a voice from a stranger never runs code.
 The model attends to up to `MAX_SPEAKERS` voices at once, each in its own slot of `frames`
 positions; empty slots are masked (the conditioner's learned padding), as Kyutai's
 `TTSModel.make_condition_attributes` builds them.
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import download_file
+from moshi_mlx.checkpoints.hub import repo_file, weights_dir
 from moshi_mlx.errors import TtsError, WeightsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
@@ -42,8 +43,9 @@ def voice_file_name(voice: str, config: LmConfig) -> str:
 def resolve_voice(
     voice: str | Path, config: LmConfig, voice_repo: str = DEFAULT_VOICE_REPO
 ) -> Path:
-    """A local `.safetensors` file as given, else the voice `voice` of `voice_repo` for this
-    model (downloaded once by the Hugging Face cache)."""
+    """A local `.safetensors` file as given, else the voice `voice` for this model: in the
+    weights folder (laid out like the voice repo), else in `voice_repo` (a hub repo id,
+    downloaded once by the Hugging Face cache, or a local folder)."""
     path = Path(voice).expanduser()
     if path.suffix == ".safetensors":
         if not path.is_file():
@@ -51,21 +53,29 @@ def resolve_voice(
         return path
     if path.is_file():
         raise TtsError(f"voice file {path} is not a .safetensors embedding")
+    name = voice_file_name(str(voice), config)
+    if (weights_dir() / name).is_file():
+        return weights_dir() / name
     try:
-        return download_file(voice_repo, voice_file_name(str(voice), config), "--voice")
+        return repo_file(voice_repo, name, "voice")
     except WeightsError as exc:
+        if str(voice) == DEFAULT_VOICE:  # no voice was chosen: say which file is needed
+            raise TtsError(
+                f"no voice was given, and the default voice's file {name} is neither in "
+                f"{weights_dir()}/ nor to be had from {voice_repo}: put it there, or give a "
+                "voice (.safetensors file)"
+            ) from None
         raise TtsError(f"voice {voice!r}: {exc}") from None
 
 
 def load_voice(path: str | Path, dim: int) -> mx.array:
-    """The embedding (frames, dim) float32 of a voice file; `TtsError` naming what is wrong."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
+    """The embedding (frames, dim) float32 of a voice file (any floating dtype, cast as
+    Kyutai's loader does); `TtsError` naming what is wrong."""
     try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, TypeError) as exc:  # TypeError: bf16
-        raise TtsError(f"voice file {path} is not a readable safetensors file: {exc}") from None
+        tensors = mx.load(str(path), format="safetensors")
+    except (OSError, RuntimeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TtsError(f"voice file {path} is not a readable safetensors file: {reason}") from None
     if VOICE_TENSOR not in tensors:
         raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
     embedding = tensors[VOICE_TENSOR]
@@ -75,9 +85,12 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
             f"voice file {path}: {VOICE_TENSOR} has shape {list(shape)}, this model "
             f"needs [1, {dim}, frames] with at least one frame"
         )
-    if not np.issubdtype(embedding.dtype, np.floating) or not np.isfinite(embedding).all():
+    if not mx.issubdtype(embedding.dtype, mx.floating):
         raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
-    return mx.array(embedding[0].T.astype(np.float32))
+    embedding = embedding[0].T.astype(mx.float32)
+    if not mx.isfinite(embedding).all().item():
+        raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
+    return embedding
 
 
 def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.array]:

@@ -4,8 +4,9 @@ A state is saved as a safetensors file named by a key over everything it depends
 file's content (its size, header and samples of its data: reading 16 GB to hash them would
 cost more than the prompt), the codec's file, the voice file's bytes, the role's tokens, the
 LM config, the compute dtype and the KV cache's quantization, and this format's version. The
-KV ring is saved up to the prompt's positions only. Files are written atomically; the
-oldest are removed past `MAX_CACHED_PROMPTS`.
+arrays are the token ring, its given marks and the KV ring's `state` (trimmed to the prompt's
+positions), saved generically with their `meta_state` (`modules.streaming`). Files are
+written atomically; the oldest are removed past `MAX_CACHED_PROMPTS`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import mlx.core as mx
 
 from moshi_mlx.chat.generate import GenState
 from moshi_mlx.files import written_atomically
-from moshi_mlx.modules.kv_cache import KVRing
-from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.streaming import flatten_states, unflatten_states
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the ring saved through its `StreamingState`
 CACHE_ENV = "MOSHI_MLX_PROMPT_CACHE"
 MAX_CACHED_PROMPTS = 16
 _SAMPLES, _SAMPLE_BYTES = 16, 1 << 20
@@ -54,23 +54,13 @@ def prompt_key(**parts: object) -> str:
 
 def save_state(folder: Path, key: str, state: GenState) -> Path:
     """Write `state` (evaluated here) as `folder/key.safetensors`."""
-    ring = state.ring
-    positions = state.step_index
-    arrays = {
+    tree = {
         "tokens": state.tokens,
         "given": state.given.astype(mx.uint8),
-        "position": ring.position,
+        "ring": state.ring.trimmed(state.step_index),
     }
-    for name, buffers in (("keys", ring.keys), ("values", ring.values)):
-        for layer, buffer in enumerate(buffers):
-            parts = buffer if isinstance(buffer, tuple) else (buffer,)
-            for index, part in enumerate(parts):
-                kept = part if index == 3 else part[:, :, :positions]  # 3: the recent ring
-                arrays[f"{name}.{layer}.{index}"] = kept
-    metadata = {"step_index": str(positions), "context": str(ring.context)}
-    if ring.quantization is not None:
-        metadata["kv_bits"] = str(ring.quantization.bits)
-        metadata["kv_group_size"] = str(ring.quantization.group_size)
+    arrays, metadata = flatten_states(tree)
+    metadata["step_index"] = str(state.step_index)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.safetensors"
     with written_atomically(path) as partial:
@@ -86,32 +76,17 @@ def load_state(folder: Path, key: str) -> GenState | None:
         return None
     try:
         arrays, metadata = mx.load(str(path), return_metadata=True)
-        quantization = None
-        if "kv_bits" in metadata:
-            quantization = KVQuantization(int(metadata["kv_bits"]), int(metadata["kv_group_size"]))
-        keys, values = _buffers(arrays, "keys"), _buffers(arrays, "values")
-        ring = KVRing(keys, values, arrays["position"], int(metadata["context"]), quantization)
+        tree = unflatten_states(arrays, metadata)
         state = GenState(
-            tokens=arrays["tokens"],
-            given=arrays["given"].astype(mx.bool_),
-            ring=ring,
+            tokens=tree["tokens"],
+            given=tree["given"].astype(mx.bool_),
+            ring=tree["ring"],
             step_index=int(metadata["step_index"]),
         )
-    except (OSError, ValueError, KeyError, RuntimeError):
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
         return None
     os.utime(path)  # most recently used: trimmed last
     return state
-
-
-def _buffers(arrays: dict[str, mx.array], name: str) -> list:
-    buffers = []
-    while f"{name}.{len(buffers)}.0" in arrays:
-        layer = len(buffers)
-        parts = []
-        while f"{name}.{layer}.{len(parts)}" in arrays:
-            parts.append(arrays[f"{name}.{layer}.{len(parts)}"])
-        buffers.append(parts[0] if len(parts) == 1 else tuple(parts))
-    return buffers
 
 
 def _trim(folder: Path) -> None:

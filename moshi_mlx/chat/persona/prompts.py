@@ -23,6 +23,7 @@ from moshi_mlx.chat.persona.role import DEFAULT_ROLE, read_role, role_tokens
 from moshi_mlx.chat.persona.voice import (
     DEFAULT_VOICE,
     VoiceSource,
+    archive_with_voice,
     extract_voice,
     is_voice_name,
     read_voice,
@@ -72,8 +73,9 @@ class Prompts:
         """The file of a voice choice: a name, a recording or a `.pt`."""
         choice = str(voice) if voice is not None else DEFAULT_VOICE
         if is_voice_name(choice):
-            folder = self.folder.parent / "voices" / self._fingerprint(self.voices_archive())[:16]
-            return voice_source(extract_voice(self.voices_archive(), choice, folder), choice)
+            archive = archive_with_voice(choice, self.voices_archive)
+            folder = self.folder.parent / "voices" / self._fingerprint(archive)[:16]
+            return voice_source(extract_voice(archive, choice, folder), choice)
         return voice_source(Path(choice))
 
     def state(self, voice: str | Path | None = None, role: str | None = None) -> GenState:

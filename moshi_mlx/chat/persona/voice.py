@@ -16,6 +16,7 @@ import hashlib
 import re
 import tarfile
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,14 @@ MIN_VOICE_SECONDS = 0.5  # the loudness meter needs at least one 400 ms block
 TARGET_LUFS = -24.0
 DEFAULT_VOICE = "NATF2"
 VOICE_SUFFIX = ".pt"
+# NVIDIA's published voices (nvidia/personaplex-7b-v1's voices.tgz): natural and varied, female
+# and male. A name outside them is unknown even when the archive cannot be had.
+PUBLISHED_VOICES = tuple(
+    f"{style}{sex}{index}"
+    for style, count in (("NAT", 4), ("VAR", 5))
+    for sex in "FM"
+    for index in range(count)
+)
 _VOICE_MEMBER = re.compile(r"(?:\./)?voices/([A-Za-z0-9_-]+)\.pt")
 _VOICE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -72,6 +81,26 @@ def _open_archive(archive: Path) -> tarfile.TarFile:
         raise WeightsError(f"cannot read the voices archive {archive}: {exc}") from None
 
 
+def unknown_voice(name: str, known: Iterable[str]) -> ConfigError:
+    """The error for a voice name that is not among `known`."""
+    return ConfigError(
+        f"unknown voice {name!r}; the voices are {', '.join(sorted(known))} "
+        "(or give a .wav or .pt file)"
+    )
+
+
+def archive_with_voice(name: str, find_archive: Callable[[], Path]) -> Path:
+    """The voices archive (`find_archive()`) that should hold voice `name`; when it cannot be
+    had (offline), `ConfigError` for a name NVIDIA never published rather than the archive's
+    download error."""
+    try:
+        return find_archive()
+    except WeightsError:
+        if name not in PUBLISHED_VOICES:
+            raise unknown_voice(name, PUBLISHED_VOICES) from None
+        raise
+
+
 def extract_voice(archive: Path, name: str, folder: Path) -> Path:
     """The `.pt` of voice `name` from `archive`, extracted into `folder` (once);
     `ConfigError` naming the known voices if there is no such voice."""
@@ -81,10 +110,7 @@ def extract_voice(archive: Path, name: str, folder: Path) -> Path:
     with _open_archive(archive) as tar:
         members = {m.group(1): info for info in tar if (m := _voice_member(info))}
         if name not in members:
-            raise ConfigError(
-                f"unknown voice {name!r}; the voices are {', '.join(sorted(members))} "
-                "(or give a .wav or .pt file)"
-            )
+            raise unknown_voice(name, members)
         data = tar.extractfile(members[name]).read()
     folder.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")

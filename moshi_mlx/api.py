@@ -1,0 +1,58 @@
+"""`moshi_mlx.load`: the one way in. The config's model type says which model it is.
+
+    import moshi_mlx
+
+    model = moshi_mlx.load("kyutai/moshiko-mlx-q4")  # MoshiModel: Moshi, PersonaPlex, Hibiki
+    model = moshi_mlx.load("kyutai/stt-1b-en_fr")  # SttModel
+    model = moshi_mlx.load("~/models/tts-1.6b-en_fr")  # TtsModel, from a downloaded snapshot
+
+Every kind loads through the one path of `moshi_mlx.runtime.loading`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+
+from moshi_mlx.chat.model import MoshiModel
+from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.runtime.loading import LoadOptions, load_parts
+from moshi_mlx.stt.transcriber import SttModel
+from moshi_mlx.tts.synthesizer import TtsModel
+from moshi_mlx.tts.voices import DEFAULT_VOICE_REPO
+
+
+def load(
+    repo_or_folder: str | Path | None = None,
+    *,
+    quantize: int | None = None,
+    moshi_weight: str | Path | None = None,
+    mimi_weight: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    lm_config: str | Path | LmConfig | None = None,
+    codec_backend: str = "mlx",
+    dtype: mx.Dtype | str | None = None,
+    context: int | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
+    check_memory: bool = True,
+    voice_repo: str = DEFAULT_VOICE_REPO,
+) -> MoshiModel | SttModel | TtsModel:
+    """Load the model of `repo_or_folder`, a Hugging Face repo id or a local folder laid out
+    like one (default kyutai/moshiko-mlx-q4): a `MoshiModel` for the config's model type
+    "moshi" (PersonaPlex included) or "hibiki", an `SttModel` for "stt", a `TtsModel` for
+    "tts". The options are those of `moshi_mlx.runtime.loading.LoadOptions`; `voice_repo`
+    is where a TTS model finds its voices (a hub repo id or a folder)."""
+    options = LoadOptions(
+        quantize, moshi_weight, mimi_weight, tokenizer, lm_config, codec_backend, dtype,
+        context, kv_bits, kv_group_size, check_memory,
+    )  # fmt: skip
+    repo = None if repo_or_folder is None else str(repo_or_folder)
+    parts = load_parts(repo, options)
+    model_type = parts.lm.cfg.model_type
+    if model_type == "stt":
+        return SttModel.from_parts(parts)
+    if model_type == "tts":
+        return TtsModel.from_parts(parts, voice_repo)
+    return MoshiModel.from_parts(parts, codec_backend)

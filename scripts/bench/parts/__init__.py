@@ -1,0 +1,22 @@
+"""The bench's parts, by name, in the order a run measures them (`--parts` picks)."""
+
+from __future__ import annotations
+
+from ..part import Part
+from . import echo, kv, kv_fidelity, lm, mimi, persona, pipeline, stt, tts, web
+
+PARTS: dict[str, Part] = {
+    part.name: part
+    for part in (
+        lm.PART,
+        mimi.PART,
+        pipeline.PART,
+        echo.PART,
+        kv.PART,
+        kv_fidelity.PART,
+        stt.PART,
+        persona.PART,
+        tts.PART,
+        web.PART,
+    )
+}

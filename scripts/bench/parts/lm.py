@@ -1,0 +1,207 @@
+"""The `lm` part: ms per LM step, the whole step as `LmGen.step` runs it, and its split into
+temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone; the
+step's anatomy (host time, evaluation, syncs, graph operations); with `--kyutai`, Kyutai's
+`moshi_mlx` on the same file, alternating with ours, `--rounds` times."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from bench_stats import LM_METRICS, lm_result, pool_rounds
+
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.runtime.sampling import SamplingConfig, sample
+
+from ..kyutai import run_kyutai
+from ..part import Part
+from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
+from ..timing import SyncMeter, compiled_temporal_step, count_graph_ops, fresh_memory, peak_gb
+from ..weights import lm_weights
+
+
+def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
+    """Per step, each part evaluated on its own (so the two add up to a step plus one host
+    sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
+    step), then `LmGen.sample_tokens` (text sampling and the depformer's 8 slices with audio
+    sampling, compiled as in a step)."""
+    cfg = lm.cfg
+    gen = LmGen(lm, sampling, seed=seed)
+    compiled_temporal = compiled_temporal_step(lm)
+    ring = lm.make_ring()
+    rng = np.random.default_rng(seed)
+    key = mx.random.key(seed)
+    temporal, depformer = [], []
+    for index in range(total):
+        tokens = np.concatenate([rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, 16)])
+        tokens = mx.array(tokens.astype(np.int32))[None, :, None]
+        ring = ring.grown(index)
+        mx.eval(tokens, ring.keys, ring.values)
+        t0 = time.perf_counter()
+        out, text_logits, keys, values, position = compiled_temporal(
+            tokens, ring.keys, ring.values, ring.position
+        )
+        ring = KVRing(keys, values, position, cfg.context)
+        mx.eval(out, text_logits, keys, values, position)
+        t1 = time.perf_counter()
+        generated, key = gen.sample_tokens(out, text_logits, key)
+        mx.eval(generated, key)
+        temporal.append(t1 - t0)
+        depformer.append(time.perf_counter() - t1)
+    return {"temporal": temporal, "depformer": depformer}
+
+
+def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list[float]:
+    """The text sampler and the 8 audio samplers alone, on logits of the real shapes."""
+    times = []
+    keys = mx.random.split(mx.random.key(1), 1 + cfg.dep_q)
+    for _ in range(total):
+        text_logits = mx.random.normal((1, cfg.text_card)).astype(mx.bfloat16)
+        audio_logits = mx.random.normal((cfg.dep_q, 1, cfg.card)).astype(mx.bfloat16)
+        mx.eval(text_logits, audio_logits)
+        t0 = time.perf_counter()
+        tokens = [sample(text_logits, sampling.text_temp, sampling.text_top_k, keys[0])]
+        tokens += [
+            sample(audio_logits[k], sampling.audio_temp, sampling.audio_top_k, keys[1 + k])
+            for k in range(cfg.dep_q)
+        ]
+        mx.eval(tokens)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict:
+    """Where a step's time goes, per step as a caller runs it (`LmGen.step`, then its text
+    token and Moshi's codes read on the host): host time outside evaluation (Python and
+    graph building), time in evaluation (launching it and waiting for it), syncs; and the
+    operations in the step's graph before and after `mx.compile` (`LmGen.step_graph` at the
+    last step's state)."""
+    gen = LmGen(lm, sampling, seed=seed)
+    user = [mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed)]
+    mx.eval(user)
+    host, wait, syncs = [], [], []
+    with SyncMeter() as meter:
+        for codes in user:
+            meter.new_frame()
+            syncs_before, wait_before = meter.syncs, meter.wait_s
+            t0 = time.perf_counter()
+            result = gen.step(codes)
+            _ = result.text_token, result.moshi_codes
+            elapsed = time.perf_counter() - t0
+            wait.append(meter.wait_s - wait_before)
+            host.append(elapsed - wait[-1])
+            syncs.append(meter.syncs - syncs_before)
+    graph_ops = {
+        "eager": count_graph_ops(gen.step_graph(user[0], compiled=False)),
+        "compiled": count_graph_ops(gen.step_graph(user[0], compiled=True)),
+    }
+    return {"host": host, "eval": wait, "syncs": syncs, "graph_ops": graph_ops}
+
+
+def bench_lm(
+    weights: Path,
+    shape: str,
+    steps: int,
+    warmup: int,
+    seed: int,
+    split_steps: int,
+    dtype: mx.Dtype | None = None,
+) -> dict:
+    """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory.
+
+    `dtype` is the compute dtype (activations, norms, quantization scales): bf16 as
+    Kyutai's loader, float32, or None for `load_lm`'s choice for the device.
+    """
+    fresh_memory()
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    start = time.perf_counter()
+    lm = load_lm(weights, config, dtype=dtype)
+    load_s = time.perf_counter() - start
+    sampling = SamplingConfig()
+    total = warmup + steps
+
+    mx.reset_peak_memory()
+    gen = LmGen(lm, sampling, seed=seed)
+    step_times, first_audio_step = [], None
+    for index, codes in enumerate(user_codes(config.card, total, seed)):
+        t0 = time.perf_counter()
+        result = gen.step(codes)
+        moshi_codes, _ = result.moshi_codes, result.text_token  # on the host, as a caller
+        step_times.append(time.perf_counter() - t0)
+        if moshi_codes is not None and first_audio_step is None:
+            first_audio_step = index
+    peak = peak_gb()
+
+    samples = {"step_ms": step_times[warmup:]}
+    anatomy = {}
+    if split_steps > 0:
+        split = _split_times(lm, sampling, warmup + split_steps, seed)
+        anatomy = _step_anatomy(lm, sampling, warmup + split_steps, seed)
+        samples.update(
+            temporal_ms=split["temporal"][warmup:],
+            depformer_ms=split["depformer"][warmup:],
+            sampling_ms=_sampling_times(config, sampling, warmup + split_steps)[warmup:],
+            host_ms=anatomy["host"][warmup:],
+            eval_ms=anatomy["eval"][warmup:],
+        )
+    return {
+        "impl": "ours",
+        "dtype": dtype_label(dtype, lm),
+        "mlx": mx.__version__,
+        "load_s": load_s,
+        **lm_result(samples),
+        "syncs_per_step": float(np.mean(anatomy["syncs"][warmup:])) if anatomy else None,
+        "graph_ops": anatomy.get("graph_ops"),
+        "first_audio_step": first_audio_step,
+        "peak_memory_gb": peak,
+    }
+
+
+def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
+    """Per LM shape, quant and dtype of ours: `--rounds` rounds of ours (and Kyutai's first in
+    each round, with `--kyutai`), statistics over the rounds' samples."""
+    common = ["--warmup", str(args.warmup), "--seed", str(args.seed)]
+    for shape in lm_shapes(args.shapes):
+        for quant in args.quant:
+            weights = lm_weights(folder, shape, quant)
+            extra = ["--shape", shape, "--steps", str(args.steps), *common]
+            extra += ["--split-steps", str(args.split_steps)]
+            theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
+            for _ in range(args.rounds):  # alternate: theirs, ours, theirs, ours...
+                if args.kyutai:
+                    theirs_runs.append(run_kyutai(args.kyutai_python, "lm", weights, extra))
+                for dtype in args.dtype:
+                    ours_runs[dtype].append(
+                        bench_lm(
+                            weights,
+                            shape,
+                            args.steps,
+                            args.warmup,
+                            args.seed,
+                            args.split_steps,
+                            DTYPES[dtype],
+                        )
+                    )
+            theirs = pool_rounds(theirs_runs) if theirs_runs else None
+            for dtype in args.dtype:
+                case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
+                case["ours"] = pool_rounds(ours_runs[dtype])
+                yield case
+
+
+def _anatomy_notes(label: str, data: dict, case: dict) -> list[str]:
+    if data.get("syncs_per_step") is None:
+        return []
+    ops = data["graph_ops"]
+    syncs = f"  syncs per step {data['syncs_per_step']:.2f}, graph ops per step "
+    return [syncs + f"{ops['eager']} eager, {ops['compiled']} compiled"]
+
+
+PART = Part("lm", cases, metrics=lambda case: LM_METRICS, notes=_anatomy_notes)

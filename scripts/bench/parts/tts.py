@@ -1,0 +1,193 @@
+"""The `tts` part: Kyutai's text-to-speech, `moshi_mlx.tts`, on random weights of a `tts-*`
+shape written in the published PyTorch layout with a tokenizer and voices (`tts_weights`): per
+batch of 1 and `--streams` requests, the time to the first audio (`ttfa_ms`: from making the
+requests with their whole texts to the first 80 ms returned; `ttfd_ms`: to the first frame Mimi
+decoded, which Kyutai's reference cuts with the next one), and per step past it the whole
+`TtsRun.step` (`frame_ms`), its LM part (`step_ms`: step, text schedule) and Mimi's decoding
+(`decode_ms`); real-time factor at batch 1, audio per second of the batch against batch 1.
+With `--kyutai`, Kyutai's `TTSModel.generate` on the same files, its frames decoded as they
+come; `--shapes` without a tts shape: tts-small."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+from bench_stats import TTS_TEXTS, pool_tts, tts_result
+
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.checkpoints.spec import CONFIG_FILE
+from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+
+from ..kyutai import run_kyutai
+from ..part import Part
+from ..shapes import DTYPES, dtype_label, tts_shapes
+from ..timing import fresh_memory, peak_gb
+from ..weights import TTS_LM_FILE, TTS_TOKENIZER, mimi_weights, tts_weights
+
+
+class _TimedMimi:
+    """A Mimi whose `decode_step`s are timed, each from its codes' evaluation (the LM step's
+    work, not Mimi's) to its pcm's; everything else is the Mimi's own."""
+
+    def __init__(self, mimi):
+        self.mimi = mimi
+        self.decodes: list[tuple[float, float]] = []  # (start, end) of each decode_step
+
+    def __getattr__(self, name: str):
+        return getattr(self.mimi, name)
+
+    def decode_step(self, codes: mx.array, state):
+        mx.eval(codes)
+        start = time.perf_counter()
+        pcm = self.mimi.decode_step(codes, state)
+        mx.eval(pcm)
+        self.decodes.append((start, time.perf_counter()))
+        return pcm
+
+
+def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -> dict:
+    """`batch` requests (text and voice b for request b) through `TtsRun.step` (the LM step,
+    the text schedule, Mimi's decoding and the audio on the host), from making the requests
+    to `steps` steps past the first audio. Seconds: `ttfa` to the first 80 ms of audio
+    returned (Kyutai's first `SKIPPED_FRAMES` frames are decoded but cut), `ttfd` to the
+    first frame decoded, per step past the first audio the whole step (`frame`) and Mimi's
+    decoding in it (`decode`); `first_step`: the steps run at the first audio."""
+    mimi = model.codec.model
+    mimi.decodes.clear()
+    start = time.perf_counter()
+    voices = [folder / "voices" / f"voice{b}.safetensors" for b in range(batch)]
+    requests = [TtsRequest(TTS_TEXTS[b], (voice,)) for b, voice in enumerate(voices)]
+    run = TtsRun(model, requests, TtsSampling(), seed)
+    for request, schedule in zip(requests, run.schedules):
+        schedule.push(model.entries(request.text))
+        schedule.close()
+    ttfa, first_step, frame, decode = None, None, [], []
+    while len(frame) < steps:
+        decoded = len(mimi.decodes)
+        started = time.perf_counter()
+        pcm = run.step().pcm
+        ended = time.perf_counter()
+        if ttfa is not None:
+            frame.append(ended - started)
+            decode.append(sum(e - s for s, e in mimi.decodes[decoded:]))
+        elif any(p is not None for p in pcm):
+            ttfa, first_step = ended - start, run.step_index
+        if any(s.end_step is not None for s in run.schedules):  # texts as long as the bench
+            raise RuntimeError(f"a request's text ended at step {run.step_index}")
+    return {
+        "ttfa": ttfa,
+        "ttfd": mimi.decodes[0][1] - start,
+        "frame": frame,
+        "decode": decode,
+        "first_step": first_step,
+    }
+
+
+def bench_tts(
+    folder: Path,
+    mimi_file: Path,
+    batches: list[int],
+    steps: int,
+    warmup: int,
+    seed: int,
+    dtype: mx.Dtype | None = None,
+    model: TtsModel | None = None,
+) -> tuple[dict, TtsModel]:
+    """Our TTS on a `tts_weights` folder, per batch size: a warm-up run (`warmup` steps past
+    the first audio: every compiled step and ring size traced) on a fresh model, then a
+    measured run (`_tts_run`, `tts_result`'s figures). Returns the result and the model (pass
+    it back to measure again without the load and the warm-up)."""
+    fresh = model is None
+    if fresh:
+        fresh_memory()
+        config = LmConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
+        lm = load_lm(folder / TTS_LM_FILE, config, dtype=dtype)
+        codec = SimpleNamespace(model=_TimedMimi(load_mimi(mimi_file, config.dep_q)))
+        model = TtsModel(lm, codec, load_tokenizer(folder / TTS_TOKENIZER), files=None)
+    result = {"impl": "ours", "dtype": dtype_label(dtype, model.lm), "mlx": mx.__version__}
+    for batch in batches:
+        if fresh:
+            _tts_run(model, folder, batch, warmup, seed)
+        fresh_memory()
+        run = _tts_run(model, folder, batch, steps, seed)
+        step = [f - d for f, d in zip(run["frame"], run["decode"])]
+        figures = (run["ttfa"], run["ttfd"], run["first_step"], run["frame"], step, run["decode"])
+        result.update(tts_result(batch, *figures, peak_gb()))
+    return result, model
+
+
+def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
+    """Per TTS shape and dtype of ours, `--rounds` rounds of our TTS at batch 1 and
+    `--streams` and, with `--kyutai`, of Kyutai's on the same files (theirs first in each
+    round, then ours: a slow spell of the machine hits both); statistics over the rounds'
+    samples. Our model is loaded and warmed up once per case."""
+    mimi_file = mimi_weights(folder)
+    batches = sorted({1, args.streams})
+    for shape in tts_shapes(args.shapes):
+        tts_dir = tts_weights(folder, shape, max(batches))
+        extra = ["--mimi", str(mimi_file), "--batches", ",".join(map(str, batches))]
+        extra += [
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--seed",
+            str(args.seed),
+        ]
+        theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
+        models: dict[str, TtsModel] = {}
+        for _ in range(args.rounds):
+            if args.kyutai:
+                theirs_runs.append(run_kyutai(args.kyutai_python, "tts", tts_dir, extra))
+            for dtype in args.dtype:
+                ours, models[dtype] = bench_tts(
+                    tts_dir, mimi_file, batches, args.steps, args.warmup, args.seed,
+                    DTYPES[dtype], models.get(dtype),
+                )  # fmt: skip
+                ours_runs[dtype].append(ours)
+        models.clear()
+        theirs = pool_tts(theirs_runs, batches) if theirs_runs else None
+        for dtype in args.dtype:
+            case = {"part": "tts", "shape": shape, "quant": "bf16", "batches": batches}
+            case.update(ours=pool_tts(ours_runs[dtype], batches), kyutai=theirs)
+            case["ld_preload"] = os.environ.get("LD_PRELOAD", "")
+            yield case
+
+
+# Rows of the `tts` part, per batch size (`tts_result`).
+TTS_METRICS = ("ttfa_ms", "ttfd_ms", "frame_ms", "step_ms", "decode_ms")
+
+
+def _tts_line(label: str, data: dict, batches: list[int]) -> str:
+    """The `tts` case's real-time factor at batch 1 and audio per second of each batch."""
+    parts = []
+    for batch in batches:
+        if f"error_b{batch}" in data:
+            parts.append(f"batch {batch} failed: {data[f'error_b{batch}']}")
+            continue
+        figure = f"batch {batch}: {data[f'audio_per_s_b{batch}']:.3f} s of audio/s"
+        if batch == 1:
+            figure = f"batch 1: real-time factor {data['real_time_factor_b1']:.3f}"
+        elif "audio_per_s_b1" in data:
+            figure += f" ({data[f'audio_per_s_b{batch}'] / data['audio_per_s_b1']:.2f}x batch 1)"
+        parts.append(f"{figure}, first audio at step {data[f'first_audio_step_b{batch}']}")
+    return f"  {label}: " + "; ".join(parts)
+
+
+PART = Part(
+    "tts",
+    cases,
+    metrics=lambda case: tuple(f"{m}_b{b}" for b in case["batches"] for m in TTS_METRICS),
+    notes=lambda label, data, case: [_tts_line(label, data, case["batches"])],
+)

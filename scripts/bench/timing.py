@@ -1,0 +1,116 @@
+"""What the parts share to time a step: MLX's memory, host syncs, graph sizes, LM steps."""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.kv_cache import KVRing
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+def fresh_memory() -> None:
+    """Free what the last case left (Python's garbage, MLX's buffer cache) and reset MLX's
+    peak memory, so the next case's peak is its own."""
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+
+
+def peak_gb() -> float:
+    """MLX's peak memory since the last reset, GB."""
+    return mx.get_peak_memory() / 1e9
+
+
+def compiled_temporal_step(lm: Lm):
+    """The temporal transformer with the text head over a `KVRing`, compiled as in a step:
+    (tokens (1, K, 1), ring keys, values, position) -> (out, text logits, next keys, values,
+    position)."""
+    cfg = lm.cfg
+
+    def temporal_step(tokens: mx.array, keys: list, values: list, position: mx.array):
+        ring = KVRing(keys, values, position, cfg.context)
+        out, text_logits = lm.step_text(tokens, ring)
+        ring = ring.advanced()
+        return out, text_logits, ring.keys, ring.values, ring.position
+
+    return mx.compile(temporal_step)
+
+
+class SyncMeter:
+    """Counts host synchronisations, and the time the host waits in them, while active.
+
+    Wraps `mx.eval`, `mx.array.item`, `mx.array.tolist` and numpy's array conversions. A call
+    counts as a sync when it touches an array that no earlier call of the same frame
+    evaluated or read (`new_frame()` forgets them): reading a token of an array the frame
+    already evaluated costs no wait. `mx.async_eval` does not make the host wait for the
+    result (no sync), but the time it takes to launch the work counts as evaluation time
+    (`wait_s`): on MLX's CPU backend it runs the graph's operations before it returns.
+    """
+
+    def __init__(self):
+        self.syncs = 0
+        self.wait_s = 0.0
+        self._seen: dict[int, mx.array] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def new_frame(self) -> None:
+        self._seen.clear()
+
+    def _wrap(self, fn, waits: bool):
+        def measured(*args, **kwargs):
+            arrays = [a for _, a in tree_flatten(list(args)) if isinstance(a, mx.array)]
+            fresh = [a for a in arrays if id(a) not in self._seen]
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if fresh:
+                    self.wait_s += time.perf_counter() - start
+                if fresh and waits:
+                    self.syncs += 1
+                    self._seen.update((id(a), a) for a in arrays)
+
+        return measured
+
+    def __enter__(self) -> Self:
+        wrapped = [(mx, "eval"), (mx, "async_eval"), (mx.array, "item"), (mx.array, "tolist")]
+        for owner, name in [*wrapped, (np, "array"), (np, "asarray"), (np, "ascontiguousarray")]:
+            original = getattr(owner, name)
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._wrap(original, waits=name != "async_eval"))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def count_graph_ops(outputs) -> int:
+    """Operations (primitives) in the lazy graph that computes `outputs`, evaluated inputs
+    excluded, from MLX's own graph export (`mx.export_to_dot`)."""
+    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.dot"
+        mx.export_to_dot(str(path), *arrays)
+        return path.read_text().count("shape=rectangle")
+
+
+def timed_step(gen: LmGen, codes: np.ndarray) -> float:
+    """Seconds of one `LmGen.step` with its text token and Moshi's codes read on the host."""
+    start = time.perf_counter()
+    result = gen.step(codes)
+    _ = result.text_token, result.moshi_codes
+    return time.perf_counter() - start

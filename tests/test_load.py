@@ -1,0 +1,139 @@
+"""`moshi_mlx.load`, the one way in: each model kind from a local folder laid out like its hub
+repo, the compute dtype honoured, and the refusals of the one load path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from tiny_moshi import (
+    cached_tiny_hibiki,
+    cached_tiny_moshi,
+    cached_tiny_personaplex,
+    cached_tiny_stt,
+    fast_codec,
+)
+
+import moshi_mlx
+from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
+from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE
+from moshi_mlx.errors import ConfigError, WeightsError
+
+TTS_FIXTURES = Path(__file__).parent / "fixtures" / "tts"
+
+
+def _repo_folder(folder: Path, files: dict[str, Path]) -> Path:
+    """A folder laid out like a hub repo: each file (name in the repo: path) linked in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, path in files.items():
+        (folder / name).symlink_to(path)
+    return folder
+
+
+def _nvidia_config(path: Path, ours: Path) -> Path:
+    """PersonaPlex's config.json as NVIDIA writes it: ours without our two keys."""
+    data = json.loads(ours.read_text())
+    del data["user_codebooks"], data["generator"]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _folder_of(kind: str, root: Path, tmp_path_factory) -> Path:
+    moshi = cached_tiny_moshi(tmp_path_factory)
+    shared = {MIMI_FILE: moshi["mimi"], TOKENIZER_FILE: moshi["tokenizer"]}
+    if kind == "moshi":
+        return moshi["moshi"].parent  # written as the repo lays it out
+    if kind == "personaplex":  # NVIDIA's config, and no voices.tgz
+        files = cached_tiny_personaplex(tmp_path_factory)
+        folder = _repo_folder(root, {**shared, "model.safetensors": files["moshi"]})
+        _nvidia_config(folder / CONFIG_FILE, files["lm_config"])
+        return folder
+    if kind == "hibiki":
+        files = cached_tiny_hibiki(tmp_path_factory)
+    elif kind == "stt":
+        files = cached_tiny_stt(tmp_path_factory)
+    else:
+        config = json.loads((TTS_FIXTURES / CONFIG_FILE).read_text())
+        return _repo_folder(
+            root,
+            {
+                CONFIG_FILE: TTS_FIXTURES / CONFIG_FILE,
+                config["moshi_name"]: TTS_FIXTURES / "weights.safetensors",
+                config["tokenizer_name"]: TTS_FIXTURES / "tokenizer.model",
+                MIMI_FILE: moshi["mimi"],
+            },
+        )
+    return _repo_folder(
+        root, {**shared, "model.safetensors": files["moshi"], CONFIG_FILE: files["lm_config"]}
+    )
+
+
+# kind: (class, compute dtype asked for)
+KINDS = {
+    "moshi": (moshi_mlx.MoshiModel, "bfloat16"),
+    "personaplex": (moshi_mlx.MoshiModel, "float32"),
+    "hibiki": (moshi_mlx.MoshiModel, "float16"),
+    "stt": (moshi_mlx.SttModel, "bfloat16"),
+    "tts": (moshi_mlx.TtsModel, "float16"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_loads_from_a_folder_laid_out_like_its_repo(
+    kind, tmp_path, tmp_path_factory, monkeypatch
+):
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "no_weights"))
+    folder = _folder_of(kind, tmp_path / "repo", tmp_path_factory)
+    cls, dtype = KINDS[kind]
+    codec = "mlx" if kind == "tts" else fast_codec()
+    model = moshi_mlx.load(folder, dtype=dtype, codec_backend=codec)
+    assert type(model) is cls
+    assert model.files.moshi.parent == folder and model.files.repo == str(folder)
+    floats = [p.dtype for _, p in tree_flatten(model.lm.parameters()) if p.dtype != mx.uint32]
+    assert set(floats) == {getattr(mx, dtype)}
+    assert model.memory is not None and model.memory.dtype == getattr(mx, dtype)
+    if kind == "personaplex":  # recognised in NVIDIA's terms; an unknown voice is unknown
+        assert model.lm.cfg.prompted and model.lm.cfg.num_user_codebooks == 8
+        with pytest.raises(ConfigError, match="unknown voice 'NATX9'; the voices are NATF0"):
+            model.prompts.source("NATX9")
+        with pytest.raises(WeightsError, match=f"{folder} has no voices.tgz"):
+            model.prompts.source("NATF2")  # a published voice: the archive is what is missing
+
+
+def test_each_kind_loads_through_its_own_class_and_refuses_another(tmp_path, tmp_path_factory):
+    stt = _folder_of("stt", tmp_path / "stt", tmp_path_factory)
+    assert type(moshi_mlx.SttModel.load(stt, codec_backend=fast_codec())) is moshi_mlx.SttModel
+    with pytest.raises(ConfigError, match="is a Kyutai STT model, not a text-to-speech model"):
+        moshi_mlx.TtsModel.load(stt)
+    with pytest.raises(ConfigError, match="is a Kyutai STT model, not a chat"):
+        moshi_mlx.MoshiModel.load(stt)
+
+
+def test_a_bad_dtype_is_refused(tmp_path_factory):
+    folder = cached_tiny_moshi(tmp_path_factory)["moshi"].parent
+    with pytest.raises(ConfigError, match="dtype must be one of float32, bfloat16, float16"):
+        moshi_mlx.load(folder, dtype="int8")
+
+
+def test_dtype_flag_reaches_the_load_options():
+    from moshi_mlx.cli.common import add_model_args, load_options
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    assert load_options(parser.parse_args([])).compute_dtype is None
+    options = load_options(parser.parse_args(["--dtype", "float16"]))
+    assert options.compute_dtype == mx.float16
+
+
+def test_import_errors_stays_light():
+    code = (
+        "import sys, moshi_mlx.errors; print('mlx' in sys.modules, 'moshi_mlx.api' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]

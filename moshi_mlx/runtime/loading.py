@@ -203,4 +203,4 @@ def load_parts(repo: str | None, options: LoadOptions, kind: str | None = None) 
         ) from None
     codec = load_codec(files.mimi, options.codec_backend, found.codec_codebooks)
     tokenizer = load_tokenizer(files.tokenizer)
-    return LoadedParts(lm, codec, tokenizer, files, found.memory, options.kv_quantization)
+    return LoadedParts(lm, codec, tokenizer, files, found.memory, found.memory.kv)

@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from moshi_mlx.checkpoints.header import LmHeader, parameter_count
+from moshi_mlx.checkpoints.header import LmHeader
 from moshi_mlx.checkpoints.io import Layout
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
 from moshi_mlx.errors import ConfigError
@@ -140,7 +140,8 @@ def codec_bytes(
     transformer = config.transformer
     caches = 2 * 2 * transformer.num_layers * transformer.context * transformer.d_model
     tables = sum(table.size for table in mimi.quantizer.search_tables())
-    return (parameter_count(mimi) + tables + caches) * mx.float32.size
+    weights = sum(p.size for _, p in tree_flatten(mimi.parameters()))  # none shared
+    return (weights + tables + caches) * mx.float32.size
 
 
 def activation_bytes(config: LmConfig) -> int:

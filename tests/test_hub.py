@@ -148,7 +148,7 @@ def test_a_folder_missing_a_file_names_it_in_one_line(tmp_path):
     with pytest.raises(WeightsError) as caught:
         hub.resolve_weights(str(folder))
     message = str(caught.value)
-    assert message == f"{folder} has no {hub.TOKENIZER_FILE} (or pass --tokenizer PATH)"
+    assert message == f"{folder} has no {hub.TOKENIZER_FILE} (or pass tokenizer=PATH)"
     stt = _touch(tmp_path / "stt", ())
     (stt / "config.json").write_text('{"model_type": "stt", "mimi_name": "mimi.safetensors"}')
     with pytest.raises(WeightsError, match=f"{stt} has no model.safetensors"):

@@ -9,13 +9,9 @@ import pytest
 from mlx.utils import tree_flatten
 from safetensors import safe_open
 
+from moshi_mlx.checkpoints.header import compute_dtype, detect_quantization, parameter_count
 from moshi_mlx.checkpoints.io import layout_of
-from moshi_mlx.checkpoints.lm import (
-    compute_dtype,
-    detect_quantization,
-    load_lm,
-    parameter_count,
-)
+from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint

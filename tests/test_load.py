@@ -7,9 +7,11 @@ import argparse
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from tiny_moshi import (
@@ -104,6 +106,31 @@ def test_each_kind_loads_from_a_folder_laid_out_like_its_repo(
             model.prompts.source("NATX9")
         with pytest.raises(WeightsError, match=f"{folder} has no voices.tgz"):
             model.prompts.source("NATF2")  # a published voice: the archive is what is missing
+
+
+@pytest.mark.parametrize("kind", ["moshi", "personaplex", "stt"])
+def test_each_file_header_is_read_once(kind, tmp_path, tmp_path_factory, monkeypatch):
+    """The LM file's header is read once: the plan and the load run from what it says, and
+    the tensors are then read from where it said. Mimi's file is opened once."""
+    from moshi_mlx.checkpoints import io
+
+    monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "no_weights"))
+    folder = _folder_of(kind, tmp_path / "repo", tmp_path_factory)
+    reads: Counter = Counter()
+
+    def counted(what: str, read):
+        def counting(path, *args, **kwargs):
+            reads[what, Path(path).resolve()] += 1
+            return read(path, *args, **kwargs)
+
+        return counting
+
+    monkeypatch.setattr(io, "open", counted("header", open), raising=False)
+    monkeypatch.setattr(io.np, "memmap", counted("tensors", np.memmap))
+    monkeypatch.setattr(mx, "load", counted("mx.load", mx.load))
+    model = moshi_mlx.load(folder, codec_backend="mlx")
+    lm_file, mimi_file = model.files.moshi.resolve(), model.files.mimi.resolve()
+    assert reads == {("header", lm_file): 1, ("tensors", lm_file): 1, ("mx.load", mimi_file): 1}
 
 
 def test_each_kind_loads_through_its_own_class_and_refuses_another(tmp_path, tmp_path_factory):

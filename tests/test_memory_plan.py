@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
 
 from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.checkpoints.header import lm_header
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors_header
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -51,9 +52,14 @@ def _manifest_layout(name: str) -> dict:
     }
 
 
+def _lm(config: LmConfig, layout: dict, source: str = "the LM file"):
+    """What an LM file of this layout says, as the load path works it out from its header."""
+    return lm_header(layout, {}, config, source)
+
+
 def test_published_7b_figures():
     config = LmConfig.moshi_7b()
-    q4 = plan_memory(config, _manifest_layout("q4"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    q4 = plan_memory(_lm(config, _manifest_layout("q4")), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
     assert q4.lm_bits == 4 and q4.dtype == mx.bfloat16
     assert round(q4.weights / GB, 2) == 4.81  # Kyutai's file, as loaded in bf16
     assert round(q4.kv_cache / GB, 2) == 1.57  # 32 layers x 2 x 3000 x 4096 x 2 bytes
@@ -61,14 +67,14 @@ def test_published_7b_figures():
     assert (
         quantized_lm_weight_bytes(config, 8, mx.bfloat16)
         == plan_memory(
-            config, _manifest_layout("q8"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC
+            _lm(config, _manifest_layout("q8")), 0, mx.bfloat16, capacity=EIGHT_GB_MAC
         ).weights
     )
     kv8, kv4 = (
         kv_cache_bytes(config, mx.bfloat16, KVQuantization.of(bits)) / GB for bits in (8, 4)
     )
     assert round(kv8, 2) == 0.85 and round(kv4, 2) == 0.51  # each with 17 MB unquantized
-    bf16 = plan_memory(config, _manifest_layout("bf16"), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    bf16 = plan_memory(_lm(config, _manifest_layout("bf16")), 0, mx.bfloat16, capacity=EIGHT_GB_MAC)
     assert bf16.lm_bits is None and round(bf16.weights / GB, 2) == 15.38
     assert "KV cache (3000 steps, unquantized)" in q4.table() and "does not fit" in q4.table()
 
@@ -77,14 +83,14 @@ def test_advice_names_what_fits():
     config = LmConfig.moshi_7b()
     mimi = codec_bytes("mlx", "unused", 8)
     bf16 = plan_memory(
-        config, _manifest_layout("bf16"), mimi, mx.bfloat16, capacity=(11 * 10**9, "GPU")
+        _lm(config, _manifest_layout("bf16")), mimi, mx.bfloat16, capacity=(11 * 10**9, "GPU")
     )
     with pytest.raises(ConfigError) as error:
         check_fits(bf16, config)
     message = str(error.value)
     assert "\n" not in message and "needs 17.39 GB" in message
     assert "it fits with quantize=4 (6.81 GB)" in message
-    q4 = plan_memory(config, _manifest_layout("q4"), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
+    q4 = plan_memory(_lm(config, _manifest_layout("q4")), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
     with pytest.raises(ConfigError) as error:
         check_fits(q4, config)
     message = str(error.value)
@@ -108,7 +114,7 @@ def _allocated(build) -> tuple[int, object]:
 def test_planned_weights_are_what_mlx_allocates(tiny_lm_checkpoints, variant):
     path = tiny_lm_checkpoints[variant]
     layout, _ = read_safetensors_header(path)
-    plan = plan_memory(LmConfig.tiny(), layout, 0)
+    plan = plan_memory(_lm(LmConfig.tiny(), layout, str(path)), 0)
     allocated, lm = _allocated(lambda: load_lm(path))
     held = sum(p.nbytes for _, p in tree_flatten(lm.parameters()))
     print(f"{variant}: planned {plan.weights} B, allocated {allocated} B, parameters {held} B")
@@ -228,7 +234,7 @@ def test_kv_bits_flag(tmp_path, tmp_path_factory, capsys):
         assert err.count("\n") == 1 and "needs a head dimension that divides by it" in err
         assert "KV cache" not in out
     plan = plan_memory(
-        LmConfig.moshi_7b(), _manifest_layout("q4"), 0, kv=KVQuantization.of(8)
+        _lm(LmConfig.moshi_7b(), _manifest_layout("q4")), 0, kv=KVQuantization.of(8)
     ).table()
     assert "KV cache (3000 steps, 8-bit)" in plan
 
@@ -260,7 +266,7 @@ def test_personaplex_plans_the_slices_it_samples_and_fits_8_gb_as_moshi():
     personaplex, moshi = LmConfig.personaplex_7b(), LmConfig.moshi_7b()
     mimi = codec_bytes("mlx", "unused", 8)
     plans = [
-        plan_memory(config, file_layout, mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
+        plan_memory(_lm(config, file_layout), mimi, mx.bfloat16, capacity=EIGHT_GB_MAC)
         for config, file_layout in ((personaplex, layout), (moshi, _manifest_layout("bf16")))
     ]
     assert plans[0].weights == plans[1].weights  # the user's 8 slices are never loaded
@@ -281,7 +287,7 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     hibiki = Path(__file__).parent / "fixtures" / "hibiki"
     config = LmConfig.from_dict(json.loads((hibiki / "config.json").read_text()))
     layout, _ = read_safetensors_header(hibiki / "weights.safetensors")
-    plan = plan_memory(config, layout, 0, mx.float32, capacity=(1 << 40, "test"))
+    plan = plan_memory(_lm(config, layout), 0, mx.float32, capacity=(1 << 40, "test"))
     plain = replace(config, conditioners=(), model_type="moshi")
     assert plan.kv_cache == 2 * kv_cache_bytes(plain, mx.float32)
     assert "2 rows: guidance" in plan.table()

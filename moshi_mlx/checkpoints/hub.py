@@ -13,12 +13,12 @@ and, for Kyutai's STT, TTS and Hibiki repos, names the other files. It is read o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from moshi_mlx.checkpoints.io import read_json
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
     DEFAULT_REPO,
@@ -190,7 +190,7 @@ def resolve_weights(
         if path is not None:
             _user_path(path, parameter)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
-    data = read_json(config) if config is not None else None
+    data = _read_config(config) if config is not None else None
     names = data if data is not None and data.get("model_type") in CONFIG_NAMED_TYPES else {}
     if names and quantize is None:
         lm_file = names.get("moshi_name", LM_FILES[16][1])
@@ -201,6 +201,15 @@ def resolve_weights(
     }
     found = {field: _find_file(repo, *entry) for field, entry in wanted.items()}
     return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
+
+
+def _read_config(path: Path) -> dict:
+    """The contents of the config.json `find_config` found (read here, so that the files are
+    found in one pass); `WeightsError` if it is not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise WeightsError(f"{path} is not valid JSON: {exc}") from None
 
 
 def _find_file(repo: str, filename: str, parameter: str, given: str | Path | None) -> Path:

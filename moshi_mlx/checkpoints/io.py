@@ -11,10 +11,12 @@ import json
 import math
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
@@ -22,6 +24,13 @@ from moshi_mlx.errors import WeightsError, WeightsMismatchError
 
 _MAX_NAMES_IN_ERROR = 5
 _SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32", mx.uint32: "U32"}
+# bf16 is read as its bits, then viewed as bf16 in MLX.
+_NUMPY_DTYPES = {
+    mx.bfloat16: np.uint16,
+    mx.float16: np.float16,
+    mx.float32: np.float32,
+    mx.uint32: np.uint32,
+}
 
 Layout = dict[str, tuple[tuple[int, ...], mx.Dtype]]  # name -> (shape, dtype)
 
@@ -43,9 +52,19 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, s
     return tensors, dict(metadata or {})
 
 
-def read_safetensors_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
-    """Names, shapes and dtypes of a safetensors file's tensors, and its metadata, from its
-    header alone (no tensor data is read)."""
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A safetensors file's header, read once: its tensors' names, shapes and dtypes, its
+    metadata, and where each tensor's bytes lie in the file."""
+
+    path: Path
+    layout: Layout
+    metadata: dict[str, str]
+    spans: dict[str, tuple[int, int]]  # name -> [begin, end) byte offsets in the file
+
+
+def read_header(path: str | Path) -> SafetensorsHeader:
+    """The header of a safetensors file (no tensor data is read)."""
     path = Path(path)
     try:
         with open(path, "rb") as file:
@@ -56,11 +75,43 @@ def read_safetensors_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
         layout = {
             name: (tuple(entry["shape"]), names[entry["dtype"]]) for name, entry in header.items()
         }
+        start = 8 + length
+        spans = {
+            name: (start + entry["data_offsets"][0], start + entry["data_offsets"][1])
+            for name, entry in header.items()
+        }
     except FileNotFoundError:
         raise WeightsError(f"weights file not found: {path}") from None
-    except (OSError, struct.error, ValueError, KeyError, TypeError) as exc:
+    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
         raise WeightsError(f"cannot read {path} as safetensors: {exc!r}") from None
-    return layout, metadata
+    return SafetensorsHeader(path, layout, metadata, spans)
+
+
+def read_safetensors_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
+    """Names, shapes and dtypes of a safetensors file's tensors, and its metadata, from its
+    header alone (`read_header`)."""
+    header = read_header(path)
+    return header.layout, header.metadata
+
+
+def read_tensors(header: SafetensorsHeader, names: Iterable[str]) -> dict[str, mx.array]:
+    """The tensors `names` of the file `header` was read from, each from the bytes the header
+    says (the header is not read again; tensors not named are not read at all)."""
+    try:
+        data = np.memmap(header.path, np.uint8, mode="r")
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"cannot read {header.path}: {exc!r}") from None
+    tensors = {}
+    for name in names:
+        (begin, end), (shape, dtype) = header.spans[name], header.layout[name]
+        if end > data.size or end - begin != math.prod(shape) * dtype.size:
+            raise WeightsError(
+                f"cannot read {header.path} as safetensors: tensor {name}'s data does not fit "
+                "the file (an incomplete download?)"
+            )
+        values = mx.array(data[begin:end].view(_NUMPY_DTYPES[dtype]).reshape(shape))
+        tensors[name] = values.view(dtype) if values.dtype != dtype else values
+    return tensors
 
 
 def read_json(path: str | Path) -> dict:
@@ -138,8 +189,9 @@ def load_strict(
     params = dict(tree_flatten(model.parameters()))
     cast = {}
     for name, array in tensors.items():
-        if mx.issubdtype(array.dtype, mx.floating):
-            array = array.astype(dtype or params[name].dtype)
+        target = dtype or params[name].dtype
+        if mx.issubdtype(array.dtype, mx.floating) and array.dtype != target:
+            array = array.astype(target)
         cast[name] = array
     model.update(tree_unflatten(list(cast.items())))
 

@@ -18,6 +18,7 @@ import mlx.core as mx
 from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors_header
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.models.mimi import MimiConfig
 
 DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
 # Kyutai's speech-to-text with its voice-activity heads (PyTorch naming; file names in its
@@ -130,6 +131,28 @@ def lm_config_from_header(
     steps = {m.group(1) for name in layout if (m := _DEPFORMER_STEP.match(name))}
     personaplex = LmConfig.personaplex_7b()
     return personaplex if len(steps) == personaplex.dep_q else LmConfig.moshi_7b()
+
+
+def codec_codebooks(config: LmConfig) -> int:
+    """The codebooks Mimi encodes or decodes for a model: the user's (chat, STT) or the
+    generated ones (chat, TTS)."""
+    return max(config.moshi_codebooks, config.num_user_codebooks)
+
+
+def check_codec_fits(cfg: LmConfig) -> None:
+    """Raise `ConfigError` unless a chat LM's audio streams match Mimi's codebooks."""
+    if cfg.num_user_codebooks != cfg.moshi_codebooks:
+        raise ConfigError(
+            f"the LM config has {cfg.moshi_codebooks} Moshi and {cfg.num_user_codebooks} user "
+            "codebooks; "
+            "the codec needs the same number of both"
+        )
+    codec_card = MimiConfig.moshi().quantizer.bins
+    if cfg.card != codec_card:
+        raise ConfigError(
+            f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
+            f"{codec_card}: the LM weights or lm_config do not belong to Moshi"
+        )
 
 
 def config_metadata(config: LmConfig) -> dict[str, str]:

@@ -32,7 +32,7 @@ from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
 from moshi_mlx.errors import ConfigError, MoshiError
 from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
-from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts, memory_plan
+from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.limits import Limits
 
@@ -326,7 +326,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 def print_memory_plan(args: argparse.Namespace) -> int:
     """`--memory-plan`: print the plan of the model the flags describe (no weight is read)."""
     options = load_options(args)
-    print(memory_plan(find_model(args.hf_repo, options, "chat"), options).table())
+    print(find_model(args.hf_repo, options, "chat").memory.table())
     return 0
 
 

@@ -1,14 +1,24 @@
-"""The one load path of every model of the family (chat, STT, TTS), read top to bottom:
+"""The one load path of every model of the family (chat, STT, TTS), read top to bottom.
 
-1. files (`checkpoints.hub.resolve_weights`): given paths, a local folder laid out like the
+Each step uses what the steps before it found and never goes back to a file already read:
+
+1. options (`LoadOptions`): the compute dtype and the KV cache's quantization, checked first.
+2. files (`checkpoints.hub.resolve_weights`): given paths, a local folder laid out like the
    hub repo, the weights folder, then the hub; the config.json is found first and read once.
-2. header and config (`checkpoints.io.read_safetensors_header`, `checkpoints.spec`): the LM
-   file's header, read once; the LM config (config.json, else the header's metadata, else
-   its layout), checked against the model kind before any weight is read.
-3. memory (`runtime.memory_plan.plan_memory`): the plan from that header (checked for chat).
-4. weights (`checkpoints.lm.load_lm`): the tensors, converted to MLX names
-   (`checkpoints.conversion`), loaded strictly in the planned dtype.
-5. codec and tokenizer (`runtime.codec`, `runtime.tokenizer`).
+3. header and config (`checkpoints.io.read_header`, `checkpoints.spec`): the LM file's
+   header, read once; the LM config (given, config.json, else the header's metadata, else
+   its layout), checked against the model kind, the context and the codec.
+4. what the header says (`checkpoints.header.lm_header`): one record (`LmHeader`) of the
+   tensors as loaded (MLX naming, the depformer slices held; the conversion from PyTorch
+   naming planned tensor by tensor), the quantization, the parameter count and the default
+   compute dtype.
+5. memory (`runtime.memory_plan`): the codec's bytes, then the plan, arithmetic over the
+   record and the options (`find_model` ends here: `--memory-plan` reads no weight); for
+   chat, a plan that does not fit stops the load.
+6. weights (`checkpoints.lm.lm_from_file`): the model built and quantized from the record,
+   then only the tensors it holds read from where the header said (the header is not read
+   again), converted, and loaded strictly in the planned dtype.
+7. codec and tokenizer (`runtime.codec`, `runtime.tokenizer`).
 
 `moshi_mlx.load`, `MoshiModel.load`, `SttModel.load` and `TtsModel.load` all come here.
 """
@@ -21,18 +31,20 @@ from pathlib import Path
 import mlx.core as mx
 import sentencepiece
 
+from moshi_mlx.checkpoints.header import LmHeader, lm_header
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
-from moshi_mlx.checkpoints.io import Layout, read_safetensors_header
-from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.io import SafetensorsHeader, read_header
+from moshi_mlx.checkpoints.lm import lm_from_file
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
     DEFAULT_STT_REPO,
     DEFAULT_TTS_REPO,
+    check_codec_fits,
+    codec_codebooks,
     lm_config_from_header,
 )
 from moshi_mlx.errors import ConfigError, WeightsMismatchError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import Codec, load_codec
 from moshi_mlx.runtime.memory_plan import MemoryPlan, check_fits, codec_bytes, plan_memory
@@ -99,13 +111,20 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class FoundModel:
-    """A model's files, its LM config and its LM file's header (read once), before loading."""
+    """A model before any weight is read: its files, its LM file's header (read once), what
+    the header says (`lm`, whose config has the options' context), the codebooks its codec
+    handles, and the memory plan."""
 
     kind: str  # a key of `KINDS`
     files: WeightFiles
-    config: LmConfig
-    layout: Layout
-    metadata: dict[str, str]
+    header: SafetensorsHeader
+    lm: LmHeader
+    codec_codebooks: int
+    memory: MemoryPlan
+
+    @property
+    def config(self) -> LmConfig:
+        return self.lm.config
 
 
 @dataclass(frozen=True)
@@ -121,8 +140,9 @@ class LoadedParts:
 
 
 def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) -> FoundModel:
-    """Steps 1 and 2: the files of `repo` (None: the kind's default repo), the LM config and
-    the LM file's header; `kind` None takes the one the config's `model_type` says."""
+    """Steps 1 to 4 (see the module docstring) for `repo` (None: the kind's default repo);
+    `kind` None takes the one the config's `model_type` says."""
+    dtype, kv_quantization = options.compute_dtype, options.kv_quantization
     given = options.lm_config if isinstance(options.lm_config, LmConfig) else None
     wanted = KINDS[kind or "chat"]
     files = resolve_weights(
@@ -134,13 +154,16 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
         None if given is not None else options.lm_config,
         config_required=kind is not None and wanted.config_required,
     )
-    layout, metadata = read_safetensors_header(files.moshi)
-    config = given or lm_config_from_header(layout, metadata, str(files.moshi), files.config_data)
+    header = read_header(files.moshi)
+    source = str(files.moshi)
+    config = given or lm_config_from_header(
+        header.layout, header.metadata, source, files.config_data
+    )
     found_kind = KIND_OF_MODEL_TYPE[config.model_type]
     if kind is not None and found_kind != kind:
-        source = files.lm_config or files.moshi
         raise ConfigError(
-            f"{source} is a {config.model_name} model, not a {KINDS[kind].name} model"
+            f"{files.lm_config or files.moshi} is a {config.model_name} model, not a "
+            f"{KINDS[kind].name} model"
         )
     if options.context is not None:
         if not 1 <= options.context <= config.context:
@@ -155,65 +178,29 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
         raise ConfigError("a quantized KV cache (kv_bits) is for chat models only")
     if found_kind == "tts" and options.codec_backend != "mlx":
         raise ConfigError("the text-to-speech model decodes with the mlx codec only")
-    return FoundModel(found_kind, files, config, layout, metadata)
-
-
-def memory_plan(found: FoundModel, options: LoadOptions) -> MemoryPlan:
-    """Step 3: what the model would take in memory, from its files' headers alone;
-    `ConfigError` if the KV cache's quantization does not fit the LM's attention heads."""
-    kv_quantization = options.kv_quantization
-    config = found.config
+    codebooks = codec_codebooks(config)
     if kv_quantization is not None:
         kv_quantization.check_head_dim(config.temporal_config().head_dim)
-    codec = codec_bytes(options.codec_backend, found.files.mimi, codec_codebooks(config))
-    return plan_memory(
-        config,
-        found.layout,
-        codec,
-        options.compute_dtype,
-        kv_quantization,
-        lm_metadata=found.metadata,
-        source=str(found.files.moshi),
-    )
+    lm = lm_header(header.layout, header.metadata, config, source)
+    codec = codec_bytes(options.codec_backend, files.mimi, codebooks)
+    memory = plan_memory(lm, codec, dtype, kv_quantization)
+    return FoundModel(found_kind, files, header, lm, codebooks, memory)
 
 
 def load_parts(repo: str | None, options: LoadOptions, kind: str | None = None) -> LoadedParts:
-    """The whole path (see the module docstring): find, plan, load."""
+    """The whole path (see the module docstring): find and plan, check, load."""
     found = find_model(repo, options, kind)
-    plan = memory_plan(found, options)
     if options.check_memory and KINDS[found.kind].checks_memory:
-        check_fits(plan, found.config)
+        check_fits(found.memory, found.lm.config)
     files = found.files
     try:
-        lm = load_lm(files.moshi, found.config, plan.dtype)
+        lm = lm_from_file(found.header, found.lm, found.memory.dtype)
     except WeightsMismatchError as exc:
         used = files.lm_config or "the one its file carries or its layout says"
         raise WeightsMismatchError(
             f"{exc}; these LM weights do not fit the LM config ({used}): "
             "pass the config.json that belongs to them as lm_config"
         ) from None
-    codec = load_codec(files.mimi, options.codec_backend, codec_codebooks(lm.cfg))
+    codec = load_codec(files.mimi, options.codec_backend, found.codec_codebooks)
     tokenizer = load_tokenizer(files.tokenizer)
-    return LoadedParts(lm, codec, tokenizer, files, plan, options.kv_quantization)
-
-
-def codec_codebooks(config: LmConfig) -> int:
-    """The codebooks Mimi encodes or decodes for a model: the user's (chat, STT) or the
-    generated ones (chat, TTS)."""
-    return max(config.moshi_codebooks, config.num_user_codebooks)
-
-
-def check_codec_fits(cfg: LmConfig) -> None:
-    """Raise `ConfigError` unless a chat LM's audio streams match Mimi's codebooks."""
-    if cfg.num_user_codebooks != cfg.moshi_codebooks:
-        raise ConfigError(
-            f"the LM config has {cfg.moshi_codebooks} Moshi and {cfg.num_user_codebooks} user "
-            "codebooks; "
-            "the codec needs the same number of both"
-        )
-    codec_card = MimiConfig.moshi().quantizer.bins
-    if cfg.card != codec_card:
-        raise ConfigError(
-            f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-            f"{codec_card}: the LM weights or lm_config do not belong to Moshi"
-        )
+    return LoadedParts(lm, codec, tokenizer, files, found.memory, found.memory.kv)

@@ -1,12 +1,14 @@
 """How much memory a Moshi model will take, planned before any weight is read.
 
-From the LM config and the files' headers: the LM weights as they will sit in memory (packed
-quantized tensors as stored, floating tensors in the compute dtype; of PersonaPlex's 16-step
-depformer, the 8 slices that are sampled), the temporal transformer's
-KV ring at the full context (optionally quantized; Hibiki's holds 2 rows, for classifier-free
-guidance), the Mimi codec with its streaming state, and the activations of one step. `check_fits` compares the total with what the device can
-hold (on Apple GPUs MLX's recommended working set, on the CPU the RAM the system has free)
-and, when it does not fit, says in one line which choices would.
+Arithmetic over what the LM file's header says (`checkpoints.header.LmHeader`: the tensors as
+loaded, the quantization, the compute dtype) and the options: the LM weights as they will sit
+in memory (packed quantized tensors as stored, floating tensors in the compute dtype; of
+PersonaPlex's 16-step depformer, the 8 slices that are sampled), the temporal transformer's KV
+ring at the full context (optionally quantized; Hibiki's holds 2 rows, for classifier-free
+guidance), the Mimi codec with its streaming state, and the activations of one step.
+`check_fits` compares the total with what the device can hold (on Apple GPUs MLX's
+recommended working set, on the CPU the RAM the system has free) and, when it does not fit,
+says in one line which choices would.
 """
 
 from __future__ import annotations
@@ -21,13 +23,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from moshi_mlx.checkpoints.header import LmHeader
 from moshi_mlx.checkpoints.io import Layout
-from moshi_mlx.checkpoints.lm import (
-    compute_dtype,
-    detect_quantization,
-    loaded_layout,
-    parameter_count,
-)
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -143,7 +140,8 @@ def codec_bytes(
     transformer = config.transformer
     caches = 2 * 2 * transformer.num_layers * transformer.context * transformer.d_model
     tables = sum(table.size for table in mimi.quantizer.search_tables())
-    return (parameter_count(mimi) + tables + caches) * mx.float32.size
+    weights = sum(p.size for _, p in tree_flatten(mimi.parameters()))  # none shared
+    return (weights + tables + caches) * mx.float32.size
 
 
 def activation_bytes(config: LmConfig) -> int:
@@ -176,27 +174,22 @@ def _available_ram() -> int:
 
 
 def plan_memory(
-    config: LmConfig,
-    lm_layout: Layout,
+    lm: LmHeader,
     codec: int,
     dtype: mx.Dtype | None = None,
     kv: KVQuantization | None = None,
     capacity: tuple[int, str] | None = None,
-    lm_metadata: dict[str, str] | None = None,
-    source: str = "the LM file",
 ) -> MemoryPlan:
-    """The memory plan of a model about to be loaded (see the module docstring), from the LM
-    file's header (`lm_layout`, `lm_metadata`, read from `source`); `dtype` defaults to the
-    one `load_lm` would choose. `WeightsError` if the file's quantization cannot be read."""
-    model = Lm(config)  # lazy: nothing is allocated
-    lm_layout = loaded_layout(lm_layout, config, source)  # e.g. PersonaPlex: 8 of 16 slices
-    quantization = detect_quantization(lm_layout, lm_metadata or {}, model, source)
-    lm_bits = quantization[0] if quantization else None
-    if dtype is None:  # as `load_lm` chooses it
-        dtype = compute_dtype(parameter_count(model), quantized=lm_bits is not None)
+    """The memory plan of a model about to be loaded (see the module docstring): arithmetic
+    over what its LM file's header says (`lm`, whose config's context is the one planned), the
+    codec's bytes (`codec_bytes`), the compute `dtype` (default: the one `lm` records, which
+    `load_lm` chooses), the KV cache's quantization and the device's `capacity` (bytes, in
+    words; default: `device_capacity`)."""
+    dtype = dtype or lm.dtype
+    config = lm.config
     size, device = capacity or device_capacity()
     return MemoryPlan(
-        weights=lm_weight_bytes(lm_layout, dtype),
+        weights=lm_weight_bytes(lm.layout, dtype),
         kv_cache=kv_cache_bytes(config, dtype, kv),
         codec=codec,
         activations=activation_bytes(config),
@@ -205,7 +198,7 @@ def plan_memory(
         context=config.context,
         kv=kv,
         dtype=dtype,
-        lm_bits=lm_bits,
+        lm_bits=lm.quantization[0] if lm.quantization else None,
         rows=guidance_rows(config),
     )
 

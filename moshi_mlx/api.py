@@ -16,11 +16,11 @@ from pathlib import Path
 import mlx.core as mx
 
 from moshi_mlx.chat.model import MoshiModel
+from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.loading import LoadOptions, load_parts
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel
-from moshi_mlx.tts.voices import DEFAULT_VOICE_REPO
 
 
 def load(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from moshi_mlx.audio import SAMPLE_RATE
 from moshi_mlx.errors import AudioError
 
 SUB_FRAME_SECONDS = 0.01  # the canceller's unit: 10 ms
@@ -38,7 +39,9 @@ class EchoCanceller:
     is as long as the input, sample for sample.
     """
 
-    def __init__(self, sample_rate: int = 24_000, denoise: bool = False, cancel_echo: bool = True):
+    def __init__(
+        self, sample_rate: int = SAMPLE_RATE, denoise: bool = False, cancel_echo: bool = True
+    ):
         webrtc = _import_webrtc()
         self.sample_rate = sample_rate
         self.sub_frame = round(sample_rate * SUB_FRAME_SECONDS)
@@ -81,7 +84,9 @@ class PlayedAudio:
     a latency changed), never for callback jitter.
     """
 
-    def __init__(self, sample_rate: int = 24_000, seconds: float = 4.0, tolerance: float = 0.01):
+    def __init__(
+        self, sample_rate: int = SAMPLE_RATE, seconds: float = 4.0, tolerance: float = 0.01
+    ):
         self.sample_rate = sample_rate
         self._history = np.zeros(round(seconds * sample_rate), np.float32)
         self._played = 0  # far samples ever played

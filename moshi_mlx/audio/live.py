@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moshi_mlx.audio import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.audio.echo import EchoCanceller, PlayedAudio
 from moshi_mlx.audio.ring import FrameRing, StampLog
 
@@ -148,8 +149,8 @@ class LiveLoop:
     def __init__(
         self,
         step: StepFn,
-        frame_size: int = 1920,
-        sample_rate: int = 24_000,
+        frame_size: int = FRAME_SIZE,
+        sample_rate: int = SAMPLE_RATE,
         max_lag_frames: int = 3,
         on_text: Callable[[str], None] | None = None,
         on_frames: Callable[[np.ndarray, np.ndarray], None] | None = None,

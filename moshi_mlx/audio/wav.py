@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from moshi_mlx.audio import SAMPLE_RATE
 from moshi_mlx.audio.resample import resample
 from moshi_mlx.errors import AudioError
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry intelligible speech
 
 
-def read_audio(path: str | Path, sample_rate: int = 24_000) -> np.ndarray:
+def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Read an audio file (wav, flac, ogg, ...), mix it to mono and resample to `sample_rate`.
 
     Returns float32 samples in [-1, 1], shape (n,).
@@ -40,7 +41,7 @@ def read_audio(path: str | Path, sample_rate: int = 24_000) -> np.ndarray:
     return resample(mono, rate, sample_rate)
 
 
-def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = 24_000) -> None:
+def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
     """Write float samples, shape (n,) or (n, channels), as a 16-bit wav file."""
     pcm = np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0)
     try:
@@ -68,7 +69,7 @@ class WavRecorder:
         self,
         path: str | Path,
         channels: int,
-        sample_rate: int = 24_000,
+        sample_rate: int = SAMPLE_RATE,
         sync_seconds: float = 1.0,
         part_bytes: int = WAV_MAX_DATA_BYTES,
     ):

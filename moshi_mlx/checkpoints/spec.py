@@ -25,6 +25,7 @@ DEFAULT_REPO = "kyutai/moshiko-mlx-q4"
 # config.json, as in every delayed-streams repo: STT, Hibiki).
 DEFAULT_STT_REPO = "kyutai/stt-1b-en_fr"
 DEFAULT_TTS_REPO = "kyutai/tts-1.6b-en_fr"
+DEFAULT_VOICE_REPO = "kyutai/tts-voices"  # the TTS voices (speaker embeddings)
 MIMI_FILE = "tokenizer-e351c8d8-checkpoint125.safetensors"
 TOKENIZER_FILE = "tokenizer_spm_32k_3.model"
 CONFIG_FILE = "config.json"

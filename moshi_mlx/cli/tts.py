@@ -27,7 +27,7 @@ import numpy as np
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
 from moshi_mlx.audio.ring import FrameRing
 from moshi_mlx.audio.wav import write_audio
-from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO
+from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.cli.common import (
     CliParser,
     SamplingDefaults,
@@ -50,7 +50,7 @@ from moshi_mlx.tts.synthesizer import (
     TtsRequest,
     TtsStream,
 )
-from moshi_mlx.tts.voices import DEFAULT_VOICE, DEFAULT_VOICE_REPO, MAX_SPEAKERS
+from moshi_mlx.tts.voices import DEFAULT_VOICE, MAX_SPEAKERS
 
 PLAY_BUFFER_FRAMES = 50  # 4 s of audio queued for the speakers at most
 

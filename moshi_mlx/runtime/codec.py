@@ -16,13 +16,12 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.audio import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import AudioError, MoshiError, WeightsError
 from moshi_mlx.models.mimi import Mimi, MimiState
 from moshi_mlx.modules.streaming import state_arrays
 
-SAMPLE_RATE = 24_000
-FRAME_SIZE = 1920
 BACKENDS = ("mlx", "rustymimi")
 
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RATE = 24_000
+from moshi_mlx.audio import SAMPLE_RATE
+
+RATE = SAMPLE_RATE
 BLOCK = RATE // 100  # 10 ms: the unit in which activity and ERLE are measured
 
 

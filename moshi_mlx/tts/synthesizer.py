@@ -29,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.checkpoints.hub import WeightFiles
+from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
@@ -41,7 +42,6 @@ from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entri
 from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsSampling, TtsStepFunctions, TtsStepper
 from moshi_mlx.tts.voices import (
     DEFAULT_VOICE,
-    DEFAULT_VOICE_REPO,
     VOICE_TENSOR,
     load_voice,
     resolve_voice,

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.checkpoints.hub import repo_file, weights_dir
+from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError, WeightsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from moshi_mlx.models.lm import Lm
     from moshi_mlx.modules.transformer import CrossKV
 
-DEFAULT_VOICE_REPO = "kyutai/tts-voices"
 DEFAULT_VOICE = "expresso/ex03-ex01_happy_001_channel1_334s.wav"
 MAX_SPEAKERS = 5
 VOICE_TENSOR = "speaker_wavs"

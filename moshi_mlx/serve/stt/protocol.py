@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from moshi_mlx.audio import SAMPLE_RATE
 from moshi_mlx.errors import MoshiError
 
-SAMPLE_RATE = 24_000
 MAX_AUDIO_SECONDS = 10
 MAX_AUDIO_SAMPLES = MAX_AUDIO_SECONDS * SAMPLE_RATE  # per Audio message
 # The largest valid message: every sample a msgpack float64 (9 bytes), a little framing.

@@ -85,6 +85,11 @@ class SessionSlots:
             self._active += 1
             return True
 
+    @property
+    def active(self) -> int:
+        """Slots taken now."""
+        return self._active
+
     async def release(self) -> None:
         async with self._changed:
             self._active -= 1
@@ -136,6 +141,11 @@ class Sessions:
             self._running.discard(connection)
             await self._slots.release()
             self._log.info("%s: %s ended: %s", peer, self._noun, reason)
+
+    @property
+    def active(self) -> int:
+        """Sessions running now."""
+        return self._slots.active
 
     async def close_all(self, _app: web.Application) -> None:
         """Server shutdown: stop every session (its websocket closes with 1001)."""

@@ -133,10 +133,10 @@ async def _load(args: argparse.Namespace, context: ServeContext) -> None:
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
         context.model_names["tts"] = args.tts
     if args.llm:
-        from moshi_mlx.llm import LlmModel
-
+        # The llm package (mlx-lm) lands on its own branch: looked up when asked for.
+        llm = importlib.import_module("moshi_mlx.llm")
         _say(f"loading LLM {args.llm}...")
-        context.llm = await thread.call(lambda: LlmModel.load(args.llm))
+        context.llm = await thread.call(lambda: llm.LlmModel.load(args.llm))
         context.model_names["llm"] = args.llm
 
 

@@ -9,6 +9,7 @@ loaded. Model work goes through `context.thread` only (`call` for one-off reques
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,17 +38,26 @@ class ServeContext:
     model_names: dict[str, str] = field(default_factory=dict)
     max_streams: int = 8  # live streams per real-time model (STT, TTS)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
+    voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one
+    # One entry per mounted moshi-server module for `/api/modules_info`: a function giving its
+    # fields ("type", "path", "used_slots", "total_slots", ... as strings, as Kyutai's).
+    modules: list[Callable[[], dict[str, str]]] = field(default_factory=list)
 
-    def key_allowed(self, key: str | bytes | None) -> bool:
+    def key_allowed(self, key: str | None) -> bool:
+        """Whether a client's key passes (`key_matches` against `api_keys`)."""
+        return self.key_matches(key, self.api_keys)
+
+    @staticmethod
+    def key_matches(key: str | None, api_keys: frozenset[str]) -> bool:
         """Kyutai's rule: the key must be one of `api_keys`; with none configured, all pass.
-        Keys that are not UTF-8 text never match (and never raise)."""
-        if not self.api_keys:
+        A key that is not UTF-8 text (aiohttp hands its bytes over as surrogates) never
+        matches, and never raises."""
+        if not api_keys:
             return True
         if key is None:
             return False
-        if isinstance(key, str):
-            try:
-                key = key.encode("utf-8")
-            except UnicodeEncodeError:  # surrogates: bytes that were not UTF-8
-                return False
-        return any(hmac.compare_digest(key, allowed.encode()) for allowed in self.api_keys)
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return any(hmac.compare_digest(raw, allowed.encode()) for allowed in api_keys)

@@ -237,3 +237,21 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
         assert steps == counting.calls < 1000, "the generation went on after its client left"
     finally:
         llm.model = counting._model
+
+
+class _BrokenModel(_CountingModel):
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("the accelerator fell over")
+
+
+def test_a_failing_generation_is_an_openai_error(client, server):
+    llm = server.context.llm
+    llm.model = _BrokenModel(llm.model)
+    try:
+        with pytest.raises(openai.InternalServerError, match="fell over"):
+            client.chat.completions.create(model=MODEL, messages=HELLO)
+        with pytest.raises(openai.APIError, match="fell over"):
+            list(client.chat.completions.create(model=MODEL, messages=HELLO, stream=True))
+    finally:
+        llm.model = llm.model._model
+    assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2).usage

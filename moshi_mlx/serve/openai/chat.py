@@ -41,7 +41,7 @@ def add_routes(app: web.Application, context: ServeContext) -> None:
     """Mount `/v1/models`, `/v1/models/{model}` and `/v1/chat/completions`."""
     routes = _ChatRoutes(context)
     app.router.add_get("/v1/models", routes.list_models)
-    app.router.add_get("/v1/models/{model}", routes.get_model)
+    app.router.add_get("/v1/models/{model:.+}", routes.get_model)  # ids hold "/"
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
 
 
@@ -156,6 +156,8 @@ async def _complete(
             texts.append(last.text)
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # nobody reads it
+    except Exception as exc:  # noqa: BLE001 - a failed model step, in OpenAI's shape
+        raise ApiError(500, f"the generation failed: {' '.join(str(exc).split())[:200]}") from None
     finally:
         await pieces.aclose()
     message = {"role": "assistant", "content": "".join(texts)}

@@ -1,8 +1,9 @@
 """OpenAI's `GET /v1/models` and `POST /v1/chat/completions` on the server's models.
 
-`/v1/models` lists every model the server runs (the LLM first, then STT and TTS), so mount
-these routes whenever the server has a model; `/v1/chat/completions` answers 404 without an
-LLM. A completion runs on the model thread as a background job, one token per step; a client
+`/v1/models` lists exactly the served chat model when there is an LLM (clients such as Unmute
+pick the one model listed), else the STT and TTS models the audio routes answer for; each
+served id is found by `/v1/models/{id}`. Mount these routes whenever the server has a model;
+`/v1/chat/completions` answers 404 without an LLM. A completion runs on the model thread as a background job, one token per step; a client
 that disconnects or stops reading ends its generation.
 """
 
@@ -65,7 +66,9 @@ class _ChatRoutes:
     @answers_api_errors
     async def list_models(self, request: web.Request) -> web.Response:
         check_bearer_key(request, self.context.key_allowed)
-        data = [self.model_object(model_id) for model_id in self.served_models()]
+        served = self.served_models()
+        listed = [m for m, kind in served.items() if kind == "llm"] or list(served)
+        data = [self.model_object(model_id) for model_id in listed]
         return web.json_response({"object": "list", "data": data})
 
     @answers_api_errors

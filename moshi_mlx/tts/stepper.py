@@ -27,7 +27,7 @@ from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import sample
+from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_with_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.token_ring import TokenRing
 
@@ -93,10 +93,14 @@ class TtsStepFunctions:
         predicted = sample(text_logits, sampling.temp, sampling.text_top_k, text_key)
         text = mx.where(predicted == NEW_WORD, if_word, otherwise)
         if depformer:
-            audio_keys = mx.random.split(audio_key, cfg.dep_q)
+            # Every codebook's noise in one draw, split once: (B, card) each.
+            noises = [None] * cfg.dep_q
+            if sampling.temp > 0:
+                noise = gumbel_noise((batch, cfg.dep_q * cfg.card), audio_key)
+                noises = mx.split(noise, cfg.dep_q, axis=-1)
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
-                return sample(logits, sampling.temp, sampling.audio_top_k, audio_keys[k])
+                return sample_with_noise(logits, sampling.temp, sampling.audio_top_k, noises[k])
 
             audio = self.lm.depformer.sample_step(temporal_out, text, sample_audio)
         else:

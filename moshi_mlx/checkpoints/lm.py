@@ -169,7 +169,7 @@ def _store_input_major(model: Lm) -> None:
     weights on the CPU; Metal's kernels want the stored (out, in) order.
     """
     for _, module in model.named_modules():
-        if type(module) is nn.Linear and module.weight.dtype == mx.float32:
+        if isinstance(module, nn.Linear) and module.weight.dtype == mx.float32:
             module.weight = input_major(module.weight)
 
 

@@ -22,6 +22,7 @@ from mlx import nn
 
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.linear import Linear
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -47,9 +48,9 @@ class DepformerSlice(nn.Module):
     def __init__(self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig):
         super().__init__()
         self.emb = emb
-        self.linear_in = nn.Linear(lm_dim, cfg.d_model, bias=False)
+        self.linear_in = Linear(lm_dim, cfg.d_model, bias=False)
         self.transformer = Transformer(cfg)
-        self.linear_out = nn.Linear(cfg.d_model, card, bias=False)
+        self.linear_out = Linear(cfg.d_model, card, bias=False)
 
     def __call__(
         self, temporal_out: mx.array, prev_token: mx.array, caches: list[KVCache]

@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_with_noise
@@ -65,6 +66,7 @@ class TtsStepFunctions:
         self.sampling = sampling
         self.ring = TokenRing.of(lm.cfg)
         self.audio_start = self.ring.delays[1:] + delay_steps  # codebook k is -1 before this
+        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
         self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
 

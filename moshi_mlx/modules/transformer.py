@@ -17,11 +17,13 @@ from typing import Literal
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer
+from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import Linear
 
-Cache = KVCache | RingLayer  # what one layer's attention passes its keys and values through
+Cache = (
+    KVCache | RingLayer | StepKVLayer
+)  # what one layer's attention passes its keys and values through
 RopeTables = tuple[mx.array, mx.array]  # `rope_tables`' cos and sin
 Rope = int | RopeTables | None  # where RoPE starts, or a step's tables; None: the cache's offset
 
@@ -320,8 +322,11 @@ class Transformer(nn.Module):
             x = layer(x, ring.layer(index), None if cross is None else cross[index], rope=0)
         return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
 
-    def step(self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None) -> mx.array:
-        """One position x (B, D) through all layers, reading and updating `ring`: the same
+    def step(
+        self, x: mx.array, ring: KVRing | StepKV, cross: list[CrossKV] | None = None
+    ) -> mx.array:
+        """One position x (B, D) through all layers, reading and updating `ring` (a `KVRing`,
+        or a step's `StepKV`): the same
         numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
         cfg = self.cfg
         rope = None

@@ -118,6 +118,23 @@ TTS_SHAPES: dict[str, dict] = {
         "depformer_num_layers": 2,
         "depformer_dim_feedforward": 1536,
     },
+    # The published structure (16 temporal layers and heads, 32 codebooks over the 11-set
+    # schedule, delays, conditioners and voices) with every width 64: kernels cost next to
+    # nothing, so a step is its overhead (operations, dispatch, syncs), as `7b-structure`.
+    "tts-1.6b-structure": {
+        **_TTS_COMMON,
+        "dim": 64,
+        "depformer_dim": 64,
+        "depformer_dim_feedforward": 192,
+        "depformer_low_rank_embeddings": 64,
+        "conditioners": {
+            **_TTS_COMMON["conditioners"],
+            "control": {
+                **_TTS_COMMON["conditioners"]["control"],
+                "lut": {**_TTS_COMMON["conditioners"]["control"]["lut"], "dim": 64},
+            },
+        },
+    },
     # Tests: 64 wide, the real vocabularies and streams, audio 0.32 s (4 steps) behind the
     # text so the first audio comes after a few steps.
     "tts-tiny": {

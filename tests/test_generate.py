@@ -11,7 +11,7 @@ from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
-from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_with_noise
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,20 @@ def test_sample_greedy_and_top_k():
     assert set(np.unique(spread)) == {0, 1, 2, 3, 4}
     sharp = np.array(sample(logits, 0.05, 0, mx.random.key(1)))
     assert (sharp == 1).mean() > 0.85
+
+
+def test_sample_follows_the_softmax_of_the_top_k():
+    """The Gumbel-max draw among the top k is distributed as softmax(logits / temp) there;
+    the same noise split per codebook (`sample_with_noise`) samples the same tokens."""
+    logits = mx.array([[0.5, 2.0, -1.0, 1.0, 1.5]] * 40000)
+    tokens = np.array(sample(logits, 0.7, 3, mx.random.key(3)))
+    top = np.array([2.0, 1.0, 1.5]) / 0.7
+    expected = np.exp(top) / np.exp(top).sum()
+    found = np.array([(tokens == k).mean() for k in (1, 3, 4)])
+    assert set(np.unique(tokens)) == {1, 3, 4}
+    np.testing.assert_allclose(found, expected, atol=0.01)
+    noise = gumbel_noise(logits.shape, mx.random.key(3))
+    assert sample_with_noise(logits, 0.7, 3, noise).tolist() == tokens.tolist()
 
 
 def test_sample_is_a_function_of_the_key():

@@ -47,6 +47,7 @@ from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
 from moshi_mlx.runtime.step_state import StepOutput, StepState
@@ -134,6 +135,7 @@ class StepFunctions:
         self.guided = cfg_coef != 1.0
         self.conditioned = bool(lm.cfg.conditioners)
         self.ring = TokenRing.of(lm.cfg)
+        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.compiled_step = mx.compile(self.step)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
 

@@ -173,7 +173,7 @@ def _empty_lm(lm: LmHeader, dtype: mx.Dtype | None) -> tuple[Lm, mx.Dtype, list[
     input_major_names = [
         f"{path}.weight"
         for path, module in model.named_modules()
-        if on_cpu and dtype == mx.float32 and type(module) is nn.Linear
+        if on_cpu and dtype == mx.float32 and isinstance(module, nn.Linear)
     ]
     return model, dtype, input_major_names
 

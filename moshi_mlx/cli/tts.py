@@ -41,6 +41,7 @@ from moshi_mlx.cli.tokens import check_tokens_output, write_tokens
 from moshi_mlx.errors import TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.speed_plan import SpeedPlan, plan_speed
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
@@ -165,7 +166,7 @@ def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
 
 
 def _load(args: argparse.Namespace) -> TtsModel:
-    return TtsModel.load(
+    model = TtsModel.load(
         args.hf_repo,
         args.moshi_weight,
         args.mimi_weight,
@@ -173,6 +174,18 @@ def _load(args: argparse.Namespace) -> TtsModel:
         args.lm_config,
         voice_repo=args.voice_repo,
         dtype=args.dtype,
+    )
+    # Beside the progress bar (a terminal's): a refusal's error stays one line in logs.
+    if args.progress or (args.progress is None and sys.stderr.isatty()):
+        print(_speed_line(plan_speed(model.lm)), file=sys.stderr)
+    return model
+
+
+def _speed_line(plan: SpeedPlan) -> str:
+    """The speed plan's line, its advice in flags."""
+    line = plan.line()
+    return line.replace("bits=8", "an 8-bit file (python -m moshi_mlx quantize)").replace(
+        "n_q=", "--n-q "
     )
 
 

@@ -19,6 +19,7 @@ from mlx import nn
 
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.condition_config import Fuser, LutConditioner, TensorConditioner
+from moshi_mlx.modules.linear import Linear
 
 # Hibiki's conditions under classifier-free guidance: the guided half, then the "null" half
 # (Kyutai's PyTorch `run_inference.get_condition_tensors`).
@@ -33,7 +34,7 @@ class LutTable(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.n_bins + 1, spec.dim)  # the last row: no value
-        self.output_proj = nn.Linear(spec.dim, out_dim, bias=False)
+        self.output_proj = Linear(spec.dim, out_dim, bias=False)
         self.learnt_padding = mx.zeros((1, 1, out_dim))
 
     def index(self, value: str) -> int:
@@ -59,7 +60,7 @@ class TensorTable(nn.Module):
     def __init__(self, spec: TensorConditioner, out_dim: int):
         super().__init__()
         self.spec = spec
-        self.output_proj = nn.Linear(spec.dim, out_dim, bias=False)
+        self.output_proj = Linear(spec.dim, out_dim, bias=False)
         self.learnt_padding = mx.zeros((1, 1, out_dim))
 
     def __call__(self, tensor: mx.array, mask: mx.array) -> mx.array:

@@ -21,7 +21,8 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.modules.embeddings import make_embedding
-from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.kv_cache import KVCache, KVRing, StepKV
+from moshi_mlx.modules.linear import Linear
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -47,9 +48,9 @@ class DepformerSlice(nn.Module):
     def __init__(self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig):
         super().__init__()
         self.emb = emb
-        self.linear_in = nn.Linear(lm_dim, cfg.d_model, bias=False)
+        self.linear_in = Linear(lm_dim, cfg.d_model, bias=False)
         self.transformer = Transformer(cfg)
-        self.linear_out = nn.Linear(cfg.d_model, card, bias=False)
+        self.linear_out = Linear(cfg.d_model, card, bias=False)
 
     def __call__(
         self, temporal_out: mx.array, prev_token: mx.array, caches: list[KVCache]
@@ -59,9 +60,9 @@ class DepformerSlice(nn.Module):
         x = self.transformer(x, caches)
         return self.linear_out(x[:, 0])
 
-    def step(self, temporal_out: mx.array, prev_token: mx.array, ring: KVRing) -> mx.array:
+    def step(self, temporal_out: mx.array, prev_token: mx.array, ring: KVRing | StepKV) -> mx.array:
         """`__call__` in `mx.compile`-able form: temporal_out (B, lm_dim), prev_token (B,)
-        -> logits (B, card), through the step's `KVRing`."""
+        -> logits (B, card), through the step's `StepKV` (or a `KVRing`)."""
         x = self.linear_in(temporal_out) + embed(self.emb, prev_token)
         return self.linear_out(self.transformer.step(x, ring))
 
@@ -115,7 +116,7 @@ class Depformer(nn.Module):
         the slices share a `KVRing` made for the step (slice k at position k). `given`, tokens
         and a mask (B, slices), forces codebooks (a prompt's): a given token is returned, and
         fed to the next slice, in place of the sampled one."""
-        ring = self.slices[0].transformer.make_ring(temporal_out.shape[0], temporal_out.dtype)
+        ring = StepKV(len(self.slices[0].transformer.layers), temporal_out.dtype)
         prev = text_token
         tokens = []
         for k, depformer_slice in enumerate(self.slices[: self.sampled_slices]):

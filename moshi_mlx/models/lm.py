@@ -24,6 +24,7 @@ from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.linear import Linear
 from moshi_mlx.modules.transformer import CrossKV, RMSNorm, Transformer
 
 
@@ -43,9 +44,9 @@ class Lm(nn.Module):
         self.audio_embs = [nn.Embedding(cfg.card + 1, cfg.dim) for _ in range(cfg.n_q)]
         self.transformer = Transformer(cfg.temporal_config())
         self.out_norm = RMSNorm(cfg.dim, NORM_EPS[cfg.norm])
-        self.text_linear = nn.Linear(cfg.dim, cfg.text_card, bias=False)
+        self.text_linear = Linear(cfg.dim, cfg.text_card, bias=False)
         self.extra_heads = [
-            nn.Linear(cfg.dim, cfg.extra_heads_dim, bias=False)
+            Linear(cfg.dim, cfg.extra_heads_dim, bias=False)
             for _ in range(cfg.extra_heads_num_heads)
         ]
         if cfg.dep_q:

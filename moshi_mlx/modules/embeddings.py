@@ -15,6 +15,8 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx import nn
 
+from moshi_mlx.modules.linear import Linear
+
 
 class TokenEmbedding(nn.Module):
     """A table of `rows` tokens giving vectors of `dim`, low-rank and/or two-stream."""
@@ -25,11 +27,11 @@ class TokenEmbedding(nn.Module):
         self.weight = mx.zeros((rows, low_rank or dim))
         if low_rank is not None:
             # Kept even when demuxing (Kyutai's files hold it), though out1/out2 widen instead.
-            self.low_rank = nn.Linear(low_rank, dim, bias=False)
+            self.low_rank = Linear(low_rank, dim, bias=False)
         self.demux = demux
         if demux:
-            self.out1 = nn.Linear(low_rank or dim, dim, bias=False)
-            self.out2 = nn.Linear(low_rank or dim, dim, bias=False)
+            self.out1 = Linear(low_rank or dim, dim, bias=False)
+            self.out2 = Linear(low_rank or dim, dim, bias=False)
         self.quantization: tuple[int, int, str] | None = None  # group size, bits, mode
 
     def quantize_table(self, group_size: int, bits: int, mode: str = "affine") -> None:

@@ -357,3 +357,50 @@ class RingLayer:
             return keys, values, self.ring.visible
         self.ring.fill(self.index, keys, values)
         return keys, values, "causal"
+
+
+class StepKV:
+    """The keys and values of a stack of layers over one step's short sequence (the
+    depformer's slices: position k is slice k), grown by concatenation in `mx.compile`d code.
+    Every position's count is known when the step is traced, so a query attends to exactly
+    the positions written, with no mask and no slot arithmetic (`KVRing`'s per-position
+    work). For sequences no longer than a window: nothing is ever evicted."""
+
+    def __init__(self, layers: int, dtype: mx.Dtype):
+        self.keys: list[mx.array | None] = [None] * layers
+        self.values: list[mx.array | None] = [None] * layers
+        self.length = 0  # positions written by every layer
+        self.dtype = dtype
+
+    @property
+    def position(self) -> mx.array:
+        """The position of the next token (a () int32 array, for RoPE)."""
+        return mx.array(self.length, mx.int32)
+
+    def layer(self, index: int) -> StepKVLayer:
+        """Layer `index`, as the cache an `Attention` updates and reads."""
+        return StepKVLayer(self, index)
+
+    def advanced(self) -> StepKV:
+        """This cache after a position written by every layer."""
+        self.length += 1
+        return self
+
+
+class StepKVLayer:
+    """One layer of a `StepKV`."""
+
+    quantization = None
+
+    def __init__(self, cache: StepKV, index: int):
+        self.cache = cache
+        self.index = index
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, None]:
+        """Add one position's keys and values (B, H, 1, D); return all written (no mask)."""
+        cache, index = self.cache, self.index
+        if cache.keys[index] is not None:
+            keys = mx.concatenate([cache.keys[index], keys], axis=2)
+            values = mx.concatenate([cache.values[index], values], axis=2)
+        cache.keys[index], cache.values[index] = keys, values
+        return keys, values, None

@@ -17,10 +17,13 @@ from typing import Literal
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer
+from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.linear import Linear
 
-Cache = KVCache | RingLayer  # what one layer's attention passes its keys and values through
+Cache = (
+    KVCache | RingLayer | StepKVLayer
+)  # what one layer's attention passes its keys and values through
 RopeTables = tuple[mx.array, mx.array]  # `rope_tables`' cos and sin
 Rope = int | RopeTables | None  # where RoPE starts, or a step's tables; None: the cache's offset
 
@@ -75,8 +78,8 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.use_rope = cfg.positional_embedding == "rope"
         self.max_period = cfg.max_period
-        self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
         return mx.fast.rope(
@@ -166,8 +169,8 @@ class CrossAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.d_model = cfg.d_model
         self.scale = cfg.head_dim**-0.5
-        self.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def keys_values(self, source: mx.array) -> CrossKV:
         """source (B, S, D) -> keys and values (B, H, S, head_dim)."""
@@ -216,8 +219,8 @@ class GatedFeedForward(nn.Module):
 
     def __init__(self, d_model: int, hidden: int):
         super().__init__()
-        self.linear_in = nn.Linear(d_model, 2 * hidden, bias=False)
-        self.linear_out = nn.Linear(hidden, d_model, bias=False)
+        self.linear_in = Linear(d_model, 2 * hidden, bias=False)
+        self.linear_out = Linear(hidden, d_model, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = mx.split(self.linear_in(x), 2, axis=-1)
@@ -238,8 +241,8 @@ class TransformerLayer(nn.Module):
         if cfg.gated:
             self.gating = GatedFeedForward(cfg.d_model, cfg.ffn_hidden)
         else:
-            self.linear1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-            self.linear2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+            self.linear1 = Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+            self.linear2 = Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
         self.has_layer_scale = cfg.layer_scale is not None
         if cfg.layer_scale is not None:
             self.layer_scale_1 = LayerScale(cfg.d_model, cfg.layer_scale)
@@ -319,8 +322,11 @@ class Transformer(nn.Module):
             x = layer(x, ring.layer(index), None if cross is None else cross[index], rope=0)
         return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
 
-    def step(self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None) -> mx.array:
-        """One position x (B, D) through all layers, reading and updating `ring`: the same
+    def step(
+        self, x: mx.array, ring: KVRing | StepKV, cross: list[CrossKV] | None = None
+    ) -> mx.array:
+        """One position x (B, D) through all layers, reading and updating `ring` (a `KVRing`,
+        or a step's `StepKV`): the same
         numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
         cfg = self.cfg
         rope = None

@@ -2,6 +2,13 @@
 
 Randomness always comes from a `mx.random` key passed in by the caller (the generator owns
 its key), never from MLX's global random state, so a seeded run repeats exactly.
+
+A sample is the Gumbel-max draw: the most likely token of logits / temp plus Gumbel noise,
+among the `top_k` most likely tokens (those at least as likely as the k-th: a tie with it
+joins them). It is distributed as softmax(logits / temp) over those tokens, and costs a
+handful of operations: the k-th largest logit (one partition), one fused elementwise
+operation and an argmax; the noise is one more (`gumbel_noise`), and a step that samples
+many codebooks draws all their noise at once.
 """
 
 from __future__ import annotations
@@ -26,20 +33,32 @@ class SamplingConfig:
         return cls(text_temp=0.0, text_top_k=0, audio_temp=0.0, audio_top_k=0)
 
 
+def gumbel_noise(shape: tuple[int, ...], key: mx.array) -> mx.array:
+    """Standard Gumbel noise (float32) of `shape` from `key`."""
+    return mx.random.gumbel(shape, key=key)
+
+
 def sample(logits: mx.array, temp: float, top_k: int, key: mx.array | None) -> mx.array:
     """Sample from logits (B, V) -> tokens (B,) int32.
 
     temp <= 0 takes the argmax; otherwise softmax(logits / temp), restricted to the `top_k`
     most likely tokens when 0 < top_k < V.
     """
+    noise = gumbel_noise(logits.shape, key) if temp > 0 else None
+    return sample_with_noise(logits, temp, top_k, noise)
+
+
+def sample_with_noise(
+    logits: mx.array, temp: float, top_k: int, noise: mx.array | None
+) -> mx.array:
+    """`sample` with its Gumbel noise given, of the logits' shape (B, V) (`gumbel_noise`;
+    None when temp <= 0)."""
     if temp <= 0:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
-    logits = logits.astype(mx.float32) / temp
+    scores = logits.astype(mx.float32) / temp + noise
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
-        candidates = mx.argpartition(-logits, kth=top_k - 1, axis=-1)[:, :top_k]  # (B, k)
-        choice = mx.random.categorical(mx.take_along_axis(logits, candidates, axis=-1), key=key)
-        token = mx.take_along_axis(candidates, choice[:, None], axis=-1)[:, 0]
-    else:
-        token = mx.random.categorical(logits, key=key)
-    return token.astype(mx.int32)
+        kth = vocab - top_k  # the k-th largest logit, in ascending order
+        threshold = mx.partition(logits, kth=kth, axis=-1)[..., kth : kth + 1]
+        scores = mx.where(logits >= threshold, scores, -mx.inf)
+    return mx.argmax(scores, axis=-1).astype(mx.int32)

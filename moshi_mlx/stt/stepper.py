@@ -23,6 +23,7 @@ import numpy as np
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 from moshi_mlx.runtime.sampling import sample
 from moshi_mlx.runtime.step_state import StepOutput, StepState
@@ -55,6 +56,7 @@ class ListenStepFunction:
         self.lm = lm
         self.sampling = sampling
         self.ring = TokenRing.of(lm.cfg)
+        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.compiled = mx.compile(self.step)
 
     def step(self, state: StepState, codes: mx.array) -> StepOutput:

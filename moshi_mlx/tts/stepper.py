@@ -25,9 +25,10 @@ import mlx.core as mx
 
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import sample
+from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_with_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.token_ring import TokenRing
 
@@ -65,6 +66,7 @@ class TtsStepFunctions:
         self.sampling = sampling
         self.ring = TokenRing.of(lm.cfg)
         self.audio_start = self.ring.delays[1:] + delay_steps  # codebook k is -1 before this
+        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
         self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
 
@@ -93,10 +95,14 @@ class TtsStepFunctions:
         predicted = sample(text_logits, sampling.temp, sampling.text_top_k, text_key)
         text = mx.where(predicted == NEW_WORD, if_word, otherwise)
         if depformer:
-            audio_keys = mx.random.split(audio_key, cfg.dep_q)
+            # Every codebook's noise in one draw, split once: (B, card) each.
+            noises = [None] * cfg.dep_q
+            if sampling.temp > 0:
+                noise = gumbel_noise((batch, cfg.dep_q * cfg.card), audio_key)
+                noises = mx.split(noise, cfg.dep_q, axis=-1)
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
-                return sample(logits, sampling.temp, sampling.audio_top_k, audio_keys[k])
+                return sample_with_noise(logits, sampling.temp, sampling.audio_top_k, noises[k])
 
             audio = self.lm.depformer.sample_step(temporal_out, text, sample_audio)
         else:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import re
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +108,18 @@ def count_graph_ops(outputs) -> int:
         path = Path(tmp) / "step.dot"
         mx.export_to_dot(str(path), *arrays)
         return path.read_text().count("shape=rectangle")
+
+
+def ops_by_primitive(outputs) -> dict[str, int]:
+    """`count_graph_ops` by primitive name, most frequent first; `mx.compile`'s fused
+    elementwise kernels (`Compiled...`) counted together as "Compiled"."""
+    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.dot"
+        mx.export_to_dot(str(path), *arrays)
+        names = re.findall(r'label ="?([A-Za-z_]+)[^"]*"?, shape=rectangle', path.read_text())
+    counts = Counter("Compiled" if name.startswith("Compiled") else name for name in names)
+    return dict(counts.most_common())
 
 
 def timed_step(gen: LmGen, codes: np.ndarray) -> float:

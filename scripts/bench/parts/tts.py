@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import mlx.core as mx
+import numpy as np
 from bench_stats import TTS_TEXTS, pool_tts, tts_result
 
 from moshi_mlx.checkpoints.lm import load_lm
@@ -26,14 +27,14 @@ from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
-from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, dtype_label, tts_shapes
-from ..timing import fresh_memory, peak_gb
-from ..weights import TTS_LM_FILE, TTS_TOKENIZER, mimi_weights, tts_weights
+from ..timing import SyncMeter, fresh_memory, ops_by_primitive, peak_gb
+from ..weights import TTS_LM_FILE, TTS_TOKENIZER, TTS_VOICE_FRAMES, mimi_weights, tts_weights
 
 
 class _TimedMimi:
@@ -94,6 +95,36 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
     }
 
 
+def frame_anatomy(lm, steps: int = 8) -> dict:
+    """One TTS frame's LM step as the stepper runs it, on zero conditions and voices: the
+    operations of its compiled graph by primitive (`ops_by_primitive`: the temporal step, the
+    text sampling and schedule choice, the depformer's slices with their sampling) and the
+    host syncs per frame (`SyncMeter`) of a caller reading the predicted token and the frame
+    in one evaluation,
+    over `steps` steps past the audio delay."""
+    cfg = lm.cfg
+    dtype = lm.out_norm.weight.dtype
+    condition = mx.zeros((1, cfg.dim), dtype)
+    cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, cfg.dim), dtype))
+    mx.eval(condition, cross)
+    stepper = TtsStepper(lm, condition, cross, delay_steps=0)
+    functions = stepper._functions
+    graph = functions.full(
+        stepper._state, condition, cross, mx.array([0], mx.int32), mx.array([3], mx.int32)
+    )
+    ops = ops_by_primitive([graph.state, graph.text, graph.frame])
+    syncs = []
+    with SyncMeter() as meter:
+        for _ in range(steps):
+            meter.new_frame()
+            before = meter.syncs
+            out = stepper.step([0], [3])
+            mx.eval(out.predicted, out.frame)  # both in one wait
+            _ = np.array(out.predicted), np.array(out.frame)
+            syncs.append(meter.syncs - before)
+    return {"ops": sum(ops.values()), "ops_by_kind": ops, "syncs": float(np.mean(syncs))}
+
+
 def bench_tts(
     folder: Path,
     mimi_file: Path,
@@ -116,6 +147,7 @@ def bench_tts(
         codec = SimpleNamespace(model=_TimedMimi(load_mimi(mimi_file, config.dep_q)))
         model = TtsModel(lm, codec, load_tokenizer(folder / TTS_TOKENIZER), files=None)
     result = {"impl": "ours", "dtype": dtype_label(dtype, model.lm), "mlx": mx.__version__}
+    result["frame_anatomy"] = frame_anatomy(model.lm)
     for batch in batches:
         if fresh:
             _tts_run(model, folder, batch, warmup, seed)
@@ -169,6 +201,18 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
 TTS_METRICS = ("ttfa_ms", "ttfd_ms", "frame_ms", "step_ms", "decode_ms")
 
 
+def _anatomy_line(label: str, data: dict) -> str | None:
+    """The LM step's compiled operations per frame, the main kinds, and its host syncs."""
+    anatomy = data.get("frame_anatomy")
+    if anatomy is None:
+        return None
+    kinds = ", ".join(f"{name} {count}" for name, count in list(anatomy["ops_by_kind"].items())[:8])
+    return (
+        f"  {label}: LM step {anatomy['ops']} compiled ops per frame ({kinds}, ...), "
+        f"{anatomy['syncs']:.2f} host syncs per frame"
+    )
+
+
 def _tts_line(label: str, data: dict, batches: list[int]) -> str:
     """The `tts` case's real-time factor at batch 1 and audio per second of each batch."""
     parts = []
@@ -189,5 +233,9 @@ PART = Part(
     "tts",
     cases,
     metrics=lambda case: tuple(f"{m}_b{b}" for b in case["batches"] for m in TTS_METRICS),
-    notes=lambda label, data, case: [_tts_line(label, data, case["batches"])],
+    notes=lambda label, data, case: [
+        line
+        for line in (_tts_line(label, data, case["batches"]), _anatomy_line(label, data))
+        if line
+    ],
 )

@@ -115,6 +115,7 @@ class SpeakJob(RealTimeClock):
         self._texts: deque[tuple[str, bool]] = deque()  # (words, close after them)
         self._frames: deque[np.ndarray] = deque()
         self._generated = False  # the TTS has ended the answer's audio
+        self._changed = 0.0  # when words came or a frame went (a past time: due since)
         self.first_audio: dict[int, float] = {}  # answer -> monotonic time of its first frame
         self.words: list[tuple[str, float]] = []  # the answer's words and their start (s)
 
@@ -128,11 +129,13 @@ class SpeakJob(RealTimeClock):
             self._texts.clear()
             self._frames.clear()
             self._generated = False
+            self._changed = time.monotonic()
             self.words = []
 
     def push(self, text: str, close: bool = False) -> None:
         with self._lock:
             self._texts.append((text, close))
+            self._changed = time.monotonic()
 
     def stop(self) -> None:
         with self._lock:
@@ -145,6 +148,7 @@ class SpeakJob(RealTimeClock):
         and taken, the answer's number)."""
         with self._lock:
             if self._frames:
+                self._changed = time.monotonic()
                 return self._frames.popleft(), False, self._answer
             return None, self._generated and self._speech is not None, self._answer
 
@@ -160,7 +164,7 @@ class SpeakJob(RealTimeClock):
                 return None
             if speech.waiting and not self._texts:
                 return None
-            return time.monotonic()
+            return self._changed
 
     def step(self) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ voiced frame) to the first sample of the answer at the speaker."""
 from __future__ import annotations
 
 import math
+import itertools
 from dataclasses import asdict, dataclass, field
 
 STAGES = ("detection", "stt_flush", "llm_first_token", "tts_first_audio", "audio_out")
@@ -32,7 +33,7 @@ class TurnTimes:
         ]
         if any(mark is None for mark in marks):
             return None
-        return TurnLatency(*(b - a for a, b in zip(marks, marks[1:])))
+        return TurnLatency(*(b - a for a, b in itertools.pairwise(marks)))
 
 
 @dataclass(frozen=True)

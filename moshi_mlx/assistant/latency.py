@@ -3,8 +3,8 @@ voiced frame) to the first sample of the answer at the speaker."""
 
 from __future__ import annotations
 
-import math
 import itertools
+import math
 from dataclasses import asdict, dataclass, field
 
 STAGES = ("detection", "stt_flush", "llm_first_token", "tts_first_audio", "audio_out")

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoints",),
     ("runtime",),
     ("chat", "stt", "tts", "llm"),
+    ("assistant",),
     ("api",),
     ("serve",),
     ("cli",),

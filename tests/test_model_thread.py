@@ -10,7 +10,7 @@ import time
 import pytest
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.serve.model_thread import FRAME_SECONDS, ModelThread, RealTimeClock
+from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread, RealTimeClock
 
 
 @pytest.fixture

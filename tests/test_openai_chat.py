@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from moshi_mlx.llm import LlmModel
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
-from moshi_mlx.serve.model_thread import ModelThread
 from moshi_mlx.serve.openai import chat
 from moshi_mlx.testing.llm import write_tiny_llm
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from moshi_mlx.errors import MoshiError
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.logtext import capped
-from moshi_mlx.serve.model_thread import ModelThread
 from moshi_mlx.serve.stt import protocol as stt_protocol
 from moshi_mlx.serve.tts import protocol
 from moshi_mlx.serve.tts.server import TTS_PATH, log

@@ -13,13 +13,13 @@ from dataclasses import replace
 
 from moshi_mlx.cli.common import add_limit_args, limits_from_args, run_cli
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
 from moshi_mlx.serve.limits import fitted_limits
 from moshi_mlx.serve.memory import memory_plan_line
-from moshi_mlx.serve.model_thread import ModelThread
 from moshi_mlx.serve.sessions import stop_on_sigterm
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel

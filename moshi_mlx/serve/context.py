@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
-from moshi_mlx.serve.model_thread import ModelThread
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel
 

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from moshi_mlx.serve.model_thread import ModelThread, RealTimeClock
+from moshi_mlx.runtime.model_thread import ModelThread, RealTimeClock
 from moshi_mlx.stt.events import SttStep
 
 log = logging.getLogger("moshi_mlx.stt")

@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.serve.model_thread import FRAME_SECONDS, RealTimeClock
+from moshi_mlx.runtime.model_thread import FRAME_SECONDS, RealTimeClock
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsStep, TtsStream
 from moshi_mlx.tts.voices import VOICE_TENSOR

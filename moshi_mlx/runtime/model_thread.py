@@ -1,4 +1,5 @@
-"""The one thread that runs every MLX call of a server process, and its scheduler.
+"""The one thread that runs every MLX call of a process (a server, the assistant), and its
+scheduler.
 
 MLX keeps streams, compile caches and random state per thread, and two threads driving Metal
 at once crash it, so a server hands all model work to one `ModelThread`. Three kinds of work
@@ -34,7 +35,7 @@ FRAME_SECONDS = 0.08  # one frame of Kyutai's codec: the real-time jobs' period
 MAX_UNREAD_ITEMS = 64
 _EWMA = 0.2  # weight of the newest background step in its running duration
 
-log = logging.getLogger("moshi_mlx.serve")
+log = logging.getLogger("moshi_mlx.runtime")
 
 
 class ModelThreadStopped(MoshiError):

@@ -1,0 +1,287 @@
+"""The assistant's pipeline: STT -> turn-taking -> LLM -> TTS, all MLX on one `ModelThread`.
+
+    assistant = Assistant(thread, stt, llm, make_speech, History("You are ..."))
+    await assistant.start(greeting=True)  # on the event loop that runs the conversation
+    reply = assistant.exchange(mic_frame)  # from the audio worker, every 80 ms
+
+The STT steps each mic frame as a real-time job (`ListenJob`), the TTS is a real-time job kept
+a few frames ahead of the speaker (`SpeakJob`), and the LLM's tokens are a background job that
+fills the gaps. The turn logic (`TurnTaker`) runs on the event loop, fed by the jobs' results;
+its actions are carried out at once, so a barge-in drops the answer's audio before the next
+frame goes to the speaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from moshi_mlx.assistant.history import History
+from moshi_mlx.assistant.jobs import Heard, Listener, ListenJob, SpeakJob, Speech
+from moshi_mlx.assistant.latency import LatencyLog, TurnLatency, TurnTimes
+from moshi_mlx.assistant.turns import (
+    Action,
+    AnswerEnded,
+    CloseSpeech,
+    FlushStt,
+    Speak,
+    StartReply,
+    State,
+    StopReply,
+    TurnRules,
+    TurnTaker,
+    UserSaid,
+)
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.runtime.codec import FRAME_SIZE
+from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
+from moshi_mlx.stt.events import WordStarted
+
+# A mic frame louder than this (RMS, dB full scale) counts as voiced: the end of the user's
+# speech, for the latency, is the last such frame before the pause head ends the turn.
+VOICED_DBFS = -45.0
+
+
+class ReplyModel(Protocol):
+    """A chat LLM (`moshi_mlx.llm.LlmModel`)."""
+
+    context_length: int | None
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+    def generate(
+        self,
+        messages: Sequence[dict[str, str]],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Iterator: ...
+
+
+@dataclass(frozen=True)
+class ReplySampling:
+    """How the LLM samples its answers."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int | None = 256
+
+
+@dataclass(frozen=True)
+class UserWords:
+    """Words of the user, as the STT recognises them."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class AssistantWords:
+    """Words of the answer, as the speaker starts playing them."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know (an LLM error)."""
+
+    text: str
+
+
+Event = UserWords | AssistantWords | UserSaid | AnswerEnded | TurnLatency | Notice
+
+
+def level_dbfs(pcm: np.ndarray) -> float:
+    """The frame's RMS level in dB full scale."""
+    rms = float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64)))) if len(pcm) else 0.0
+    return 20 * np.log10(max(rms, 1e-10))
+
+
+class Assistant:
+    """One spoken conversation with an LLM; see the module docstring.
+
+    `make_speech()` (run on the model thread) opens a TTS stream for one answer;
+    `speaker_delay()` (run on the audio worker) is how long a frame handed over now takes
+    to reach the speaker (queued frames, the device's latency; default 0). Events
+    (`Event`) go to `on_event` on the event loop.
+    """
+
+    def __init__(
+        self,
+        thread: ModelThread,
+        stt: Listener,
+        llm: ReplyModel,
+        make_speech: Callable[[], Speech],
+        history: History,
+        *,
+        rules: TurnRules | None = None,
+        sampling: ReplySampling | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        speaker_delay: Callable[[], float] | None = None,
+    ):
+        self.thread = thread
+        self.stt = stt
+        self.llm = llm
+        self.sampling = sampling or ReplySampling()
+        limit = None
+        if llm.context_length is not None:  # room for the answer past the history
+            limit = llm.context_length - (self.sampling.max_tokens or 256)
+        self.turns = TurnTaker(history, rules, _token_counter(llm), limit)
+        self.latencies = LatencyLog()
+        self._make_speech = make_speech
+        self._on_event = on_event or (lambda event: None)
+        self._speaker_delay = speaker_delay or (lambda: 0.0)
+        self.listen_job = ListenJob(stt, self._heard_on_thread)
+        self.speak_job = SpeakJob()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._silence = np.zeros(FRAME_SIZE, np.float32)
+        self._last_voiced: float | None = None
+        self._times: TurnTimes | None = None  # the turn being timed, until its answer starts
+        self._timed: dict[int, TurnTimes] = {}  # answer -> its turn's times
+        self._answer = 0
+        self._reply: asyncio.Task | None = None
+        self._spare: asyncio.Future | None = None  # a TTS stream opened ahead
+        self._shown = 0  # words of the current answer shown
+        # The audio worker's: the answer playing and how many of its frames went out.
+        self._played_answer = 0
+        self._played = 0
+
+    # --- the event loop ---
+    async def start(self, greeting: bool = False) -> None:
+        """Start listening (and greet the user first if `greeting`)."""
+        self._loop = asyncio.get_running_loop()
+        self._prepare_speech()
+        self.thread.add_realtime(self.listen_job)
+        self.thread.add_realtime(self.speak_job)
+        if greeting:
+            self._run(self.turns.greet())
+
+    async def close(self) -> None:
+        """Stop the jobs (a step running now ends first)."""
+        if self._reply is not None:
+            self._reply.cancel()
+            await asyncio.gather(self._reply, return_exceptions=True)
+        self.thread.remove_realtime(self.listen_job)
+        self.thread.remove_realtime(self.speak_job)
+
+    def _run(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, FlushStt):
+                now = time.monotonic()
+                self._times = TurnTimes(last_voiced=self._last_voiced, end_of_turn=now)
+                self.listen_job.flush(self.stt.delay_steps)
+                self.thread.wake()
+            elif isinstance(action, StartReply):
+                self._answer += 1
+                self._shown = 0
+                if self._times is not None:
+                    self._timed[self._answer] = self._times
+                    self._times = None
+                self._reply = asyncio.create_task(self._answer_with(action.messages))
+            elif isinstance(action, Speak | CloseSpeech):
+                self.speak_job.push(action.text, close=isinstance(action, CloseSpeech))
+                self.thread.wake()
+            elif isinstance(action, StopReply):
+                if self._reply is not None:
+                    self._reply.cancel()
+                self.speak_job.stop()
+                self._prepare_speech()
+            else:
+                if isinstance(action, AnswerEnded) and not action.cut_off:
+                    self._prepare_speech()
+                self._on_event(action)
+
+    async def _answer_with(self, messages: list[dict[str, str]]) -> None:
+        answer = self._answer
+        speech = await self._take_speech()
+        self.speak_job.open(speech, answer)
+        self.thread.wake()
+        sampling = self.sampling
+        try:
+            pieces = self.llm.generate(
+                messages, sampling.temperature, sampling.top_p, sampling.max_tokens
+            )
+            async for piece in self.thread.background(pieces):
+                times = self._timed.get(answer)
+                if piece.text and times is not None and times.first_token is None:
+                    times.first_token = time.monotonic()
+                self._run(self.turns.reply_text(piece.text))
+        except MoshiError as exc:
+            self._on_event(Notice(f"the LLM failed: {exc}"))
+        self._run(self.turns.reply_ended())
+
+    def _prepare_speech(self) -> None:
+        if self._spare is None:
+            self._spare = asyncio.wrap_future(self.thread.call_soon(self._make_speech))
+
+    async def _take_speech(self) -> Speech:
+        self._prepare_speech()
+        spare, self._spare = self._spare, None
+        return await spare
+
+    def _heard(self, heard: Heard) -> None:
+        step = heard.step
+        words = [e.text for e in step.events if isinstance(e, WordStarted)]
+        if words:
+            self._on_event(UserWords(" ".join(words)))
+        if heard.voiced and self.turns.state is not State.FLUSHING:
+            self._last_voiced = heard.arrived
+        actions = self.turns.listen(step.index * FRAME_SECONDS, words, step.pause_probabilities)
+        if heard.flush_done:
+            if self._times is not None:
+                self._times.flushed = time.monotonic()
+            actions += self.turns.flushed()
+        self._run(actions)
+
+    def _answer_played(self, answer: int, frames: int, at_speaker: float | None) -> None:
+        if answer != self._answer or self.turns.state is not State.ANSWERING:
+            return
+        if at_speaker is not None and (times := self._timed.pop(answer, None)) is not None:
+            times.first_audio = self.speak_job.first_audio.get(answer)
+            times.at_speaker = at_speaker
+            if (latency := times.latency()) is not None:
+                self.latencies.add(latency)
+                self._on_event(latency)
+        started = [word for word, start in self.speak_job.words if start < frames * FRAME_SECONDS]
+        self.turns.heard(" ".join(started))
+        if len(started) > self._shown:
+            self._on_event(AssistantWords(" ".join(started[self._shown :])))
+            self._shown = len(started)
+
+    def _answer_over(self, answer: int) -> None:
+        if answer == self._answer:
+            self._answer_played(answer, 1 << 30, None)
+            self._run(self.turns.speech_done())
+
+    # --- other threads ---
+    def _heard_on_thread(self, heard: Heard) -> None:
+        self._loop.call_soon_threadsafe(self._heard, heard)
+
+    def exchange(self, pcm: np.ndarray) -> np.ndarray:
+        """A mic frame (float32 (1920,), echo removed) in, the speaker's next frame out: the
+        answer's, or silence. Called by the audio worker every 80 ms."""
+        now = time.monotonic()
+        pcm = np.array(pcm, np.float32)
+        self.listen_job.push(pcm, level_dbfs(pcm) > VOICED_DBFS, now)
+        self.thread.wake()
+        frame, over, answer = self.speak_job.pop()
+        if frame is not None:
+            if answer != self._played_answer:
+                self._played_answer, self._played = answer, 0
+            self._played += 1
+            at_speaker = now + self._speaker_delay() if self._played == 1 else None
+            self._loop.call_soon_threadsafe(self._answer_played, answer, self._played, at_speaker)
+            return frame
+        if over:
+            self.speak_job.release()
+            self._loop.call_soon_threadsafe(self._answer_over, answer)
+        return self._silence
+
+
+def _token_counter(llm: ReplyModel) -> Callable[[Sequence[dict[str, str]]], int]:
+    return lambda messages: len(llm.encode_chat(messages))

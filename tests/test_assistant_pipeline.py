@@ -1,0 +1,241 @@
+"""The assistant's pipeline on a real `ModelThread` with scripted parts: an STT that hears a
+word in every loud frame and whose pause head says "done" on silence, an LLM that streams
+given words, a TTS that makes three frames per word; frames are fed faster than real time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from moshi_mlx.assistant import Assistant, History, TurnRules
+from moshi_mlx.assistant.history import CUT_OFF_MARK
+from moshi_mlx.assistant.latency import TurnLatency
+from moshi_mlx.assistant.pipeline import AssistantWords, UserWords, level_dbfs
+from moshi_mlx.assistant.turns import AnswerEnded, UserSaid
+from moshi_mlx.llm import TextPiece
+from moshi_mlx.runtime.codec import FRAME_SIZE
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.stt.events import SttStep, WordStarted
+
+LOUD = np.full(FRAME_SIZE, 0.3, np.float32)
+QUIET = np.zeros(FRAME_SIZE, np.float32)
+FRAMES_PER_WORD = 3
+ANSWER_LEVEL = 0.5
+
+
+class ScriptedStt:
+    """A word (`u0`, `u1`, ...) for each loud frame, pause head 2 "done" on silence."""
+
+    delay_steps = 2
+
+    def __init__(self):
+        self.index = 0
+        self.words = 0
+        self.threads: set[int] = set()
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        self.threads.add(threading.get_ident())
+        self.index += 1
+        if pcm.any():
+            self.words += 1
+            word = WordStarted(f"u{self.words - 1}", self.index * 0.08)
+            return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
+        return SttStep(self.index, (), (0.0, 0.0, 0.95))
+
+
+class ScriptedLlm:
+    """Streams `words` as pieces (one step each), whatever it is asked."""
+
+    context_length = None
+
+    def __init__(self, words: list[str]):
+        self.words = words
+        self.prompts: list[list[dict[str, str]]] = []
+        self.closed = 0
+        self.threads: set[int] = set()
+
+    def encode_chat(self, messages):
+        return [0] * sum(len(m["content"].split()) for m in messages)
+
+    def generate(self, messages, temperature=1.0, top_p=1.0, max_tokens=None, stop=()):
+        self.prompts.append(list(messages))
+        return self._pieces()
+
+    def _pieces(self):
+        try:
+            for word in self.words:
+                self.threads.add(threading.get_ident())
+                yield TextPiece(f"{word} ")
+            yield TextPiece("", "stop")
+        finally:
+            self.closed += 1
+
+
+@dataclass
+class _Step:
+    pcm: list
+
+
+class CountingSpeech:
+    """Three frames of ANSWER_LEVEL per pushed word; counts the frames it made."""
+
+    def __init__(self):
+        self.queue: list[str] = []
+        self.words: list[tuple[str, float]] = []
+        self.frames = 0
+        self.closed = False
+        self.waiting = False
+        self.threads: set[int] = set()
+
+    def push(self, text: str) -> None:
+        self.queue += text.split()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def steps(self):
+        left = 0
+        while True:
+            self.threads.add(threading.get_ident())
+            if left == 0 and self.queue:
+                self.words.append((self.queue.pop(0), self.frames * 0.08))
+                left = FRAMES_PER_WORD
+            if left:
+                left -= 1
+                self.frames += 1
+                self.waiting = False
+                yield _Step([np.full(FRAME_SIZE, ANSWER_LEVEL, np.float32)])
+            elif self.closed:
+                return
+            else:
+                self.waiting = True
+                yield _Step([None])
+
+
+@pytest.fixture
+def thread():
+    model_thread = ModelThread("test-assistant")
+    model_thread.start()
+    yield model_thread
+    model_thread.stop()
+
+
+class Harness:
+    def __init__(self, thread: ModelThread, answer: list[str]):
+        self.stt = ScriptedStt()
+        self.llm = ScriptedLlm(answer)
+        self.speeches: list[CountingSpeech] = []
+        self.events: list = []
+        self.assistant = Assistant(
+            thread,
+            self.stt,
+            self.llm,
+            self._speech,
+            History("Be brief."),
+            rules=TurnRules(ignore_start=0.0),
+            on_event=self.events.append,
+        )
+
+    def _speech(self) -> CountingSpeech:
+        self.speeches.append(CountingSpeech())
+        return self.speeches[-1]
+
+    async def feed(self, frame: np.ndarray, count: int) -> list[np.ndarray]:
+        out = []
+        for _ in range(count):
+            out.append(self.assistant.exchange(frame))
+            await asyncio.sleep(0.01)
+        return out
+
+    async def until(self, kind: type, timeout: float = 5.0) -> list[np.ndarray]:
+        """Feed silence until an event of `kind` comes; the frames played meanwhile."""
+        out = []
+        for _ in range(int(timeout / 0.01)):
+            if any(isinstance(e, kind) for e in self.events):
+                return out
+            out += await self.feed(QUIET, 1)
+        raise AssertionError(f"no {kind.__name__} in {self.events}")
+
+
+def _answer_frames(frames: list[np.ndarray]) -> int:
+    return sum(bool(np.all(f == ANSWER_LEVEL)) for f in frames)
+
+
+def test_a_turn_is_heard_answered_and_timed(thread):
+    async def main():
+        h = Harness(thread, ["Hello", "**there**", "friend!"])
+        await h.assistant.start()
+        await h.feed(LOUD, 3)
+        played = await h.until(AnswerEnded)
+        await h.assistant.close()
+        return h, played
+
+    h, played = asyncio.run(main())
+    assert _answer_frames(played) == 3 * FRAMES_PER_WORD
+    said = [e for e in h.events if isinstance(e, UserSaid)]
+    assert said == [UserSaid("u0 u1 u2")]
+    assert [e.text for e in h.events if isinstance(e, UserWords)] == ["u0", "u1", "u2"]
+    shown = " ".join(e.text for e in h.events if isinstance(e, AssistantWords))
+    assert shown == "Hello there friend!"
+    assert h.llm.prompts[0][-1] == {"role": "user", "content": "u0 u1 u2"}
+    assert h.assistant.turns.history.messages()[-1] == {
+        "role": "assistant",
+        "content": "Hello there friend!",
+    }
+    [latency] = h.assistant.latencies.turns
+    assert [e for e in h.events if isinstance(e, TurnLatency)] == [latency]
+    assert all(v >= 0 for v in vars(latency).values()) and latency.total < 2.0
+    # Every model call ran on the model thread.
+    assert h.stt.threads == h.llm.threads == h.speeches[0].threads == {thread._thread.ident}
+
+
+def test_barge_in_stops_the_answer_within_one_frame_and_keeps_what_was_heard(thread):
+    async def main():
+        h = Harness(thread, [f"w{i}" for i in range(40)])
+        await h.assistant.start()
+        await h.feed(LOUD, 2)
+        before = await h.until(AssistantWords)
+        before += await h.feed(QUIET, 7)  # more of the answer plays
+        h.assistant.exchange(LOUD)  # the user speaks over it
+        await asyncio.sleep(0.05)  # the STT step and the turn logic run
+        after = await h.feed(QUIET, 1)
+        made = h.speeches[0].frames
+        await h.until(UserSaid)
+        await h.feed(QUIET, 5)
+        second = [e for e in h.events if isinstance(e, UserSaid)]
+        await h.assistant.close()
+        return h, before, after, second, made
+
+    h, before, after, second, made = asyncio.run(main())
+    assert _answer_frames(before) >= 6
+    assert _answer_frames(after) == 0  # the next frame after the barge-in is silence
+    assert h.speeches[0].frames == made  # and the first answer's TTS made no more
+    [cut] = [e for e in h.events if isinstance(e, AnswerEnded)]
+    assert cut.cut_off and cut.text.startswith("w0 w1")
+    assert len(second) == 2
+    messages = h.llm.prompts[-1]
+    assert messages[-2] == {"role": "assistant", "content": cut.text + CUT_OFF_MARK}
+    assert messages[-1]["role"] == "user"
+    assert h.llm.closed == 2  # the first answer's generation was stopped (and the second's)
+
+
+def test_the_greeting_is_spoken_before_the_user_says_anything(thread):
+    async def main():
+        h = Harness(thread, ["Hi!"])
+        await h.assistant.start(greeting=True)
+        played = await h.until(AnswerEnded)
+        await h.assistant.close()
+        return h, played
+
+    h, played = asyncio.run(main())
+    assert _answer_frames(played) == FRAMES_PER_WORD
+    assert h.assistant.latencies.turns == []  # no user speech to time it from
+
+
+def test_level_dbfs():
+    assert level_dbfs(np.full(100, 0.5, np.float32)) == pytest.approx(-6.02, abs=0.01)
+    assert level_dbfs(np.zeros(10, np.float32)) == -200

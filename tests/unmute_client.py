@@ -63,20 +63,22 @@ async def converse(
     """Greeting, `speech`, answer over Unmute's `url` (`ws://host:port/v1/realtime`), at most
     `timeout` seconds; the conversation as far as it got."""
     conversation = Conversation()
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(url, protocols=("realtime",), max_msg_size=0) as ws:
-            update = {"instructions": instructions, "voice": voice, "allow_recording": False}
-            await ws.send_str(json.dumps({"type": "session.update", "session": update}))
-            listening = asyncio.create_task(_listen(ws, conversation))
-            speaking = asyncio.create_task(_microphone(ws, conversation, speech))
-            try:
-                await asyncio.wait_for(asyncio.shield(listening), timeout)
-            except TimeoutError:
-                pass
-            finally:
-                speaking.cancel()
-                listening.cancel()
-                await asyncio.gather(speaking, listening, return_exceptions=True)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(url, protocols=("realtime",), max_msg_size=0) as ws,
+    ):
+        update = {"instructions": instructions, "voice": voice, "allow_recording": False}
+        await ws.send_str(json.dumps({"type": "session.update", "session": update}))
+        listening = asyncio.create_task(_listen(ws, conversation))
+        speaking = asyncio.create_task(_microphone(ws, conversation, speech))
+        try:
+            await asyncio.wait_for(asyncio.shield(listening), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            speaking.cancel()
+            listening.cancel()
+            await asyncio.gather(speaking, listening, return_exceptions=True)
     return conversation
 
 
@@ -95,7 +97,10 @@ async def _microphone(ws: aiohttp.ClientWebSocketResponse, talk: Conversation, s
             chunk = silence
         page = writer.append_pcm(chunk)
         if page:
-            message = {"type": "input_audio_buffer.append", "audio": base64.b64encode(page).decode()}
+            message = {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(page).decode(),
+            }
             await ws.send_str(json.dumps(message))
         sent += PAGE
         await asyncio.sleep(max(0.0, start + sent / SAMPLE_RATE - loop.time()))

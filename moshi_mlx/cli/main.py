@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "quantize": ("quantize", "write 8- or 4-bit weights of a model"),
     "stt": ("stt", "speech to text: a file, the microphone, or a streaming server"),
     "tts": ("tts", "text to speech: to a wav file or the speakers"),
+    "serve": ("serve", "STT, TTS and an LLM on one port (moshi-server and OpenAI protocols)"),
 }
 
 

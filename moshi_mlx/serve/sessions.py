@@ -25,6 +25,8 @@ from moshi_mlx.serve.limits import Limits
 
 # How long a newcomer waits for a session slot being freed (a client reconnecting at once).
 SLOT_GRACE_SECONDS = 1.0
+# Sessions shorter than this are summarised by the tally, not logged one by one.
+CHURN_SECONDS = 1.0
 
 
 def live_websocket(limits: Limits, **options) -> web.WebSocketResponse:
@@ -85,6 +87,11 @@ class SessionSlots:
             self._active += 1
             return True
 
+    @property
+    def active(self) -> int:
+        """Slots taken now."""
+        return self._active
+
     async def release(self) -> None:
         async with self._changed:
             self._active -= 1
@@ -129,13 +136,27 @@ class Sessions:
         connection = start()
         self._running.add(connection)
         reason = "the server stopped"
+        # A session logs its start once it has lasted CHURN_SECONDS; shorter ones (a churn of
+        # clients that open and close at once) are counted by the tally instead.
+        started = asyncio.get_running_loop().call_later(
+            CHURN_SECONDS, self._log.info, "%s: %s started", peer, self._noun
+        )
+        began = time.monotonic()
         try:
-            self._log.info("%s: %s started", peer, self._noun)
             reason = await connection.run()
         finally:
             self._running.discard(connection)
             await self._slots.release()
-            self._log.info("%s: %s ended: %s", peer, self._noun, reason)
+            started.cancel()
+            if time.monotonic() - began < CHURN_SECONDS:
+                self._tally.count(f"{self._noun}s that opened and closed at once", peer)
+            else:
+                self._log.info("%s: %s ended: %s", peer, self._noun, reason)
+
+    @property
+    def active(self) -> int:
+        """Sessions running now."""
+        return self._slots.active
 
     async def close_all(self, _app: web.Application) -> None:
         """Server shutdown: stop every session (its websocket closes with 1001)."""

@@ -31,6 +31,7 @@ import msgpack
 import numpy as np
 
 from moshi_mlx.errors import MoshiError
+from moshi_mlx.serve.msgpack_bounds import unpack_bounded
 
 SAMPLE_RATE = 24_000
 MAX_AUDIO_SECONDS = 10
@@ -38,6 +39,7 @@ MAX_AUDIO_SAMPLES = MAX_AUDIO_SECONDS * SAMPLE_RATE  # per Audio message
 # The largest valid message: every sample a msgpack float64 (9 bytes), a little framing.
 MAX_MESSAGE_BYTES = 9 * MAX_AUDIO_SAMPLES + 1024
 _MAX_KEYS = 16
+_MAX_CONTAINERS = 4  # a message is one map holding at most one array
 _MAX_STRING = 1024
 _I64 = (-(2**63), 2**63 - 1)
 
@@ -71,9 +73,9 @@ ClientMessage = Audio | Marker | Init
 def parse(data: bytes) -> ClientMessage:
     """The client message in `data`; `ProtocolError` naming what is wrong with it."""
     try:
-        message = msgpack.unpackb(
+        message = unpack_bounded(
             data,
-            raw=False,
+            _MAX_CONTAINERS,
             max_array_len=MAX_AUDIO_SAMPLES,
             max_map_len=_MAX_KEYS,
             max_str_len=_MAX_STRING,

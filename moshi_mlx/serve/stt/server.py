@@ -2,21 +2,28 @@
 stream per connection.
 
 Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
-the `SttWorker` thread through each connection's `Channel`, and the worker's results come
-back through an `asyncio.Queue` per connection, so a client that stops reading stalls only
-its own connection. Caps, deadlines and liveness checks come from `moshi_mlx.serve.guard`.
+the `SttWorker` (a real-time job of the model thread) through each connection's `Channel`,
+and the worker's results come back through an `asyncio.Queue` per connection, so a client
+that stops reading stalls only its own connection. Caps, deadlines and liveness checks come
+from `moshi_mlx.serve.guard`.
+
+As Kyutai's server does, `Ready` goes out as soon as the server is warm (the stream is made
+on the model thread meanwhile; audio waits for it), and audio that waits because the model
+is behind is kept and stepped to catch up. Only a client that sends audio faster than real
+time, by over `max_buffered_seconds`, is told so and dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
+from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
 from moshi_mlx.serve.limits import Limits
@@ -35,8 +42,6 @@ from moshi_mlx.serve.stt.worker import Channel, Failed, MarkerReached, Opened, S
 from moshi_mlx.stt.events import WordEnded, WordStarted
 
 ASR_PATH = "/api/asr-streaming"
-API_KEY_HEADER = "kyutai-api-key"
-API_KEY_QUERY = "auth_id"  # for browsers, which cannot set a websocket's headers
 # Messages waiting for a client that does not read; past this it is dropped.
 MAX_UNSENT_MESSAGES = 1000
 # Larger messages are refused by the websocket layer itself (close code 1009); between
@@ -72,13 +77,42 @@ def create_app(
     return app
 
 
+def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
+    """Mount `ASR_PATH` on `app` for `context.stt`, its streams a real-time job of
+    `context.thread` (started here: the model is loaded); returns the worker."""
+    model = context.stt
+    config = SttServerConfig(
+        max_streams=context.max_streams,
+        api_keys=context.api_keys,
+        loopback_only=context.loopback_only,
+        limits=context.limits,
+    )
+    worker = SttWorker(model.speech_to_text, thread=context.thread)
+    handler = _SttHandler(worker, config, context.tally)
+    app.router.add_get(ASR_PATH, handler.handle)
+    app.on_shutdown.append(handler.sessions.close_all)
+    app.on_cleanup.append(lambda _app: _stopped(worker))
+    worker.start()
+    context.modules.append(
+        lambda: {
+            "type": "batched_asr",
+            "path": ASR_PATH,
+            "lm": context.model_names.get("stt", ""),
+            "used_slots": str(handler.sessions.active),
+            "total_slots": str(config.max_streams),
+        }
+    )
+    return worker
+
+
+async def _stopped(worker: SttWorker) -> None:
+    worker.stop()
+
+
 def api_key_allowed(key: str | None, api_keys: frozenset[str]) -> bool:
-    """Kyutai's rule: the key must be one of `api_keys`; with none configured, all pass."""
-    if not api_keys:
-        return True
-    if key is None:
-        return False
-    return any(hmac.compare_digest(key.encode(), allowed.encode()) for allowed in api_keys)
+    """Kyutai's rule: the key must be one of `api_keys`; with none configured, all pass.
+    A key that is not UTF-8 text never matches."""
+    return ServeContext.key_matches(key, api_keys)
 
 
 class _SttHandler:
@@ -131,6 +165,7 @@ class _Connection:
         self._streaming = asyncio.Event()
         self._stalled = asyncio.Event()
         self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
+        self._started = time.monotonic()
         self._stopping = False
 
     async def run(self) -> str:
@@ -172,9 +207,8 @@ class _Connection:
             self._unsent.put_nowait(event)
             return
         if isinstance(event, Opened):
-            self._streaming.set()
-            messages = [protocol.ready()]
-        elif isinstance(event, Stepped):
+            return  # Ready went out already
+        if isinstance(event, Stepped):
             self._silence.heard()  # audio still being transcribed: the client is not idle
             messages = _step_messages(event)
         else:
@@ -186,7 +220,6 @@ class _Connection:
 
     async def _receive(self) -> str:
         """Client messages until it leaves; audio before Ready waits for the stream."""
-        max_buffered = self._config.max_buffered_seconds * protocol.SAMPLE_RATE
         async for message in self._ws:
             if message.type == aiohttp.WSMsgType.ERROR:
                 return broken_reason(self._ws, self._config.limits)
@@ -198,7 +231,8 @@ class _Connection:
             parsed = protocol.parse(message.data)
             if isinstance(parsed, protocol.Audio):
                 self._silence.heard()
-                if self._channel.push_audio(parsed.pcm) > max_buffered:
+                self._channel.push_audio(parsed.pcm)
+                if self._ahead_of_real_time() > self._config.max_buffered_seconds:
                     raise _StreamEnded(
                         f"over {self._config.max_buffered_seconds:g} s of audio wait to be "
                         "transcribed; send audio no faster than real time"
@@ -209,13 +243,20 @@ class _Connection:
                 self._worker.notify()
         return "the client left"
 
+    def _ahead_of_real_time(self) -> float:
+        """Seconds of audio the client sent beyond the time since it connected."""
+        sent = self._channel.received / protocol.SAMPLE_RATE
+        return sent - (time.monotonic() - self._started)
+
     async def _send(self) -> None:
-        """Open the stream once the worker is ready, then send its results as they come."""
+        """Once the worker is ready: Ready, the stream opened, then its results as they come."""
         while not self._worker.ready.is_set():  # warming up: the websocket layer pings
             await asyncio.sleep(0.1)
         if self._worker.error is not None:
             raise _StreamEnded("the server could not load the model")
         self._worker.open(self._channel)
+        await self._ws.send_bytes(protocol.ready())
+        self._streaming.set()
         while True:
             message = await self._unsent.get()
             if isinstance(message, Failed):

@@ -1,9 +1,12 @@
-"""The transcription worker: one thread that owns every client's stream and does all MLX work.
+"""The transcription worker: every client's stream, made, stepped and dropped on the server's
+`ModelThread` as one real-time job (a `RealTimeClock`).
 
 MLX keeps streams per thread (an array made on one thread cannot be evaluated on another),
-so streams are made, stepped and dropped on this thread only. The event loop pushes each
-client's audio and markers into its `Channel` and wakes the worker; the worker steps, in
-rounds, every stream that has a whole frame buffered, and hands the results back through the
+so streams live on the model thread only. The event loop pushes each client's audio and
+markers into its `Channel` and wakes the thread; the job is due as soon as a stream has a
+whole frame buffered (or a stream is to be opened or dropped), and each step takes one frame
+of every stream that has one, as Kyutai's batched server does; a client whose audio arrived
+faster than it is stepped is simply stepped again at once. Results go back through the
 channel's `deliver` callback (which the loop makes hop onto itself).
 
 Markers follow Kyutai's rule: a marker comes back once the stream has stepped every whole
@@ -14,8 +17,8 @@ many steps), so every word of the audio before the marker was reported first.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
+from moshi_mlx.serve.model_thread import ModelThread, RealTimeClock
 from moshi_mlx.stt.events import SttStep
 
 log = logging.getLogger("moshi_mlx.stt")
@@ -74,12 +78,12 @@ StreamEvent = Opened | Stepped | MarkerReached | Failed
 
 class Channel:
     """One client's audio and markers on their way to its stream, shared by the event loop
-    (`push_audio`, `push_marker`, `close`) and the worker (`take_frame`, `due_markers`)."""
+    (`push_audio`, `push_marker`, `close`) and the model thread (`take_frame`, `due_markers`)."""
 
     def __init__(self, deliver: Callable[[StreamEvent], None]):
         self.deliver = deliver
         self._lock = threading.Lock()
-        self._chunks: deque[np.ndarray] = deque()
+        self._chunks: deque[tuple[np.ndarray, float]] = deque()  # (samples, when received)
         self._buffered = 0
         self._received = 0  # samples since the start
         self._markers: deque[tuple[int, int]] = deque()  # (samples received before it, id)
@@ -89,11 +93,16 @@ class Channel:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def received(self) -> int:
+        """Samples received since the start."""
+        return self._received
+
     def push_audio(self, pcm: np.ndarray) -> int:
         """Queue client samples (loop side); returns how many wait to be stepped now."""
         with self._lock:
             if pcm.size and not self._closed:
-                self._chunks.append(pcm)
+                self._chunks.append((pcm, time.monotonic()))
                 self._buffered += pcm.size
                 self._received += pcm.size
             return self._buffered
@@ -110,6 +119,18 @@ class Channel:
             self._chunks.clear()
             self._buffered = 0
 
+    def frame_ready_at(self, frame_size: int) -> float | None:
+        """When the oldest whole frame was complete (a monotonic time), or None before one."""
+        with self._lock:
+            if self._buffered < frame_size:
+                return None
+            needed = frame_size
+            for chunk, received_at in self._chunks:
+                needed -= chunk.size
+                if needed <= 0:
+                    return received_at
+            return None
+
     def take_frame(self, frame_size: int) -> tuple[np.ndarray, int] | None:
         """(the oldest whole frame, samples left after it), or None before a whole frame."""
         with self._lock:
@@ -117,9 +138,9 @@ class Channel:
                 return None
             parts, needed = [], frame_size
             while needed:
-                chunk = self._chunks.popleft()
+                chunk, received_at = self._chunks.popleft()
                 if chunk.size > needed:
-                    self._chunks.appendleft(chunk[needed:])
+                    self._chunks.appendleft((chunk[needed:], received_at))
                     chunk = chunk[:needed]
                 parts.append(chunk)
                 needed -= chunk.size
@@ -145,94 +166,106 @@ class _Active:
     steps_done: int = 0
 
 
-class SttWorker:
-    """Runs `warm_up` (if any), then makes, steps and drops the channels' streams.
+class SttWorker(RealTimeClock):
+    """The STT streams of a server as one real-time job of `thread` (a thread of its own
+    when None): runs `warm_up` (if any) on it, then makes, steps and drops the channels'
+    streams. `ready` is set once streams can be opened, or `error` says why they cannot."""
 
-    `ready` is set once streams can be opened, or `error` says why they cannot.
-    """
-
-    def __init__(self, stream_factory: StreamFactory, warm_up: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        stream_factory: StreamFactory,
+        warm_up: Callable[[], None] | None = None,
+        thread: ModelThread | None = None,
+    ):
+        super().__init__()
         self._stream_factory = stream_factory
         self._warm_up = warm_up
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._owns_thread = thread is None
+        self.thread = thread or ModelThread("moshi-stt")
+        # ("open" | "close", channel, when asked): appended on the loop, taken on the thread
+        self._jobs: deque[tuple[str, Channel, float]] = deque()
+        self._streams: dict[Channel, _Active] = {}  # model thread only
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.open_streams = 0  # written by the worker thread only
-        self._thread = threading.Thread(target=self._run, name="moshi-stt", daemon=True)
+        self.open_streams = 0  # written by the model thread only
 
     def start(self) -> None:
-        self._thread.start()
+        """Warm up on the model thread (started here if it is the worker's own), then step."""
+        if self._owns_thread:
+            self.thread.start()
+        self.thread.call_soon(self._start_on_thread)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the current step, drop every stream and end the thread."""
-        self._jobs.put(None)
-        self._wake.set()
-        self._thread.join(timeout)
+        """Drop every stream (after the step running now) and, if it is its own, end the
+        thread. `timeout` is accepted for compatibility; the thread ends after one step."""
+        self.thread.remove_realtime(self)
+        if self._owns_thread:
+            self.thread.stop()
+        else:
+            self.thread.call_soon(self._streams.clear)
 
     def open(self, channel: Channel) -> None:
         """Make the channel's stream; the channel receives `Opened` or `Failed`."""
-        self._jobs.put(("open", channel))
-        self._wake.set()
+        self._jobs.append(("open", channel, time.monotonic()))
+        self.thread.wake()
 
     def notify(self) -> None:
         """A channel got audio or a marker."""
-        self._wake.set()
+        self.thread.wake()
 
     def release(self, channel: Channel) -> None:
         """Close the channel and drop its stream."""
         channel.close()
-        self._jobs.put(("close", channel))
-        self._wake.set()
+        self._jobs.append(("close", channel, time.monotonic()))
+        self.thread.wake()
 
-    # --- worker thread ---
-    def _run(self) -> None:
+    # --- model thread ---
+    def _start_on_thread(self) -> None:
         try:
             if self._warm_up is not None:
                 self._warm_up()
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop
             self.error = exc
+        else:
+            self.thread.add_realtime(self)
+        finally:
             self.ready.set()
-            return
-        self.ready.set()
-        streams: dict[Channel, _Active] = {}
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if not self._apply_jobs(streams):
-                break
-            while self._step_round(streams):
-                if not self._apply_jobs(streams):
-                    return
 
-    def _apply_jobs(self, streams: dict[Channel, _Active]) -> bool:
-        """Open and drop streams as asked; False once the worker must stop."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return True
-            if job is None:
-                return False
-            action, channel = job
+    def due_at(self) -> float | None:
+        due = self._jobs[0][2] if self._jobs else None
+        for channel, active in self._streams.items():
+            ready_at = channel.frame_ready_at(active.stream.frame_size)
+            if ready_at is not None and (due is None or ready_at < due):
+                due = ready_at
+        return due
+
+    def step(self) -> None:
+        """Open and drop streams as asked, then one frame of every stream that has one."""
+        self._apply_jobs()
+        self._step_round()
+
+    def _apply_jobs(self) -> None:
+        while self._jobs:
+            action, channel, _ = self._jobs.popleft()
             if action == "close":
-                streams.pop(channel, None)
+                self._streams.pop(channel, None)
             elif not channel.closed:
-                self._open(channel, streams)
-            self.open_streams = len(streams)
+                self._open(channel)
+        self.open_streams = len(self._streams)
 
-    def _open(self, channel: Channel, streams: dict[Channel, _Active]) -> None:
+    def _open(self, channel: Channel) -> None:
         try:
             stream = self._stream_factory()
         except Exception as exc:  # noqa: BLE001 - reported to this client only
             _deliver(channel, Failed(f"cannot start a stream: {_one_line(exc)}"))
             return
-        streams[channel] = _Active(stream)
+        self._streams[channel] = _Active(stream)
         _deliver(channel, Opened())
 
-    def _step_round(self, streams: dict[Channel, _Active]) -> bool:
-        """One frame of every stream that has one (a batched stepper would take them all at
-        once); markers that came due are delivered after the steps. True if any stepped."""
+    def _step_round(self) -> None:
+        """One frame of every stream that has one; markers that came due are delivered after
+        the steps."""
+        streams = self._streams
         frames = []
         for channel, active in streams.items():
             taken = None if channel.closed else channel.take_frame(active.stream.frame_size)
@@ -254,7 +287,6 @@ class SttWorker:
                 active.steps_done, stream.frame_size, stream.delay_steps
             ):
                 _deliver(channel, MarkerReached(marker_id))
-        return bool(frames)
 
 
 def _one_line(exc: BaseException) -> str:

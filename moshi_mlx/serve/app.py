@@ -1,0 +1,89 @@
+"""The aiohttp application of `python -m moshi_mlx.serve`: Kyutai's `/api/build_info` and
+`/api/modules_info`, and the routes of every loaded model's protocol families.
+
+A family is a module with `add_routes(app, context)` (`moshi_mlx.serve.context`); each is
+mounted when the model it serves is loaded. The OpenAI families (`moshi_mlx.serve.openai`)
+are mounted when their modules are present.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import platform
+import sys
+from collections.abc import Callable
+from importlib import metadata
+
+from aiohttp import web
+
+from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.guard import ConnectionGuard
+from moshi_mlx.serve.http import loopback_only
+from moshi_mlx.serve.stt import server as stt_routes
+from moshi_mlx.serve.tts import server as tts_routes
+
+BUILD_INFO_PATH = "/api/build_info"
+MODULES_INFO_PATH = "/api/modules_info"
+
+# (module with add_routes, whether the context has what it serves); optional ones may be absent.
+_OPTIONAL_FAMILIES: tuple[tuple[str, Callable[[ServeContext], bool]], ...] = (
+    ("moshi_mlx.serve.openai.chat", lambda context: context.llm is not None),
+    (
+        "moshi_mlx.serve.openai.audio",
+        lambda context: context.stt is not None or context.tts is not None,
+    ),
+)
+
+
+def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application:
+    """The application for `context`'s loaded models, served through `guard`."""
+    middlewares = [guard.middleware]
+    if context.loopback_only:
+        middlewares.append(loopback_only(guard.tally))
+    app = web.Application(middlewares=middlewares)
+    app.router.add_get(BUILD_INFO_PATH, _build_info)
+    app.router.add_get(MODULES_INFO_PATH, functools.partial(_modules_info, context))
+    if context.stt is not None:
+        stt_routes.add_routes(app, context)
+    if context.tts is not None:
+        tts_routes.add_routes(app, context)
+    for name, wanted in _OPTIONAL_FAMILIES:
+        if not wanted(context):
+            continue
+        try:
+            family = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise  # the family is there, but something it imports is not
+            continue
+        family.add_routes(app, context)
+    return app
+
+
+def build_info() -> dict[str, str]:
+    """Kyutai's build_info fields, with what describes this server."""
+    try:
+        version = metadata.version("moshi_mlx")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        "build_timestamp": "",
+        "build_date": "",
+        "git_branch": "",
+        "git_timestamp": "",
+        "git_date": "",
+        "git_hash": "",
+        "git_describe": f"moshi_mlx {version}",
+        "rustc_host_triple": f"{platform.machine()}-{sys.platform}",
+        "rustc_version": f"python {platform.python_version()}",
+        "cargo_target_triple": f"{platform.machine()}-{sys.platform}",
+    }
+
+
+async def _build_info(_request: web.Request) -> web.Response:
+    return web.json_response(build_info())
+
+
+async def _modules_info(context: ServeContext, _request: web.Request) -> web.Response:
+    return web.json_response([module() for module in context.modules])

@@ -1,0 +1,63 @@
+"""What every route family of `python -m moshi_mlx.serve` gets: `ServeContext`.
+
+Each family (moshi-server STT, moshi-server TTS, OpenAI chat, OpenAI audio) is a module with
+`add_routes(app: web.Application, context: ServeContext) -> None`, mounted when its model is
+loaded. Model work goes through `context.thread` only (`call` for one-off requests, a
+`RealTimeClock` for streams, `background` for token-by-token generation).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moshi_mlx.serve.guard import EventTally
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.model_thread import ModelThread
+from moshi_mlx.stt.transcriber import SttModel
+from moshi_mlx.tts.synthesizer import TtsModel
+
+API_KEY_HEADER = "kyutai-api-key"  # Kyutai's servers; OpenAI routes take "Authorization: Bearer"
+API_KEY_QUERY = "auth_id"  # for browsers, which cannot set a websocket's headers
+
+
+@dataclass
+class ServeContext:
+    """The model thread, the loaded models and the server's limits, shared by every route."""
+
+    thread: ModelThread
+    tally: EventTally
+    limits: Limits = field(default_factory=Limits)
+    api_keys: frozenset[str] = frozenset()  # empty: no key needed
+    stt: SttModel | None = None
+    tts: TtsModel | None = None
+    llm: Any = None  # moshi_mlx.llm.LlmModel, when loaded
+    # The name each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id.
+    model_names: dict[str, str] = field(default_factory=dict)
+    max_streams: int = 8  # live streams per real-time model (STT, TTS)
+    loopback_only: bool = False  # bound to loopback: answer only for loopback host names
+    voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one
+    # One entry per mounted moshi-server module for `/api/modules_info`: a function giving its
+    # fields ("type", "path", "used_slots", "total_slots", ... as strings, as Kyutai's).
+    modules: list[Callable[[], dict[str, str]]] = field(default_factory=list)
+
+    def key_allowed(self, key: str | None) -> bool:
+        """Whether a client's key passes (`key_matches` against `api_keys`)."""
+        return self.key_matches(key, self.api_keys)
+
+    @staticmethod
+    def key_matches(key: str | None, api_keys: frozenset[str]) -> bool:
+        """Kyutai's rule: the key must be one of `api_keys`; with none configured, all pass.
+        A key that is not UTF-8 text (aiohttp hands its bytes over as surrogates) never
+        matches, and never raises."""
+        if not api_keys:
+            return True
+        if key is None:
+            return False
+        try:
+            raw = key.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return any(hmac.compare_digest(raw, allowed.encode()) for allowed in api_keys)

@@ -1,0 +1,1 @@
+"""Kyutai's streaming text-to-speech websocket (moshi-server's `/api/tts_streaming`)."""

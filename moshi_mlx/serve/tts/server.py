@@ -1,0 +1,335 @@
+"""`/api/tts_streaming`: moshi-server's streaming text-to-speech, on the model thread.
+
+`GET` upgrades to the websocket of `moshi_mlx.serve.tts.protocol`: a key (header
+`kyutai-api-key` or `?auth_id=`), `?format=` (default `PcmMessagePack`), `?voice=` (a voice
+of the voice repo without its embedding suffix, e.g. `unmute-prod-website/p329_022.wav`;
+an unknown one falls back to the default voice, with a log line), `?cfg_alpha=`,
+`?temperature=`, `?top_k=`, `?seed=`. `Ready` goes out at once (or `Error "no free
+channels"` and a close); the stream starts with the first text (after a `Voice` sent
+before it, as Unmute does). `POST` with JSON `{text, voice}` answers a streamed WAV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+
+import aiohttp
+import numpy as np
+import sphn
+from aiohttp import web
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
+from moshi_mlx.serve.http import origin_allowed
+from moshi_mlx.serve.logtext import capped
+from moshi_mlx.serve.sessions import Sessions, close_ended, close_going_away, live_websocket
+from moshi_mlx.serve.tts import protocol
+from moshi_mlx.serve.tts.protocol import ProtocolError
+from moshi_mlx.serve.tts.session import (
+    AudioFrame,
+    Failed,
+    Finished,
+    SessionEvent,
+    SessionOptions,
+    TtsSession,
+)
+from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
+from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
+
+TTS_PATH = "/api/tts_streaming"
+SAMPLE_RATE = 24_000
+# Frames waiting for a client that does not read (40 s of audio); past this it is dropped.
+MAX_UNSENT = 500
+# Seconds a stream may wait for its first text, or for the end of a text that stopped coming.
+TEXT_IDLE_SECONDS = 120.0
+_DECODE_OFF_LOOP_BYTES = 64 * 1024  # larger messages are decoded on a worker thread
+_WEBSOCKET_MAX_BYTES = protocol.MAX_MESSAGE_BYTES
+
+log = logging.getLogger("moshi_mlx.serve.tts")
+
+
+def add_routes(app: web.Application, context: ServeContext) -> None:
+    """Mount `TTS_PATH` (websocket and POST) for `context.tts`."""
+    handler = _TtsHandler(context)
+    app.router.add_get(TTS_PATH, handler.websocket)
+    app.router.add_post(TTS_PATH, handler.post)
+    app.on_shutdown.append(handler.sessions.close_all)
+    context.modules.append(
+        lambda: {
+            "type": "py",
+            "path": TTS_PATH,
+            "script": "tts.py",
+            "used_slots": str(handler.sessions.active),
+            "total_slots": str(context.max_streams),
+        }
+    )
+
+
+class _TtsHandler:
+    def __init__(self, context: ServeContext):
+        self.context = context
+        self.sessions = Sessions(context.max_streams, context.tally, log, "speech stream")
+
+    def _check_key(self, request: web.Request) -> None:
+        key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
+        if not self.context.key_allowed(key):
+            self.context.tally.count(
+                "requests refused for a missing or wrong API key", request.remote
+            )
+            raise web.HTTPUnauthorized(text=f"send a valid {API_KEY_HEADER} header")
+
+    async def websocket(self, request: web.Request) -> web.StreamResponse:
+        self._check_key(request)
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, request.host):
+            self.context.tally.count("websockets refused for their origin", request.remote)
+            raise web.HTTPForbidden(text="websocket origin is not this server")
+        output = request.query.get("format", "PcmMessagePack")
+        if output not in protocol.FORMATS:
+            raise web.HTTPBadRequest(
+                text=f"format {capped(output)} is not one of {', '.join(protocol.FORMATS)}"
+            )
+        options = await self._options(request.query.get("voice"), request.query)
+        ws = live_websocket(self.context.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
+        await ws.prepare(request)
+        encoder = _Encoder(output)
+
+        async def refuse() -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                if message := encoder.message(protocol.error("no free channels")):
+                    await ws.send_bytes(message)
+            await ws.close()
+
+        await self.sessions.run(
+            request.remote, lambda: _Connection(ws, self.context, options, encoder), refuse
+        )
+        return ws
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        """JSON `{text, voice}` -> a WAV streamed as it is spoken (16-bit, 24 kHz, mono)."""
+        self._check_key(request)
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise web.HTTPBadRequest(text="send a JSON object {text, voice}") from None
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str) or not text.strip() or len(text) > 64 * 1024:
+            raise web.HTTPBadRequest(text='"text" must be a non-empty string (64 k chars at most)')
+        voice = body.get("voice")
+        options = await self._options(voice if isinstance(voice, str) else None, request.query)
+        events: asyncio.Queue[SessionEvent] = asyncio.Queue()
+        session = _session(self.context, options, events)
+        session.push_text(text)
+        session.end()
+        response = web.StreamResponse(headers={"Content-Type": "audio/wav"})
+        await response.prepare(request)
+        await response.write(_wav_header())
+        self.context.thread.add_realtime(session)
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, AudioFrame):
+                    pcm = np.clip(event.pcm, -1, 1) * 32767
+                    await response.write(pcm.astype("<i2").tobytes())
+                elif isinstance(event, Failed | Finished):
+                    break
+        finally:
+            self.context.thread.remove_realtime(session)
+        await response.write_eof()
+        return response
+
+    async def _options(self, voice: str | None, query) -> SessionOptions:
+        model = self.context.tts
+        repo = self.context.voice_repo or model.voice_repo
+        path = None
+        if voice:
+            try:
+                path = await asyncio.to_thread(resolve_voice, voice, model.config, repo)
+            except MoshiError as exc:
+                log.warning(
+                    "voice %s: %s; speaking in the default voice", capped(voice), capped(str(exc))
+                )
+        if path is None:
+            try:
+                path = await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)
+            except MoshiError as exc:
+                raise web.HTTPServiceUnavailable(text=str(exc)) from None
+        sampling = TtsSampling()
+        try:
+            if "temperature" in query:
+                sampling = TtsSampling(temp=_bounded(query["temperature"], 0.0, 2.0))
+            if "top_k" in query:
+                top_k = int(_bounded(query["top_k"], 1, 10_000))
+                sampling = TtsSampling(sampling.temp, text_top_k=top_k, audio_top_k=top_k)
+            cfg = _bounded(query["cfg_alpha"], 0.0, 10.0) if "cfg_alpha" in query else None
+            seed = int(_bounded(query["seed"], 0, 2**32 - 1)) if "seed" in query else None
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        return SessionOptions(path, cfg if cfg is not None else DEFAULT_CFG_COEF, sampling, seed)
+
+
+def _bounded(text: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{capped(text)} is not a number") from None
+    if not low <= value <= high:
+        raise ValueError(f"{capped(text)} is not within [{low:g}, {high:g}]")
+    return value
+
+
+def _session(context: ServeContext, options: SessionOptions, events: asyncio.Queue) -> TtsSession:
+    loop = asyncio.get_running_loop()
+
+    def deliver(event: SessionEvent) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+    return TtsSession(context.tts, options, deliver)
+
+
+def _wav_header() -> bytes:
+    """A 16-bit mono 24 kHz WAV header of unknown length (sizes 0xFFFFFFFF, as Kyutai's)."""
+    unknown = 0xFFFFFFFF
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", unknown)
+    )
+
+
+class _Encoder:
+    """The output format: which messages go out, and how audio is packed."""
+
+    def __init__(self, output: str):
+        self.output = output
+        self._opus = sphn.OpusStreamWriter(SAMPLE_RATE) if "OggOpus" in output else None
+
+    def message(self, packed: bytes) -> bytes | None:
+        """A protocol message (Ready, Text, Error), or None in the raw formats."""
+        return packed if self.output.endswith("MessagePack") else None
+
+    def audio(self, pcm: np.ndarray) -> bytes | None:
+        if self._opus is None:
+            if self.output == "Pcm":
+                return np.asarray(pcm, "<f4").tobytes()
+            return protocol.audio(pcm)
+        pages = self._opus.append_pcm(np.asarray(pcm, np.float32))
+        if not pages:
+            return None
+        return protocol.ogg_opus(pages) if self.output == "OggOpusMessagePack" else pages
+
+
+class _Ended(Exception):
+    """The stream cannot go on; the reason goes to the client as an Error."""
+
+
+class _Connection:
+    """One websocket: text in, audio and word timings out."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        context: ServeContext,
+        options: SessionOptions,
+        encoder: _Encoder,
+    ):
+        self._ws = ws
+        self._context = context
+        self._options = options
+        self._encoder = encoder
+        self._events: asyncio.Queue[SessionEvent] = asyncio.Queue()
+        self._session: TtsSession | None = None
+        self._stopping = False
+
+    async def run(self) -> str:
+        if ready := self._encoder.message(protocol.ready()):
+            await self._ws.send_bytes(ready)
+        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._send())]
+        failure = None
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            reason = next(iter(done)).result()
+        except (ProtocolError, _Ended) as exc:
+            reason = failure = str(exc)
+        except ConnectionError:
+            reason = "the client left"
+        finally:
+            for task in tasks:
+                task.cancel()
+            if self._session is not None:
+                self._context.thread.remove_realtime(self._session)
+        if failure is not None and (message := self._encoder.message(protocol.error(failure))):
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._ws.send_bytes(message)
+        await close_ended(self._ws)
+        return "the server is stopping" if self._stopping else reason
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await close_going_away(self._ws)
+
+    def _started(self) -> TtsSession:
+        if self._session is None:
+            self._session = _session(self._context, self._options, self._events)
+            self._context.thread.add_realtime(self._session)
+        return self._session
+
+    async def _receive(self) -> str:
+        """Client messages until it leaves (after the end of the text, messages are ignored:
+        the audio goes on and `_send` ends the connection)."""
+        ended = False
+        while True:
+            try:
+                message = await self._ws.receive(None if ended else TEXT_IDLE_SECONDS)
+            except asyncio.TimeoutError:
+                raise _Ended(f"no text for {TEXT_IDLE_SECONDS:g} s") from None
+            if ended and message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                continue
+            if message.type == aiohttp.WSMsgType.TEXT:
+                self._started().push_text(protocol.text_message(message.data).text)
+                self._context.thread.wake()
+                continue
+            if message.type != aiohttp.WSMsgType.BINARY:
+                return "the client left"
+            data = message.data
+            if len(data) > _DECODE_OFF_LOOP_BYTES:
+                parsed = await asyncio.to_thread(protocol.parse, data)
+            else:
+                parsed = protocol.parse(data)
+            if isinstance(parsed, protocol.Voice):
+                if self._session is not None:
+                    raise ProtocolError("send Voice before the first Text")
+                self._options = SessionOptions(
+                    parsed.embedding, self._options.cfg_coef, self._options.sampling
+                )
+            elif isinstance(parsed, protocol.Text):
+                self._started().push_text(parsed.text)
+            else:
+                self._started().end()
+                ended = True
+            self._context.thread.wake()
+
+    async def _send(self) -> str:
+        """Audio and words as they come; the connection ends with the audio."""
+        while True:
+            event = await self._events.get()
+            if self._events.qsize() > MAX_UNSENT:
+                raise _Ended(f"over {MAX_UNSENT} frames wait for the client; it does not read them")
+            if isinstance(event, Finished):
+                return "the text was spoken"
+            if isinstance(event, Failed):
+                raise _Ended(event.reason)
+            if isinstance(event, AudioFrame):
+                data = self._encoder.audio(event.pcm)
+            else:
+                data = self._encoder.message(protocol.word(event.text, event.start_s, event.stop_s))
+            if data:
+                await self._ws.send_bytes(data)

@@ -3,7 +3,7 @@
 time, as the stock frontend's opus-recorder sends them) and a speaker that decodes the answer.
 
 The conversation: listen to the bot's greeting (Unmute's bot speaks first), say `speech` once
-the greeting is done, and listen to the answer. Everything the server sent is kept.
+the greeting is done, and listen to the start of the answer. Everything the server sent is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sphn
 
 SAMPLE_RATE = 24_000
 PAGE = 960  # samples per Ogg page the frontend sends (two 20 ms Opus frames)
+# Seconds of the answer heard before the test hangs up (a tiny random LLM talks for minutes).
+ANSWER_HEARD = 1.0
 
 
 @dataclass
@@ -107,7 +109,8 @@ async def _microphone(ws: aiohttp.ClientWebSocketResponse, talk: Conversation, s
 
 
 async def _listen(ws: aiohttp.ClientWebSocketResponse, talk: Conversation) -> None:
-    """Server events until the second answer is done (or the socket closes)."""
+    """Server events until `ANSWER_HEARD` seconds of the second answer came (or it was done,
+    or the socket closed)."""
     reader = sphn.OpusStreamReader(SAMPLE_RATE)
     async for message in ws:
         if message.type != aiohttp.WSMsgType.TEXT:
@@ -135,6 +138,8 @@ async def _listen(ws: aiohttp.ClientWebSocketResponse, talk: Conversation) -> No
             pcm = reader.append_bytes(base64.b64decode(event["delta"]))
             if pcm.size:
                 turn.audio.append(pcm)
+            if len(talk.turns) == 2 and turn.pcm.size >= ANSWER_HEARD * SAMPLE_RATE:
+                return
         elif kind == "response.audio.done":
             turn.done = True
             if len(talk.turns) == 2:

@@ -5,8 +5,11 @@
 #   /opt/venvs/personaplex  PyTorch (CPU) + NVIDIA's PersonaPlex package (its `moshi/` folder,
 #                           not on PyPI: clone https://github.com/NVIDIA/personaplex and pass
 #                           the clone as PERSONAPLEX_SRC=/path/to/personaplex)
+#   /opt/venvs/unmute       Kyutai's Unmute backend on Python 3.12, pinned by its uv.lock (clone
+#                           https://github.com/kyutai-labs/unmute, pass UNMUTE_SRC=/path/to/it;
+#                           see scripts/make_unmute_env.sh)
 # Tests that need one skip without it and name this script. Usage (as root, ~2 GB each):
-#   ./scripts/make_reference_envs.sh [ref|kyutai|personaplex]...   (default: ref and kyutai)
+#   ./scripts/make_reference_envs.sh [ref|kyutai|personaplex|unmute]...   (default: ref and kyutai)
 set -euo pipefail
 root=${MOSHI_MLX_REFERENCE_ENVS:-/opt/venvs}
 targets=("$@")
@@ -51,6 +54,9 @@ for target in "${targets[@]}"; do
             "safetensors>=0.4,<0.5" einops sentencepiece "huggingface_hub>=0.24,<0.25" \
             "sphn>=0.1.4,<0.2" "aiohttp>=3.10.5,<3.11" sounddevice pyloudnorm tqdm
         ;;
-    *) echo "unknown environment '$target' (ref, kyutai or personaplex)" >&2; exit 2 ;;
+    unmute)
+        MOSHI_MLX_REFERENCE_ENVS="$root" "$(dirname "$0")/make_unmute_env.sh"
+        ;;
+    *) echo "unknown environment '$target' (ref, kyutai, personaplex or unmute)" >&2; exit 2 ;;
     esac
 done

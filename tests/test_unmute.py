@@ -84,7 +84,7 @@ def our_server(tmp_path_factory, request):
     env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "moshi_mlx.serve", "--tts", str(tts), "--llm", str(llm)]
-    command += ["--voice-repo", str(_voice_repo(root)), "--client-silence-timeout", "60"]
+    command += ["--voice-repo", str(_voice_repo(root)), "--llm-max-tokens", "24"]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
     with open(root / "server.log", "wb") as log:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.cli.common import add_limit_args, limits_from_args, run_cli
 from moshi_mlx.errors import ConfigError
+from moshi_mlx.llm import DEFAULT_MAX_TOKENS, LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
@@ -23,10 +24,10 @@ from moshi_mlx.serve.memory import memory_plan_line
 from moshi_mlx.serve.sessions import stop_on_sigterm
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel
-from moshi_mlx.tts.voices import DEFAULT_VOICE_REPO
 
-DEFAULT_STT = "kyutai/stt-1b-en_fr"
-DEFAULT_TTS = "kyutai/tts-1.6b-en_fr"
+# A client of these protocols may send nothing for long stretches (a TTS client listening to
+# a long answer): it is pinged after half of this, and dropped without a pong within a quarter.
+SILENCE_TIMEOUT_SECONDS = 30.0
 # Unmute's defaults are three ports (STT 8090, TTS 8089, LLM 8091); one server serves all
 # three on Unmute's STT port, and Unmute is pointed at it with its KYUTAI_*_URL variables.
 DEFAULT_PORT = 8090
@@ -53,18 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument(
         "--stt",
         nargs="?",
-        const=DEFAULT_STT,
+        const=DEFAULT_STT_REPO,
         metavar="REPO|FOLDER",
-        help=f"speech to text (default repo {DEFAULT_STT})",
+        help=f"speech to text (default repo {DEFAULT_STT_REPO})",
     )
     models.add_argument(
         "--tts",
         nargs="?",
-        const=DEFAULT_TTS,
+        const=DEFAULT_TTS_REPO,
         metavar="REPO|FOLDER",
-        help=f"text to speech (default repo {DEFAULT_TTS})",
+        help=f"text to speech (default repo {DEFAULT_TTS_REPO})",
     )
     models.add_argument("--llm", metavar="REPO|FOLDER", help="an mlx-lm chat model")
+    models.add_argument(
+        "--llm-max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help="an answer's length when the client sets none, as Unmute does (default %(default)s "
+        "tokens, over a minute of speech)",
+    )
     models.add_argument(
         "--voice-repo",
         default=DEFAULT_VOICE_REPO,
@@ -97,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="live streams per STT/TTS model (default %(default)s)",
     )
     add_limit_args(server)
+    parser.set_defaults(client_silence_timeout=SILENCE_TIMEOUT_SECONDS)
     return parser
 
 
@@ -108,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if not (args.stt or args.tts or args.llm):
         raise ConfigError("give at least one model: --stt, --tts or --llm")
+    if args.llm_max_tokens < 1:
+        raise ConfigError(f"--llm-max-tokens must be >= 1, got {args.llm_max_tokens}")
     if args.max_streams < 1:
         raise ConfigError(f"--max-streams must be >= 1, got {args.max_streams}")
     if args.api_key is not None and not all(args.api_key):
@@ -133,10 +145,10 @@ async def _load(args: argparse.Namespace, context: ServeContext) -> None:
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
         context.model_names["tts"] = args.tts
     if args.llm:
-        # The llm package (mlx-lm) lands on its own branch: looked up when asked for.
-        llm = importlib.import_module("moshi_mlx.llm")
         _say(f"loading LLM {args.llm}...")
-        context.llm = await thread.call(lambda: llm.LlmModel.load(args.llm))
+        context.llm = await thread.call(
+            lambda: LlmModel.load(args.llm, default_max_tokens=args.llm_max_tokens)
+        )
         context.model_names["llm"] = args.llm
 
 

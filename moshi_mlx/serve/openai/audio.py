@@ -66,6 +66,7 @@ class AudioLimits:
     """Caps of the audio routes (OpenAI's where it has one)."""
 
     max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's 25 MB
+    upload_seconds: float = 120.0  # to send the whole form (a slow upload holds a slot)
     max_audio_seconds: float = 600.0  # a transcribed file's length
     max_input_chars: int = 4096  # OpenAI's cap on speech input
     max_speech_seconds: float = 600.0  # speech made for one request
@@ -130,7 +131,15 @@ class _Transcriptions:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         check_bearer_key(request, self.context.key_allowed)
         with self.slots.taken():
-            form = await read_transcription_form(request, self.limits.max_upload_bytes)
+            try:
+                form = await asyncio.wait_for(
+                    read_transcription_form(request, self.limits.max_upload_bytes),
+                    self.limits.upload_seconds,
+                )
+            except asyncio.TimeoutError:
+                raise ApiError(
+                    408, f"the upload took more than {self.limits.upload_seconds:g} s"
+                ) from None
             if form.stream:
                 raise ApiError(400, "streamed transcriptions are not supported", "stream")
             try:

@@ -279,6 +279,10 @@ def test_uploads_that_are_no_audio_or_too_big_or_too_long_are_refused(server, tm
     sf.write(long, np.zeros(int(seconds * 8000), np.int16), 8000, subtype="PCM_16")
     assert "more than the" in _error(lambda: _transcribe(server, long), 400, "file")
 
+    high_rate = tmp_path / "high.flac"  # a decode's memory is bounded by its rate
+    sf.write(high_rate, np.zeros(96_000, np.int16), 96_000, subtype="PCM_16")
+    assert "96000 Hz" in _error(lambda: _transcribe(server, high_rate), 400, "file")
+
     _error(lambda: _transcribe(server, text, response_format="tsv"), 400, "response_format")
     assert _transcribe(server, _tone(tmp_path), response_format="text") is not None  # serving
 

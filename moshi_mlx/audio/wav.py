@@ -14,6 +14,9 @@ from moshi_mlx.audio.resample import resample
 from moshi_mlx.errors import AudioError
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry intelligible speech
+# The highest sample rate a decode capped in seconds accepts (which bounds its memory).
+MAX_CAPPED_RATE = 48_000
+BLOCK_SECONDS = 10  # decoded at once
 
 
 def read_audio(path: str | Path, sample_rate: int = 24_000) -> np.ndarray:
@@ -41,6 +44,8 @@ def decode_audio(
 def _decode(
     source: str | io.BytesIO, name: str, sample_rate: int, max_seconds: float | None
 ) -> np.ndarray:
+    """Decode block by block, mixing each to mono, so that a capped decode holds at most
+    `max_seconds` of mono audio whatever the file's channels or its header claim."""
     try:
         with sf.SoundFile(source) as file:
             rate = file.samplerate
@@ -49,20 +54,31 @@ def _decode(
                     f"{name} has a sample rate of {rate} Hz, too low for speech; "
                     f"record it at {MIN_SAMPLE_RATE} Hz or more (24000 Hz is best)"
                 )
-            if max_seconds is not None and file.frames > max_seconds * rate:
+            if max_seconds is not None and rate > MAX_CAPPED_RATE:
                 raise AudioError(
-                    f"{name} lasts {file.frames / rate:.1f} s, more than the {max_seconds:g} s "
-                    "allowed"
+                    f"{name} has a sample rate of {rate} Hz; give it at {MAX_CAPPED_RATE} Hz "
+                    "or less"
                 )
-            data = file.read(dtype="float32", always_2d=True)
+            limit = None if max_seconds is None else int(max_seconds * rate)
+            if limit is not None and file.frames > limit:
+                raise _too_long(name, file.frames / rate, max_seconds)
+            blocks, frames = [], 0
+            for block in file.blocks(rate * BLOCK_SECONDS, dtype="float32", always_2d=True):
+                frames += len(block)
+                if limit is not None and frames > limit:
+                    raise _too_long(name, frames / rate, max_seconds)
+                blocks.append(block.mean(axis=1))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(
             f"cannot read {name} as audio ({exc}); give a valid wav/flac/ogg file"
         ) from None
-    if data.shape[0] == 0:
+    if frames == 0:
         raise AudioError(f"{name} contains no audio samples")
-    mono = data.mean(axis=1)
-    return resample(mono, rate, sample_rate)
+    return resample(np.concatenate(blocks), rate, sample_rate)
+
+
+def _too_long(name: str, seconds: float, max_seconds: float) -> AudioError:
+    return AudioError(f"{name} lasts {seconds:.1f} s, more than the {max_seconds:g} s allowed")
 
 
 def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = 24_000) -> None:

@@ -25,7 +25,9 @@ def test_every_command_shows_its_help(command):
     done = _run(command, "--help")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("usage: ")
-    if command != "quantize":
+    if command == "serve":  # several models: one REPO|FOLDER flag each
+        assert all(flag in done.stdout for flag in ("--stt", "--tts", "--llm"))
+    elif command != "quantize":
         assert "--hf-repo" in done.stdout and "--lm-config" in done.stdout
     for old in ("--bits", "--config", "--output-dir", "--out-folder", "--out "):
         assert old not in done.stdout  # hidden aliases

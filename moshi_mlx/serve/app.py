@@ -8,6 +8,7 @@ are mounted when their modules are present.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import platform
 import sys
@@ -42,7 +43,7 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
         middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
     app.router.add_get(BUILD_INFO_PATH, _build_info)
-    app.router.add_get(MODULES_INFO_PATH, lambda _request: _modules_info(context))
+    app.router.add_get(MODULES_INFO_PATH, functools.partial(_modules_info, context))
     if context.stt is not None:
         stt_routes.add_routes(app, context)
     if context.tts is not None:
@@ -53,8 +54,8 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
         try:
             family = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+            if exc.name is None or not name.startswith(exc.name):
+                raise  # the family is there, but something it imports is not
             continue
         family.add_routes(app, context)
     return app
@@ -84,5 +85,5 @@ async def _build_info(_request: web.Request) -> web.Response:
     return web.json_response(build_info())
 
 
-async def _modules_info(context: ServeContext) -> web.Response:
+async def _modules_info(context: ServeContext, _request: web.Request) -> web.Response:
     return web.json_response([module() for module in context.modules])

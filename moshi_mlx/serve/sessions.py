@@ -25,6 +25,8 @@ from moshi_mlx.serve.limits import Limits
 
 # How long a newcomer waits for a session slot being freed (a client reconnecting at once).
 SLOT_GRACE_SECONDS = 1.0
+# Sessions shorter than this are summarised by the tally, not logged one by one.
+CHURN_SECONDS = 1.0
 
 
 def live_websocket(limits: Limits, **options) -> web.WebSocketResponse:
@@ -134,13 +136,22 @@ class Sessions:
         connection = start()
         self._running.add(connection)
         reason = "the server stopped"
+        # A session logs its start once it has lasted CHURN_SECONDS; shorter ones (a churn of
+        # clients that open and close at once) are counted by the tally instead.
+        started = asyncio.get_running_loop().call_later(
+            CHURN_SECONDS, self._log.info, "%s: %s started", peer, self._noun
+        )
+        began = time.monotonic()
         try:
-            self._log.info("%s: %s started", peer, self._noun)
             reason = await connection.run()
         finally:
             self._running.discard(connection)
             await self._slots.release()
-            self._log.info("%s: %s ended: %s", peer, self._noun, reason)
+            started.cancel()
+            if time.monotonic() - began < CHURN_SECONDS:
+                self._tally.count(f"{self._noun}s that opened and closed at once", peer)
+            else:
+                self._log.info("%s: %s ended: %s", peer, self._noun, reason)
 
     @property
     def active(self) -> int:

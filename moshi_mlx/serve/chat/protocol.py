@@ -26,6 +26,7 @@ from enum import IntEnum
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.serve.logtext import capped
 
 MAX_MESSAGE_BYTES = 64 * 1024  # an 80 ms Ogg Opus page is a few hundred bytes
 _MAX_SEED = 2**63 - 1
@@ -131,7 +132,9 @@ def _number(query: Mapping[str, str], name: str, default: float) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < 0:
-        raise ProtocolError(f"query parameter {name} must be a number >= 0, got {query[name]!r}")
+        raise ProtocolError(
+            f"query parameter {name} must be a number >= 0, got {capped(repr(query[name]))}"
+        )
     return value
 
 
@@ -145,7 +148,8 @@ def _count(query: Mapping[str, str], name: str, default: int, upper: int = 1 << 
         value = _whole_float(raw)
     if not 0 <= value <= upper:
         raise ProtocolError(
-            f"query parameter {name} must be a whole number from 0 to {upper}, got {raw!r}"
+            f"query parameter {name} must be a whole number from 0 to {upper}, "
+            f"got {capped(repr(raw))}"
         )
     return value
 

@@ -1,0 +1,215 @@
+"""`/api/tts_streaming` of `python -m moshi_mlx.serve` on the tiny TTS fixture, with a client
+written like Unmute's (`unmute/tts/text_to_speech.py`: msgpack Text per word, then Eos), and
+the server's hardening (keys that are not UTF-8, msgpack bombs, capped log values)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import aiohttp
+import mlx.core as mx
+import msgpack
+import numpy as np
+import pytest
+
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.serve.app import create_app
+from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.logtext import capped
+from moshi_mlx.serve.model_thread import ModelThread
+from moshi_mlx.serve.stt import protocol as stt_protocol
+from moshi_mlx.serve.tts import protocol
+from moshi_mlx.serve.tts.server import TTS_PATH, log
+from moshi_mlx.tts.synthesizer import TtsModel
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tts"
+ALICE = FIXTURES / "voices" / "alice.safetensors"
+
+
+@pytest.fixture(scope="module")
+def server(full_mimi_checkpoint):
+    thread = ModelThread("test-model")
+    thread.start()
+    model = thread.call_soon(
+        lambda: TtsModel.load(
+            moshi_weight=FIXTURES / "weights.safetensors",
+            mimi_weight=full_mimi_checkpoint,
+            tokenizer=FIXTURES / "tokenizer.model",
+            lm_config=FIXTURES / "config.json",
+            dtype=mx.float32,
+        )
+    ).result(120)
+    context = ServeContext(thread, EventTally(log), tts=model, api_keys=frozenset({"secret"}))
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    async def start():
+        guard = ConnectionGuard(context.limits, context.tally)
+        runner = guard.app_runner(create_app(context, guard), access_log=None)
+        await runner.setup()
+        await guard.site(runner, "127.0.0.1", 0).start()
+        return runner
+
+    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    yield f"127.0.0.1:{runner.addresses[0][1]}", context
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join(10)
+    thread.stop()
+
+
+HEADERS = {"kyutai-api-key": "secret"}
+QUERY = f"?format=PcmMessagePack&voice={ALICE}&cfg_alpha=1.5&seed=1"
+
+
+async def speak_like_unmute(address: str, words: list[str]) -> tuple[list[dict], float]:
+    """Connect, wait for Ready, send one Text per word and Eos; (messages, time to first
+    audio after the first word)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"ws://{address}{TTS_PATH}{QUERY}", headers=HEADERS) as ws,
+    ):
+        first = msgpack.unpackb((await ws.receive(timeout=5)).data)
+        assert first == {"type": "Ready"}
+        sent = time.monotonic()
+        for word in words:
+            await ws.send_bytes(msgpack.packb({"type": "Text", "text": word}))
+        await ws.send_bytes(msgpack.packb({"type": "Eos"}))
+        messages, first_audio = [], None
+        while True:
+            message = await ws.receive(timeout=60)
+            if message.type != aiohttp.WSMsgType.BINARY:
+                return messages, first_audio
+            messages.append(msgpack.unpackb(message.data))
+            if first_audio is None and messages[-1]["type"] == "Audio":
+                first_audio = time.monotonic() - sent
+
+
+def test_audio_frames_and_word_timings_then_close(server):
+    address, _ = server
+    messages, first_audio = asyncio.run(speak_like_unmute(address, ["Hello", "there", "friend."]))
+    audio = [m for m in messages if m["type"] == "Audio"]
+    words = [m for m in messages if m["type"] == "Text"]
+    assert audio and all(len(m["pcm"]) == 1920 for m in audio)
+    assert not [m for m in messages if m["type"] == "Error"]
+    for word in words:
+        assert 0 <= word["start_s"] <= word["stop_s"] and word["text"]
+    print(f"time to first audio: {first_audio * 1e3:.0f} ms, {len(audio)} frames")
+
+
+def test_two_streams_at_once_both_finish(server):
+    address, _ = server
+
+    async def both():
+        return await asyncio.gather(
+            speak_like_unmute(address, ["One", "two."]),
+            speak_like_unmute(address, ["Three", "four."]),
+        )
+
+    for messages, _ in asyncio.run(both()):
+        assert any(m["type"] == "Audio" for m in messages)
+
+
+def test_post_answers_a_streamed_wav(server):
+    address, _ = server
+
+    async def post():
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(
+                f"http://{address}{TTS_PATH}",
+                json={"text": "Hi there.", "voice": str(ALICE)},
+                headers=HEADERS,
+            )
+            return response.status, await response.read()
+
+    status, body = asyncio.run(post())
+    assert status == 200 and body[:4] == b"RIFF" and body[8:12] == b"WAVE"
+    assert len(body) > 44 and (len(body) - 44) % 2 == 0
+
+
+def test_a_key_whose_bytes_are_not_utf8_is_refused_with_401(server):
+    address, _ = server
+    host, port = address.split(":")
+
+    async def raw_request() -> bytes:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"GET " + TTS_PATH.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"kyutai-api-key: \xff\xfe\xc3\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        status = await reader.readline()
+        writer.close()
+        return status
+
+    assert b" 401 " in asyncio.run(raw_request())
+
+
+def test_unknown_message_gets_an_error_and_a_bomb_is_refused_cheaply(server):
+    address, _ = server
+    bomb = b"\xdd" + (3_800_000).to_bytes(4, "big") + b"\x90" * 3_800_000  # nested empty arrays
+
+    async def send(payload: bytes):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"ws://{address}{TTS_PATH}{QUERY}", headers=HEADERS) as ws,
+        ):
+            await ws.receive(timeout=5)  # Ready
+            started = time.monotonic()
+            await ws.send_bytes(payload)
+            reply = await ws.receive(timeout=10)
+            return msgpack.unpackb(reply.data), time.monotonic() - started
+
+    reply, elapsed = asyncio.run(send(bomb))
+    assert reply["type"] == "Error" and "msgpack" in reply["message"]
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize("parse", [protocol.parse, stt_protocol.parse], ids=["tts", "stt"])
+def test_a_msgpack_bomb_decodes_into_little_memory(parse):
+    """3.8 MB of nested empty arrays: refused before it decodes into millions of lists."""
+    bomb = b"\xdd" + (3_800_000).to_bytes(4, "big") + b"\x90" * 3_800_000
+    deep = b"\x91" * 3_800_000 + b"\x90"
+    for payload in (bomb, deep):
+        tracemalloc.start()
+        with pytest.raises(MoshiError):
+            parse(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 20e6, peak
+
+
+def test_client_values_in_log_lines_are_capped():
+    line = capped("9" * 4000)
+    assert len(line) < 120 and line.endswith("(4000 chars)")
+    assert capped("a\nb\x1b[31m") == "a?b?[31m"
+    assert capped("\udcff") == "\\udcff"
+
+
+def test_modules_and_build_info(server):
+    address, _ = server
+
+    async def get():
+        async with aiohttp.ClientSession() as session:
+            modules = await (await session.get(f"http://{address}/api/modules_info")).json()
+            build = await (await session.get(f"http://{address}/api/build_info")).json()
+            return modules, build
+
+    modules, build = asyncio.run(get())
+    assert modules == [
+        {
+            "type": "py",
+            "path": TTS_PATH,
+            "script": "tts.py",
+            "used_slots": "0",
+            "total_slots": "8",
+        }
+    ]
+    assert "git_describe" in build and "moshi_mlx" in build["git_describe"]
+    assert np.isfinite(len(modules))

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("checkpoints",),
     ("runtime",),
-    ("chat", "stt", "tts"),
+    ("chat", "stt", "tts", "llm"),
     ("api",),
     ("serve",),
     ("cli",),

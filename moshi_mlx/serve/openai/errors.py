@@ -59,16 +59,17 @@ class ApiError(Exception):
         return web.json_response(self.body(), status=self.status)
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
 def answers_api_errors(handler: Handler) -> Handler:
-    """Wrap a route handler: an `ApiError` it raises becomes OpenAI's error response."""
+    """Wrap a route handler (a function of the request, or a method): an `ApiError` it raises
+    becomes OpenAI's error response."""
 
     @functools.wraps(handler)
-    async def answer(request: web.Request) -> web.StreamResponse:
+    async def answer(*args: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await handler(*args)
         except ApiError as error:
             return error.response()
 

@@ -164,6 +164,19 @@ def test_transcriptions_in_every_format_agree_with_the_transcriber(server, speec
     assert vtt.startswith("WEBVTT\n\n00:00:") and "." in vtt.split(" --> ")[0]
 
 
+def test_a_streamed_transcription_sends_each_word_as_it_is_found(server, speech_wav):
+    text = _transcribe(server, speech_wav).text
+    events = list(_transcribe(server, speech_wav, stream=True))
+    assert [event.type for event in events] == ["transcript.text.delta"] * (len(events) - 1) + [
+        "transcript.text.done"
+    ]
+    assert "".join(event.delta for event in events[:-1]) == events[-1].text == text
+    assert len(events) == len(text.split()) + 1
+    _error(
+        lambda: _transcribe(server, speech_wav, stream=True, response_format="srt"), 400, "stream"
+    )
+
+
 @pytest.mark.parametrize(
     ("suffix", "subtype", "rate", "channels"),
     [

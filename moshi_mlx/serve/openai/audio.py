@@ -3,7 +3,8 @@
 - `POST /v1/audio/transcriptions` (multipart: `file` in any format libsndfile reads, `model`,
   `language` echoed in verbose_json, `prompt` read and ignored: the model takes none;
   `response_format` json | text | verbose_json | srt | vtt; `timestamp_granularities[]`
-  word adds verbose_json's `words`);
+  word adds verbose_json's `words`; `stream=true`: server-sent `transcript.text.delta` per
+  word as the model finds it, then `transcript.text.done`);
 - `POST /v1/audio/speech` (JSON: `model`, `input`, `voice` a name of `/v1/audio/voices` or one
   of OpenAI's, which all stand for the default voice; `response_format` mp3 (OpenAI's default)
   | opus | flac | wav | pcm at 24 kHz; `speed` 1.0 only; `stream: true` or
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -50,6 +52,7 @@ from moshi_mlx.serve.openai.transcriptions import (
     transcription_steps,
 )
 from moshi_mlx.serve.openai.voices import OPENAI_VOICES, VoiceCatalog
+from moshi_mlx.stt.events import SttEvent, WordStarted
 from moshi_mlx.stt.words import finished_words
 from moshi_mlx.tts.synthesizer import TtsModel
 from moshi_mlx.tts.voices import DEFAULT_VOICE, DEFAULT_VOICE_REPO
@@ -140,8 +143,8 @@ class _Transcriptions:
                 raise ApiError(
                     408, f"the upload took more than {self.limits.upload_seconds:g} s"
                 ) from None
-            if form.stream:
-                raise ApiError(400, "streamed transcriptions are not supported", "stream")
+            if form.stream and form.response_format not in ("json", "text"):
+                raise ApiError(400, "a streamed transcription is json or text", "stream")
             try:
                 pcm = await asyncio.to_thread(
                     decode_audio, form.file, SAMPLE_RATE, self.limits.max_audio_seconds, "the file"
@@ -149,17 +152,43 @@ class _Transcriptions:
             except AudioError as exc:
                 raise ApiError(400, _one_line(exc), "file", "invalid_audio") from None
             form.file = b""
-            events = []
             steps = self.context.thread.background(transcription_steps(self.context.stt, pcm))
             try:
+                if form.stream:
+                    return await _stream_transcript(request, steps)
+                events = []
                 async for step_events in steps:
                     events.extend(step_events)
                     if _gone(request):
                         return web.Response(status=499)
             finally:
                 await steps.aclose()
-        body, content_type = render_transcript(form, finished_words(events), len(pcm) / SAMPLE_RATE)
+        words = finished_words(events)
+        body, content_type = render_transcript(form, words, len(pcm) / SAMPLE_RATE)
         return web.Response(text=body, content_type=content_type)
+
+
+async def _stream_transcript(
+    request: web.Request, steps: AsyncIterator[tuple[SttEvent, ...]]
+) -> web.StreamResponse:
+    """OpenAI's transcription events (server-sent): a `transcript.text.delta` per word as the
+    model finds it, then `transcript.text.done` with the whole text."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    words: list[str] = []
+    async for events in steps:
+        for event in events:
+            if isinstance(event, WordStarted):
+                delta = event.text if not words else " " + event.text
+                words.append(event.text)
+                await response.write(_sse({"type": "transcript.text.delta", "delta": delta}))
+    await response.write(_sse({"type": "transcript.text.done", "text": " ".join(words)}))
+    await response.write_eof()
+    return response
+
+
+def _sse(event: dict) -> bytes:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 @dataclass(frozen=True)

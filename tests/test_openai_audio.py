@@ -370,3 +370,26 @@ def test_a_server_with_keys_wants_one(server, tmp_path):
         assert keyed.get("/audio/voices", cast_to=object)["data"]
     finally:
         server.context.api_keys = frozenset()
+
+
+def test_a_failing_model_is_a_500_and_the_server_goes_on(server, tmp_path, monkeypatch):
+    from moshi_mlx.serve.openai import audio
+
+    def failing_steps(*args):
+        yield ()
+        raise RuntimeError("the model\nbroke")
+
+    def failing_frames(frames, max_frames):
+        yield np.zeros(1920, np.float32)
+        raise RuntimeError("the codec broke")
+
+    monkeypatch.setattr(audio, "transcription_steps", failing_steps)
+    monkeypatch.setattr(audio, "_spoken_frames", failing_frames)
+    tone = _tone(tmp_path)
+    assert "the model broke" in _error(lambda: _transcribe(server, tone), 500)
+    _error(lambda: _speech(server, tmp_path / "x.wav", response_format="wav"), 500)
+    with pytest.raises(Exception, match="incomplete chunked read"):  # headers sent: cut short
+        _speech(server, tmp_path / "x.pcm", response_format="pcm", extra_body={"stream": True})
+    monkeypatch.undo()
+    assert _transcribe(server, tone, response_format="text") is not None
+    assert _idle(server.context.thread)

@@ -37,6 +37,9 @@ from moshi_mlx.serve.openai.errors import (
     ApiError,
     answers_api_errors,
     check_bearer_key,
+    optional_bool,
+    optional_number,
+    optional_str,
     read_json_object,
 )
 from moshi_mlx.serve.openai.speech_formats import (
@@ -120,6 +123,18 @@ def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:500]
 
 
+def _model_failed(what: str, exc: Exception) -> ApiError:
+    log.error("a %s failed: %s", what, _one_line(exc)[:200])
+    return ApiError(500, f"the {what} failed: {_one_line(exc)}")
+
+
+def _cut(request: web.Request, what: str, exc: Exception) -> None:
+    """End a response whose headers are sent (the client sees the body cut short)."""
+    log.error("a %s failed mid-stream: %s", what, _one_line(exc)[:200])
+    if request.transport is not None:
+        request.transport.close()
+
+
 def _gone(request: web.Request) -> bool:
     """Whether the client has closed its connection."""
     return request.transport is None or request.transport.is_closing()
@@ -161,6 +176,10 @@ class _Transcriptions:
                     events.extend(step_events)
                     if _gone(request):
                         return web.Response(status=499)
+            except ConnectionError:  # the client has gone
+                raise
+            except Exception as exc:  # noqa: BLE001 - the model failed, or its thread stopped
+                raise _model_failed("transcription", exc) from None
             finally:
                 await steps.aclose()
         words = finished_words(events)
@@ -176,12 +195,18 @@ async def _stream_transcript(
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     words: list[str] = []
-    async for events in steps:
-        for event in events:
-            if isinstance(event, WordStarted):
-                delta = event.text if not words else " " + event.text
-                words.append(event.text)
-                await response.write(_sse({"type": "transcript.text.delta", "delta": delta}))
+    try:
+        async for events in steps:
+            for event in events:
+                if isinstance(event, WordStarted):
+                    delta = event.text if not words else " " + event.text
+                    words.append(event.text)
+                    await response.write(_sse({"type": "transcript.text.delta", "delta": delta}))
+    except ConnectionError:  # the client has gone
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model failed, or its thread stopped
+        _cut(request, "transcription", exc)
+        return response
     await response.write(_sse({"type": "transcript.text.done", "text": " ".join(words)}))
     await response.write_eof()
     return response
@@ -237,6 +262,10 @@ class _Speech:
                 if speech.stream and speech.response_format in STREAMED_FORMATS:
                     return await _stream_speech(request, speech.response_format, frames)
                 return await _whole_speech(request, speech, frames)
+            except ConnectionError:  # the client has gone
+                raise
+            except Exception as exc:  # noqa: BLE001 - the model failed, or its thread stopped
+                raise _model_failed("speech", exc) from None
             finally:
                 await frames.aclose()
 
@@ -264,13 +293,12 @@ def _speech_request(body: dict, limits: AudioLimits) -> _SpeechRequest:
         raise ApiError(
             400, f"response_format must be one of {', '.join(SPEECH_FORMATS)}", "response_format"
         )
-    speed = body.get("speed", 1.0)
-    if not isinstance(speed, int | float) or speed != 1.0:
+    if optional_number(body, "speed", 0.25, 4.0, 1.0) != 1.0:
         raise ApiError(400, "only speed 1.0 is supported", "speed")
-    stream_format = body.get("stream_format")
+    stream_format = optional_str(body, "stream_format")
     if stream_format not in (None, "audio"):
         raise ApiError(400, "only stream_format 'audio' is supported", "stream_format")
-    stream = body.get("stream", False) is True or stream_format == "audio"
+    stream = optional_bool(body, "stream") or stream_format == "audio"
     return _SpeechRequest(text, voice, response_format, stream)
 
 
@@ -310,7 +338,7 @@ async def _whole_speech(
 async def _stream_speech(
     request: web.Request, response_format: str, frames: AsyncIterator[np.ndarray]
 ) -> web.StreamResponse:
-    """Send each frame as it is made (chunked); a failure after the headers ends the
+    """Send each frame as it is made (chunked); a model failure after the headers ends the
     connection without the last chunk, which tells the client the audio is cut."""
     encoder = SpeechStreamEncoder(response_format)
     response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[response_format]})
@@ -321,12 +349,10 @@ async def _stream_speech(
         async for frame in frames:
             await response.write(encoder.encode(frame))
         await response.write(encoder.finish())
-    except (ConnectionError, asyncio.CancelledError):
+    except ConnectionError:  # the client has gone
         raise
-    except Exception as exc:  # noqa: BLE001 - the headers are gone: cut the stream
-        log.error("speech failed mid-stream: %s", " ".join(str(exc).split())[:200])
-        if request.transport is not None:
-            request.transport.close()
+    except Exception as exc:  # noqa: BLE001 - the model failed, or its thread stopped
+        _cut(request, "speech", exc)
         return response
     await response.write_eof()
     return response

@@ -297,6 +297,20 @@ def test_uploads_that_are_no_audio_or_too_big_or_too_long_are_refused(server, tm
     assert "96000 Hz" in _error(lambda: _transcribe(server, high_rate), 400, "file")
 
     _error(lambda: _transcribe(server, text, response_format="tsv"), 400, "response_format")
+    part = b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+    for content_type, body in (
+        ("multipart/form-data; boundary=xyz", b"garbage"),
+        ("multipart/form-data", part),
+        ("multipart/form-data; boundary=xyz", part + b"\xff" * 1000),  # never closed
+        ("application/json", b"{}"),
+    ):
+        request = urllib.request.Request(
+            f"{server.url}/v1/audio/transcriptions", body, {"Content-Type": content_type}
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        assert caught.value.code == 400, (content_type, body[:20])
+        assert set(json.loads(caught.value.read())["error"]) == {"message", "type", "param", "code"}
     assert _transcribe(server, _tone(tmp_path), response_format="text") is not None  # serving
 
 

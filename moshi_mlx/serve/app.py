@@ -2,17 +2,14 @@
 `/api/modules_info`, and the routes of every loaded model's protocol families.
 
 A family is a module with `add_routes(app, context)` (`moshi_mlx.serve.context`); each is
-mounted when the model it serves is loaded. The OpenAI families (`moshi_mlx.serve.openai`)
-are mounted when their modules are present.
+mounted when the model it serves is loaded; OpenAI's `/v1/models` whenever any model is.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import platform
 import sys
-from collections.abc import Callable
 from importlib import metadata
 
 from aiohttp import web
@@ -20,20 +17,13 @@ from aiohttp import web
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard
 from moshi_mlx.serve.http import loopback_only
+from moshi_mlx.serve.openai import audio as openai_audio
+from moshi_mlx.serve.openai import chat as openai_chat
 from moshi_mlx.serve.stt import server as stt_routes
 from moshi_mlx.serve.tts import server as tts_routes
 
 BUILD_INFO_PATH = "/api/build_info"
 MODULES_INFO_PATH = "/api/modules_info"
-
-# (module with add_routes, whether the context has what it serves); optional ones may be absent.
-_OPTIONAL_FAMILIES: tuple[tuple[str, Callable[[ServeContext], bool]], ...] = (
-    ("moshi_mlx.serve.openai.chat", lambda context: context.llm is not None),
-    (
-        "moshi_mlx.serve.openai.audio",
-        lambda context: context.stt is not None or context.tts is not None,
-    ),
-)
 
 
 def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application:
@@ -48,16 +38,9 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
         stt_routes.add_routes(app, context)
     if context.tts is not None:
         tts_routes.add_routes(app, context)
-    for name, wanted in _OPTIONAL_FAMILIES:
-        if not wanted(context):
-            continue
-        try:
-            family = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not name.startswith(exc.name):
-                raise  # the family is there, but something it imports is not
-            continue
-        family.add_routes(app, context)
+    if context.stt is not None or context.tts is not None:
+        openai_audio.add_routes(app, context)
+    openai_chat.add_routes(app, context)  # /v1/models for every model; completions with an LLM
     return app
 
 

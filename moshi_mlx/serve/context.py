@@ -11,8 +11,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from moshi_mlx.llm import LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
@@ -33,7 +33,7 @@ class ServeContext:
     api_keys: frozenset[str] = frozenset()  # empty: no key needed
     stt: SttModel | None = None
     tts: TtsModel | None = None
-    llm: Any = None  # moshi_mlx.llm.LlmModel, when loaded
+    llm: LlmModel | None = None
     # The name each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id.
     model_names: dict[str, str] = field(default_factory=dict)
     max_streams: int = 8  # live streams per real-time model (STT, TTS)

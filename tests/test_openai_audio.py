@@ -18,9 +18,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile as sf
-from moshi_mlx.serve.model_thread import ModelThread
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally

@@ -155,7 +155,7 @@ class LlmModel:
         self, prompt: list[int], temperature: float, top_p: float, budget: int, stops: StopMatcher
     ) -> Iterator[TextPiece]:
         import mlx.core as mx
-        from mlx_lm.generate import generate_step
+        from mlx_lm.generate import generate_step, generation_stream
         from mlx_lm.sample_utils import make_sampler
 
         cache, cached = self.caches.take(prompt)
@@ -180,6 +180,10 @@ class LlmModel:
             )
             text = _ReplyText(self.tokenizer.detokenizer, stops)
             for token, _ in tokens:
+                # mlx-lm queued the next token's step before handing this one over: wait for
+                # it here, so that a step's compute lands in its own slot of the model thread
+                # and not in the next real-time (STT, TTS) step's.
+                mx.synchronize(generation_stream)
                 reply.append(token)
                 held = prompt + reply  # generate_step has run `token` already, for the next
                 if token in self.eos_token_ids:

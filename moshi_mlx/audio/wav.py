@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 from pathlib import Path
@@ -14,6 +15,9 @@ from moshi_mlx.audio.resample import resample
 from moshi_mlx.errors import AudioError
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry intelligible speech
+# The highest sample rate a decode capped in seconds accepts (which bounds its memory).
+MAX_CAPPED_RATE = 48_000
+BLOCK_SECONDS = 10  # decoded at once
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -24,21 +28,58 @@ def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"audio file not found: {path}")
+    return _decode(str(path), str(path), sample_rate, None)
+
+
+def decode_audio(
+    data: bytes,
+    sample_rate: int = 24_000,
+    max_seconds: float | None = None,
+    name: str = "the audio",
+) -> np.ndarray:
+    """`read_audio` of a file's bytes; `AudioError` (naming it `name`) for bytes that are not
+    audio libsndfile reads, or audio longer than `max_seconds` (checked before decoding)."""
+    return _decode(io.BytesIO(data), name, sample_rate, max_seconds)
+
+
+def _decode(
+    source: str | io.BytesIO, name: str, sample_rate: int, max_seconds: float | None
+) -> np.ndarray:
+    """Decode block by block, mixing each to mono, so that a capped decode holds at most
+    `max_seconds` of mono audio whatever the file's channels or its header claim."""
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+        with sf.SoundFile(source) as file:
+            rate = file.samplerate
+            if rate < MIN_SAMPLE_RATE:
+                raise AudioError(
+                    f"{name} has a sample rate of {rate} Hz, too low for speech; "
+                    f"record it at {MIN_SAMPLE_RATE} Hz or more (24000 Hz is best)"
+                )
+            if max_seconds is not None and rate > MAX_CAPPED_RATE:
+                raise AudioError(
+                    f"{name} has a sample rate of {rate} Hz; give it at {MAX_CAPPED_RATE} Hz "
+                    "or less"
+                )
+            limit = None if max_seconds is None else int(max_seconds * rate)
+            if limit is not None and file.frames > limit:
+                raise _too_long(name, file.frames / rate, max_seconds)
+            blocks, frames = [], 0
+            for block in file.blocks(rate * BLOCK_SECONDS, dtype="float32", always_2d=True):
+                frames += len(block)
+                if limit is not None and frames > limit:
+                    raise _too_long(name, frames / rate, max_seconds)
+                blocks.append(block.mean(axis=1))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(
-            f"cannot read {path} as audio ({exc}); give a valid wav/flac/ogg file"
+            f"cannot read {name} as audio ({exc}); give a valid wav/flac/ogg file"
         ) from None
-    if rate < MIN_SAMPLE_RATE:
-        raise AudioError(
-            f"{path} has a sample rate of {rate} Hz, too low for speech; "
-            f"record it at {MIN_SAMPLE_RATE} Hz or more (24000 Hz is best)"
-        )
-    if data.shape[0] == 0:
-        raise AudioError(f"{path} contains no audio samples")
-    mono = data.mean(axis=1)
-    return resample(mono, rate, sample_rate)
+    if frames == 0:
+        raise AudioError(f"{name} contains no audio samples")
+    return resample(np.concatenate(blocks), rate, sample_rate)
+
+
+def _too_long(name: str, seconds: float, max_seconds: float) -> AudioError:
+    return AudioError(f"{name} lasts {seconds:.1f} s, more than the {max_seconds:g} s allowed")
 
 
 def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
@@ -53,6 +94,20 @@ def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = SAMPLE_RAT
 # A wav file's sizes are 32-bit: its RIFF size counts the 36 header bytes after it plus the
 # data, so one file holds at most this many bytes of samples (12.4 h of 16-bit stereo at 24 kHz).
 WAV_MAX_DATA_BYTES = 0xFFFFFFFF - 36
+
+
+def wav_header(sample_rate: int, channels: int, data_bytes: int | None) -> bytes:
+    """The 44-byte header of a 16-bit PCM wav file holding `data_bytes` of samples; None: a
+    stream of unknown length (both sizes at their maximum, as streaming servers send them)."""
+    block_align = 2 * channels
+    byte_rate = sample_rate * block_align
+    fmt = struct.pack("<HHIIHH", 1, channels, sample_rate, byte_rate, block_align, 16)
+    riff_size = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
+    data_size = 0xFFFFFFFF if data_bytes is None else data_bytes
+    riff = struct.pack("<4sI4s", b"RIFF", riff_size, b"WAVE")
+    return (
+        riff + struct.pack("<4sI", b"fmt ", len(fmt)) + fmt + b"data" + struct.pack("<I", data_size)
+    )
 
 
 class WavRecorder:
@@ -106,17 +161,7 @@ class WavRecorder:
             number += 1
 
     def _header(self, data_bytes: int) -> bytes:
-        block_align = 2 * self.channels  # 16-bit PCM
-        byte_rate = self.sample_rate * block_align
-        fmt = struct.pack("<HHIIHH", 1, self.channels, self.sample_rate, byte_rate, block_align, 16)
-        riff = struct.pack("<4sI4s", b"RIFF", 36 + data_bytes, b"WAVE")
-        return (
-            riff
-            + struct.pack("<4sI", b"fmt ", len(fmt))
-            + fmt
-            + b"data"
-            + struct.pack("<I", data_bytes)
-        )
+        return wav_header(self.sample_rate, self.channels, data_bytes)
 
     def write(self, *channels: np.ndarray) -> None:
         """Append one block: one (n,) array per channel."""

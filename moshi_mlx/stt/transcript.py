@@ -1,4 +1,4 @@
-"""A transcript's finished words written as plain text, JSON or SRT subtitles.
+"""A transcript's finished words written as plain text, JSON, SRT or WebVTT subtitles.
 
 JSON schema (`to_json`), times in seconds of the input audio rounded to the millisecond:
 
@@ -42,10 +42,26 @@ def to_srt(
     """SubRip subtitles: cues numbered from 1, one line of at most `max_chars` characters
     spanning at most `max_seconds`, each from its first word's start to its last's end."""
     blocks = []
-    for number, cue in enumerate(_cues(words, max_chars, max_seconds), start=1):
+    for number, cue in enumerate(cues(words, max_chars, max_seconds), start=1):
         span = f"{srt_time(cue[0].start)} --> {srt_time(cue[-1].end)}"
         blocks.append(f"{number}\n{span}\n{' '.join(word.text for word in cue)}\n")
     return "\n".join(blocks)
+
+
+def to_vtt(
+    words: Sequence[Word], max_chars: int = CUE_CHARS, max_seconds: float = CUE_SECONDS
+) -> str:
+    """WebVTT subtitles: the cues of `to_srt`, under a `WEBVTT` line, times as `HH:MM:SS.mmm`."""
+    blocks = ["WEBVTT\n"]
+    for cue in cues(words, max_chars, max_seconds):
+        span = f"{vtt_time(cue[0].start)} --> {vtt_time(cue[-1].end)}"
+        blocks.append(f"{span}\n{' '.join(word.text for word in cue)}\n")
+    return "\n".join(blocks)
+
+
+def vtt_time(seconds: float) -> str:
+    """`HH:MM:SS.mmm`, rounded to the millisecond."""
+    return srt_time(seconds).replace(",", ".")
 
 
 def srt_time(seconds: float) -> str:
@@ -57,16 +73,18 @@ def srt_time(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d},{millis:03d}"
 
 
-def _cues(words: Sequence[Word], max_chars: int, max_seconds: float) -> list[list[Word]]:
-    cues: list[list[Word]] = []
+def cues(words: Sequence[Word], max_chars: int, max_seconds: float) -> list[list[Word]]:
+    """The words in runs of at most `max_chars` characters (spaces included) spanning at most
+    `max_seconds` (a longer single word keeps its own run)."""
+    runs: list[list[Word]] = []
     for word in words:
-        cue = cues[-1] if cues else None
+        cue = runs[-1] if runs else None
         if (
             cue is None
             or sum(len(w.text) + 1 for w in cue) + len(word.text) > max_chars
             or word.end - cue[0].start > max_seconds
         ):
-            cues.append([word])
+            runs.append([word])
         else:
             cue.append(word)
-    return cues
+    return runs

@@ -20,10 +20,10 @@ import pytest
 import soundfile as sf
 
 from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
-from moshi_mlx.serve.model_thread import ModelThread
 from moshi_mlx.serve.openai.audio import AudioLimits
 from moshi_mlx.serve.openai.voices import OPENAI_VOICES
 from moshi_mlx.stt.transcriber import transcribe

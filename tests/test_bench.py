@@ -279,7 +279,31 @@ def test_voice_writer_rewrites_the_tts_fixture_voices(tmp_path):
         assert path.read_bytes() == (fixtures / "voices" / f"{name}.safetensors").read_bytes()
 
 
-PART_NAMES = {"lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts"}
+def test_serve_case(tmp_path):
+    """The serve part on its smallest settings: a real `python -m moshi_mlx.serve` on tiny
+    models, one first-audio run, 10-frame live streams alone and beside an LLM answer, no
+    transcription (`--warmup 1`)."""
+    flags = "--parts serve --frames 10 --warmup 1"
+    done, report = _run_bench(flags, tmp_path / "serve.json", timeout=120)
+    (case,) = report["results"]
+    ours = case["ours"]
+    _check_timing(ours["first_audio_ms"], 1)
+    for stream in ("stt", "tts"):
+        count = ours["stt_steps"] if stream == "stt" else ours["tts_frames"]
+        for metric in (f"{stream}_lag_ms", f"{stream}_lag_with_llm_ms"):
+            _check_timing(ours[metric], count)
+        assert ours[f"{stream}_lag_added_by_llm_ms"] == pytest.approx(
+            ours[f"{stream}_lag_with_llm_ms"]["p50"] - ours[f"{stream}_lag_ms"]["p50"]
+        )
+        assert ours[f"llm_chunks_beside_{stream}"] > 0  # the LLM did run beside the stream
+    assert ours["stt_steps"] == 10 and ours["tts_frames"] > 0
+    assert "transcriptions" not in ours
+    assert "first_audio_ms" in done.stdout and "LLM lag added" in done.stdout
+
+
+PART_NAMES = {
+    "lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts", "serve"
+}  # fmt: skip
 
 
 def test_every_part_is_registered():

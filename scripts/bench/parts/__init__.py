@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..part import Part
-from . import echo, kv, kv_fidelity, lm, mimi, persona, pipeline, stt, tts, web
+from . import echo, kv, kv_fidelity, lm, mimi, persona, pipeline, serve, stt, tts, web
 
 PARTS: dict[str, Part] = {
     part.name: part
@@ -17,6 +17,7 @@ PARTS: dict[str, Part] = {
         stt.PART,
         persona.PART,
         tts.PART,
+        serve.PART,
         web.PART,
     )
 }

@@ -124,3 +124,10 @@ def _quantized_modules(module) -> dict:
 
     kinds = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     return {name: child for name, child in module.named_modules() if isinstance(child, kinds)}
+
+
+def test_the_command_takes_n_q():
+    from moshi_mlx.cli.tts import parse_args
+
+    assert parse_args(["Hello.", "-o", "out.wav", "--n-q", "24"]).n_q == 24
+    assert parse_args(["Hello.", "-o", "out.wav"]).n_q is None

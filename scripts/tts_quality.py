@@ -44,7 +44,14 @@ from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.stepper import TtsSampling
-from moshi_mlx.tts.synthesizer import Speech, TtsModel, TtsRequest
+from moshi_mlx.tts.synthesizer import (
+    DEFAULT_CFG_COEF,
+    Speech,
+    TtsModel,
+    TtsRequest,
+    condition_values,
+)
+from moshi_mlx.tts.voices import voice_keys_values
 
 SAMPLE_RATE = 24_000
 
@@ -100,13 +107,12 @@ def compare(reference: Speech, other: Speech, codebooks: int) -> dict:
 
 class StepLog:
     """What a run fed its model at every step, recorded with compilation off: the temporal
-    transformer's inputs (1, K, 1), its conditions, and per step with audio the text token
-    the depformer read and the codes it sampled."""
+    transformer's inputs (1, K, 1), and per step with audio the text token the depformer read
+    and the codes it sampled."""
 
     def __init__(self, lm):
         self.inputs: list[mx.array] = []
         self.depformer: dict[int, tuple[mx.array, mx.array]] = {}
-        self.condition = self.cross = None
         self._lm = lm
 
     def __enter__(self) -> Self:
@@ -114,7 +120,6 @@ class StepLog:
 
         def text(tokens, ring, condition=None, cross=None):
             self.inputs.append(tokens)
-            self.condition, self.cross = condition, cross
             return step_text(tokens, ring, condition, cross)
 
         def audio(temporal_out, text_token, sample_fn, given=None, codebooks=None):
@@ -132,10 +137,15 @@ class StepLog:
         mx.eval(self.inputs, list(self.depformer.values()))
 
 
-def forced_logits(lm, log: StepLog, n_q: int) -> tuple[np.ndarray, np.ndarray]:
-    """Text logits (T, text_card) and audio logits (S, n_q, card) of `lm` fed what the
-    reference run fed (teacher forcing), the codebooks past `n_q` as "no token" after their
-    start tokens (what a run generating `n_q` codebooks feeds)."""
+def forced_logits(model: TtsModel, folder: Path, log: StepLog) -> tuple[np.ndarray, np.ndarray]:
+    """Text logits (T, text_card) and audio logits (S, n_q, card) of `model` fed the tokens
+    the reference run fed (teacher forcing), the codebooks past its `n_q` as "no token" after
+    their start tokens (what a run generating `n_q` codebooks feeds); its own voice
+    cross-attention and conditions."""
+    lm, n_q = model.lm, model.codebooks
+    voice = model.voice(folder / "voices" / "voice0.safetensors")
+    cross = voice_keys_values(lm, [[voice]])
+    condition = lm.condition([condition_values(lm.cfg, DEFAULT_CFG_COEF)])
     start = lm.cfg.start_tokens[1]
     ring, caches = lm.make_ring(1), lm.depformer.make_caches()
     text_logits, audio_logits = [], []
@@ -143,7 +153,7 @@ def forced_logits(lm, log: StepLog, n_q: int) -> tuple[np.ndarray, np.ndarray]:
         skipped = tokens[:, 1 + n_q :]
         tokens = mx.concatenate([tokens[:, : 1 + n_q], mx.where(skipped == start, start, -1)], 1)
         ring = ring.grown(t)
-        out, logits = lm.step_text(tokens, ring, log.condition, log.cross)
+        out, logits = lm.step_text(tokens, ring, condition, cross)
         ring = ring.advanced()
         text_logits.append(logits[0].astype(mx.float32))
         if t in log.depformer:
@@ -197,13 +207,13 @@ def measure(shape: str, weights: Path, steps: int) -> list[dict]:
                 reference = speech
                 with StepLog(lm) as log:
                     speak(model, folder, steps)
-                reference_logits = forced_logits(lm, log, dep_q)
+                reference_logits = forced_logits(model, folder, log)
                 # The floor: the same model and text in another voice, unrelated audio.
                 speech, label = speak(model, folder, steps, voice_index=1), "other voice"
             row = {"shape": shape, "variant": label, "steps": steps}
             row.update(compare(reference, speech, model.codebooks))
             if label != "other voice":
-                ours = forced_logits(lm, log, model.codebooks)
+                ours = forced_logits(model, folder, log)
                 row.update(forced_agreement(reference_logits, ours))
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from moshi_mlx.chat.model import MoshiModel
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
+from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.loading import LoadOptions, load_parts
 from moshi_mlx.stt.transcriber import SttModel
@@ -38,12 +39,14 @@ def load(
     kv_group_size: int | None = None,
     check_memory: bool = True,
     voice_repo: str = DEFAULT_VOICE_REPO,
+    n_q: int | None = None,
 ) -> MoshiModel | SttModel | TtsModel:
     """Load the model of `repo_or_folder`, a Hugging Face repo id or a local folder laid out
     like one (default kyutai/moshiko-mlx-q4): a `MoshiModel` for the config's model type
     "moshi" (PersonaPlex included) or "hibiki", an `SttModel` for "stt", a `TtsModel` for
     "tts". The options are those of `moshi_mlx.runtime.loading.LoadOptions`; `voice_repo`
-    is where a TTS model finds its voices (a hub repo id or a folder)."""
+    is where a TTS model finds its voices (a hub repo id or a folder), `n_q` how many audio
+    codebooks it generates (`TtsModel.n_q`; a TTS option only)."""
     options = LoadOptions(
         quantize, moshi_weight, mimi_weight, tokenizer, lm_config, codec_backend, dtype,
         context, kv_bits, kv_group_size, check_memory,
@@ -54,5 +57,7 @@ def load(
     if model_type == "stt":
         return SttModel.from_parts(parts)
     if model_type == "tts":
-        return TtsModel.from_parts(parts, voice_repo)
+        return TtsModel.from_parts(parts, voice_repo, n_q)
+    if n_q is not None:
+        raise ConfigError(f"n_q is a TTS option; this is a {parts.lm.cfg.model_name} model")
     return MoshiModel.from_parts(parts, codec_backend)

@@ -88,6 +88,9 @@ depformer dim 32 with 6 weight sets over the 8 codebooks; audio delay 0.32 s = 4
     < delay_q + 4, i.e. codebook 0 at steps 0..3 and codebooks 1..7 at steps 0..5),
     "end_step", "consumption_times" and "transcript" ([word, step]). The batch's rows share
     the step count: row 0 runs on after its end step until row 1's end step + 8.
+    "n_q" is "batch" with `TTSModel(n_q=6)`: the LM's dep_q set to 6 (the depformer runs 6
+    slices; codebooks 6 and 7 are fed as -1, an all-zero embedding, after their initial
+    tokens), its "n_q" 6 and its frames [text, 6 audio].
 
 Two runs write identical bytes (the voice files are written by hand: the safetensors package
 writes metadata keys in hash order, which changes from run to run).
@@ -223,6 +226,7 @@ GENERATION = {
     "max_gen_length": 2000,
     "padding_between": 1,
 }
+N_Q_RUN = 6  # the "n_q" run generates the first 6 of the 8 codebooks
 
 
 LONG_TEXT = " ".join(SENTENCES)
@@ -298,7 +302,9 @@ def save_voices(folder: Path) -> list[Path]:
     return paths
 
 
-def build_tts(model: LMModel, tokenizer, padding_bonus: float = 0.0) -> TTSModel:
+def build_tts(
+    model: LMModel, tokenizer, padding_bonus: float = 0.0, n_q: int = GENERATION["n_q"]
+) -> TTSModel:
     """TTSModel as from_checkpoint_info builds it, with a tiny random Mimi."""
     mimi = loaders.get_mimi(None, copy.deepcopy(TINY_MIMI_CONFIG), num_codebooks=8)
     assert mimi.frame_rate == 12.5
@@ -320,7 +326,7 @@ def build_tts(model: LMModel, tokenizer, padding_bonus: float = 0.0) -> TTSModel
         temp=GENERATION["temp"],
         cfg_coef=GENERATION["cfg_coef"],
         final_padding=GENERATION["final_padding"],
-        n_q=GENERATION["n_q"],
+        n_q=n_q,
         max_gen_length=GENERATION["max_gen_length"],
         padding_bonus=padding_bonus,
     )
@@ -397,9 +403,11 @@ def run_generate(
     voices: list[Path],
     cfgs: list[float],
     padding_bonus: float,
+    n_q: int = GENERATION["n_q"],
 ) -> dict:
-    """One greedy TTSModel.generate run, with the text argmax checked against its logits."""
-    tts = build_tts(model, tokenizer, padding_bonus)
+    """One greedy TTSModel.generate run, with the text argmax checked against its logits.
+    `n_q` < the LM's: `generate` sets the LM's dep_q to it (restored here afterwards)."""
+    tts = build_tts(model, tokenizer, padding_bonus, n_q)
     all_entries = [
         tts.prepare_script([text], padding_between=GENERATION["padding_between"]) for text in texts
     ]
@@ -427,6 +435,7 @@ def run_generate(
         result = tts.generate(all_entries, attributes)
     finally:
         del model.forward_text, model.forward_depformer
+        model.dep_q = TTS_CONFIG["dep_q"]
     steps = len(result.logged_text_tokens[0])
     assert len(step_logits) == steps and len(result.frames) == steps - 2
     pad = tts.machine.token_ids.pad
@@ -463,7 +472,8 @@ def run_generate(
         f"generate (bonus {padding_bonus}): {steps} steps, end steps {result.end_steps}, "
         f"smallest top-2 margins: text {min(margins):.4f}, audio {min(audio_margins):.4f}"
     )
-    return {"padding_bonus": padding_bonus, "steps": steps, "rows": rows}
+    run = {"padding_bonus": padding_bonus, "steps": steps, "rows": rows}
+    return run if n_q == GENERATION["n_q"] else {"n_q": n_q, **run}
 
 
 def dump_json(data: dict) -> str:
@@ -499,10 +509,11 @@ def main() -> None:
     batch = run_generate(model, tokenizer, TEXTS, voices, list(CFGS), 0.0)
     bonus = run_generate(model, tokenizer, [SHORT_TEXT], voices[:1], list(CFGS[:1]), 1.5)
     long = run_generate(model, tokenizer, [LONG_TEXT], voices[1:], list(CFGS[:1]), 0.0)
-    runs = {"batch": batch, "padding_bonus": bonus, "long": long}
+    n_q = run_generate(model, tokenizer, TEXTS, voices, list(CFGS), 0.0, N_Q_RUN)
+    runs = {"batch": batch, "padding_bonus": bonus, "long": long, "n_q": n_q}
     golden = {"settings": GENERATION, "runs": runs}
     (OUT / "golden_generate.json").write_text(dump_json(golden))
-    for run in (batch, bonus, long):
+    for run in (batch, bonus, long, n_q):
         for row in run["rows"]:
             decisions = "".join(
                 "w" if p == 0 else "p" if p == 3 else "." for p, _ in row["logged_text_tokens"]

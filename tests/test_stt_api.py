@@ -145,7 +145,7 @@ class _ScriptedStepper:
     """A `ListenStepper` that writes `script`'s tokens (then padding), the same in every
     stream, with head probabilities of zero."""
 
-    def __init__(self, lm, batch=1, sampling=None, *, script: list[int], step_cache=None):
+    def __init__(self, lm, batch=1, sampling=None, step_cache=None, *, script: list[int]):
         self.batch, self.step_index, self.script = batch, 0, script
 
     @property

@@ -111,6 +111,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     voice.add_argument("--cfg-coef", type=float, default=DEFAULT_CFG_COEF, help="guidance")
     voice.add_argument("--padding-bonus", type=float, default=0.0, help="> 0 speaks slower")
     voice.add_argument("--max-seconds", type=float, default=2400.0, help="stop after this much")
+    voice.add_argument(
+        "--n-q",
+        type=int,
+        metavar="N",
+        help="generate and decode the first N audio codebooks only (faster; default all, "
+        "Kyutai's servers use 24 of 32)",
+    )
     add_sampling_args(parser, TTS_SAMPLING)
     add_weight_args(parser, DEFAULT_TTS_REPO, codec=False)
     args = parser.parse_args(argv)
@@ -174,6 +181,7 @@ def _load(args: argparse.Namespace) -> TtsModel:
         args.lm_config,
         voice_repo=args.voice_repo,
         dtype=args.dtype,
+        n_q=args.n_q,
     )
     # Beside the progress bar (a terminal's): a refusal's error stays one line in logs.
     if args.progress or (args.progress is None and sys.stderr.isatty()):
@@ -324,7 +332,7 @@ def _run_one(args: argparse.Namespace) -> int:
     stream = model.stream(voices, args.cfg_coef, _sampling(args), args.seed)
     stream.push(text)
     stream.close()
-    log = TokenLog(model.config.dep_q)
+    log = TokenLog(model.codebooks)
     max_steps = int(args.max_seconds * SAMPLE_RATE / FRAME_SIZE)
     try:
         pcm, ended = _speak(_frames(stream, log), speaker, max_steps, args.progress)

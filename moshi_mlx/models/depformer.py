@@ -110,16 +110,19 @@ class Depformer(nn.Module):
         text_token: mx.array,
         sample_fn: SampleFn,
         given: tuple[mx.array, mx.array] | None = None,
+        codebooks: int | None = None,
     ) -> mx.array:
         """Sample one step's codebooks, in `mx.compile`-able form: temporal_out (B, lm_dim),
-        text_token (B,) -> (B, moshi_codebooks). Each token feeds the next slice in one graph;
-        the slices share a `KVRing` made for the step (slice k at position k). `given`, tokens
-        and a mask (B, slices), forces codebooks (a prompt's): a given token is returned, and
-        fed to the next slice, in place of the sampled one."""
+        text_token (B,) -> (B, codebooks) (default: moshi_codebooks; fewer: the later slices
+        do not run). Each token feeds the next slice in one graph; the slices share a `StepKV`
+        made for the step (slice k at position k). `given`, tokens and a mask (B, slices),
+        forces codebooks (a prompt's): a given token is returned, and fed to the next slice,
+        in place of the sampled one."""
         ring = StepKV(len(self.slices[0].transformer.layers), temporal_out.dtype)
         prev = text_token
         tokens = []
-        for k, depformer_slice in enumerate(self.slices[: self.sampled_slices]):
+        sampled = self.sampled_slices if codebooks is None else codebooks
+        for k, depformer_slice in enumerate(self.slices[:sampled]):
             prev = sample_fn(depformer_slice.step(temporal_out, prev, ring), k)
             if given is not None:
                 prev = mx.where(given[1][:, k], given[0][:, k], prev)

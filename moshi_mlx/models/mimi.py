@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx import nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.modules.conv import Conv1d, ConvState, ConvTranspose1d, ConvTransposeState
@@ -205,6 +206,23 @@ class Mimi(nn.Module):
     @property
     def sample_rate(self) -> int:
         return self.cfg.sample_rate
+
+    def with_codebooks(self, num_codebooks: int) -> Mimi:
+        """This codec on its first `num_codebooks` codebooks (Kyutai's `set_num_codebooks`),
+        sharing its weights: what a TTS generating fewer codebooks decodes with."""
+        if num_codebooks == self.num_codebooks:
+            return self
+        if num_codebooks > self.num_codebooks:
+            raise ConfigError(f"this Mimi has {self.num_codebooks} codebooks, not {num_codebooks}")
+        view = Mimi(self.cfg, num_codebooks)  # checks the semantic codebooks are kept
+        acoustic = num_codebooks - self.cfg.quantizer.semantic_codebooks
+        weights = [
+            (name, array[:acoustic] if name == "quantizer.acoustic.codebooks" else array)
+            for name, array in tree_flatten(self.parameters())
+            if acoustic > 0 or not name.startswith("quantizer.acoustic.")
+        ]
+        view.update(tree_unflatten(weights))
+        return view
 
     def make_state(self) -> MimiState:
         """A fresh streaming state for `encode_step` and `decode_step`."""

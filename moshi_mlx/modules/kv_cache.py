@@ -152,6 +152,12 @@ class KVRing(BaseState):
     The capacity starts at `FIRST_BUCKET` slots and grows in the buckets of `ring_capacity`
     (`grown`, outside compiled code) up to `context`, so early steps do not attend over
     thousands of empty slots; at full context the memory is the same flat ring as `KVCache`'s.
+
+    Rows (streams) may start at different positions: `starts` (B,) int32, the position at
+    which each row's stream began (None: all at 0). A row attends only to the positions it
+    wrote since its start, so a stream that joins at position p (`with_row_started`) sees no
+    earlier row's keys; RoPE being relative, its attention is that of a stream started at 0,
+    up to float rounding.
     """
 
     def __init__(
@@ -161,12 +167,14 @@ class KVRing(BaseState):
         position: mx.array,
         context: int,
         quantization: KVQuantization | None = None,
+        starts: mx.array | None = None,
     ):
         self.keys = list(keys)
         self.values = list(values)
         self.position = position
         self.context = context
         self.quantization = quantization
+        self.starts = starts
 
     @classmethod
     def empty(
@@ -190,8 +198,9 @@ class KVRing(BaseState):
 
     @property
     def state(self) -> dict[str, list[Buffer] | mx.array]:
-        """Each layer's key and value buffers, and the position."""
-        return {"keys": self.keys, "values": self.values, "position": self.position}
+        """Each layer's key and value buffers, the position, and the rows' starts if set."""
+        state = {"keys": self.keys, "values": self.values, "position": self.position}
+        return state if self.starts is None else {**state, "starts": self.starts}
 
     @state.setter
     def state(self, state: dict[str, list[Buffer] | mx.array]) -> None:
@@ -201,6 +210,7 @@ class KVRing(BaseState):
         self.keys = [buffer(b) for b in state["keys"]]
         self.values = [buffer(b) for b in state["values"]]
         self.position = state["position"]
+        self.starts = state.get("starts")
         for derived in ("visible", "_slot", "_recent_slot"):
             self.__dict__.pop(derived, None)
 
@@ -218,8 +228,25 @@ class KVRing(BaseState):
         self.quantization = KVQuantization(*quantization) if quantization else None
 
     def replaced(self, keys: list[Buffer], values: list[Buffer], position: mx.array) -> KVRing:
-        """A ring of the same context and quantization over other buffers and position."""
-        return KVRing(keys, values, position, self.context, self.quantization)
+        """A ring of the same context, quantization and row starts over other buffers and
+        position."""
+        return KVRing(keys, values, position, self.context, self.quantization, self.starts)
+
+    def with_starts(self, starts: mx.array | None) -> KVRing:
+        """This ring with the rows' start positions `starts` (B,) int32 (None: all at 0)."""
+        return KVRing(
+            self.keys, self.values, self.position, self.context, self.quantization, starts
+        )
+
+    def with_row_started(self, row: int) -> KVRing:
+        """This ring with row `row`'s stream starting at the current position: it forgets
+        every position written before (they are masked, not cleared)."""
+        batch = (
+            self.keys[0][0].shape[0] if isinstance(self.keys[0], tuple) else self.keys[0].shape[0]
+        )
+        starts = mx.zeros(batch, mx.int32) if self.starts is None else self.starts
+        rows = mx.arange(batch) == row
+        return self.with_starts(mx.where(rows, self.position, starts).astype(mx.int32))
 
     @property
     def capacity(self) -> int:
@@ -239,12 +266,28 @@ class KVRing(BaseState):
         recent ring's written slots."""
         slots = mx.arange(self.capacity)
         written = slots < mx.minimum(self.position + 1, self.capacity)
+        ages = (self.position - slots) % self.context  # how far back each slot's position is
         if self.quantization is None:
-            return written
+            return self._since_start(written, ages)
         recent = recent_slots(self.context)
-        older = (self.position - slots) % self.context >= recent
-        recent_written = (self.position - mx.arange(recent)) % recent <= self.position
-        return mx.concatenate([written & older, recent_written])
+        older = ages >= recent
+        recent_ages = (self.position - mx.arange(recent)) % recent
+        recent_written = recent_ages <= self.position
+        return mx.concatenate(
+            [
+                self._since_start(written & older, ages),
+                self._since_start(recent_written, recent_ages),
+            ],
+            axis=-1,
+        )
+
+    def _since_start(self, visible: mx.array, ages: mx.array) -> mx.array:
+        """`visible` (slots,) narrowed to each row's positions since its start: (B, 1, 1,
+        slots) with `starts`, else as it is."""
+        if self.starts is None:
+            return visible
+        since_start = ages[None] <= (self.position - self.starts)[:, None]
+        return (visible[None] & since_start)[:, None, None]
 
     @cached_property
     def _slot(self) -> mx.array:

@@ -50,7 +50,9 @@ class ListenStep:
 
 
 class ListenStepFunction:
-    """The compiled step of one model and sampling (see the module docstring)."""
+    """The compiled step of one model and sampling (see the module docstring); `rows`, the
+    same for rows whose streams started at different steps (`SttBatch`: their start
+    positions (B,) after the state)."""
 
     def __init__(self, lm: Lm, sampling: TextSampling):
         self.lm = lm
@@ -58,15 +60,21 @@ class ListenStepFunction:
         self.ring = TokenRing.of(lm.cfg)
         mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.compiled = mx.compile(self.step)
+        self.rows = mx.compile(lambda state, starts, codes: self.step(state, codes, starts))
 
-    def step(self, state: StepState, codes: mx.array) -> StepOutput:
+    def step(self, state: StepState, codes: mx.array, starts: mx.array | None = None) -> StepOutput:
         """The state (token ring (B, K, width), random key, KV ring) and the audio codes
         (B, n_q) -> the next state, the text tokens out (B,), the step's inputs (B, K), the
-        text logits (B, text_card) and the heads' probabilities (B, heads, classes)."""
+        text logits (B, text_card) and the heads' probabilities (B, heads, classes).
+        `starts` (B,): the position each row's stream started at (None: all at 0)."""
         lm, cfg, ring, t = self.lm, self.lm.cfg, self.ring, state.position
         tokens = ring.write_delayed(state.tokens, t, codes, slice(1, None))
-        inputs = ring.inputs(tokens, t)  # (B, K)
-        kv = state.ring(cfg.attention_window)
+        if starts is None:
+            inputs = ring.inputs(tokens, t)  # (B, K)
+        else:  # each row's own step decides its start tokens
+            steps = (t - starts)[:, None]
+            inputs = mx.where(steps <= ring.delays, ring.start_tokens, ring.column(tokens, t))
+        kv = state.ring(cfg.attention_window).with_starts(starts)
         temporal_out, text_logits = lm.step_text(inputs[:, :, None], kv)
         key, text_key = mx.random.split(state.key)
         text = sample(text_logits, self.sampling.temp, self.sampling.top_k, text_key)

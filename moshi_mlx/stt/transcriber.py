@@ -125,6 +125,33 @@ class _TurnDetector:
         return ()
 
 
+class StreamReader:
+    """One stream's text tokens into its steps: text pieces, timed words, ends of turn."""
+
+    def __init__(self, model: SttModel):
+        timing = model.lm.cfg.stt_config
+        self.timing = timing
+        self.timer = WordTimer(
+            model.tokenizer,
+            audio_delay=timing.audio_delay_seconds,
+            silence_prefix=timing.audio_silence_prefix_seconds,
+            padding_id=model.lm.cfg.existing_text_padding_id,
+        )
+        self._decoder = TextDecoder(model.tokenizer)
+        self._turns = _TurnDetector()
+
+    def read(self, index: int, token: int, heads: np.ndarray) -> SttStep:
+        """The stream's step `index` (its own count, the silence prefix included) that gave
+        `token` and the heads' "done" probabilities `heads` (heads,)."""
+        time = max(0.0, index * FRAME_SECONDS - self.timing.audio_silence_prefix_seconds)
+        text = self._decoder.decode(token)
+        events = self.timer.push(index, token)
+        done = heads[TURN_HEAD] if heads.shape[0] > TURN_HEAD else None
+        events += self._turns.update(text, done, time)
+        pause = tuple(float(p) for p in heads)
+        return SttStep(index, events, pause, text, token)
+
+
 class SpeechToText:
     """A streaming transcription of one or several streams; see the module docstring."""
 
@@ -140,24 +167,14 @@ class SpeechToText:
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
         self._stepper = ListenStepper(model.lm, streams, sampling, step_cache=model.step_cache)
         self._encoder = model.codec.batch_encoder(streams)
-        self._timers = [
-            WordTimer(
-                model.tokenizer,
-                audio_delay=self.timing.audio_delay_seconds,
-                silence_prefix=self.timing.audio_silence_prefix_seconds,
-                padding_id=cfg.existing_text_padding_id,
-            )
-            for _ in range(streams)
-        ]
-        self._decoders = [TextDecoder(model.tokenizer) for _ in range(streams)]
-        self._turns = [_TurnDetector() for _ in range(streams)]
+        self._readers = [StreamReader(model) for _ in range(streams)]
         self._silence = np.zeros((streams, FRAME_SIZE), np.float32)
         prefix = [self._step(self._silence) for _ in range(model.silence_prefix_steps)]
         # The prefix's words and text wait for the first step after it (`_advance`).
         self._carried: list[SttStep] | None = None
         if prefix:
             self._carried = [
-                _joined([steps[stream] for steps in prefix]) for stream in range(streams)
+                joined_steps([steps[stream] for steps in prefix]) for stream in range(streams)
             ]
         self.prefix_steps: list[list[SttStep]] = [
             [replace(steps[stream], events=(), text="") for steps in prefix]
@@ -203,13 +220,13 @@ class SpeechToText:
     def finish_stream(self, stream: int) -> tuple[SttEvent, ...]:
         """The words still open in `stream`, whose audio (and flush) is over; its later steps
         are the caller's to ignore."""
-        return self._timers[stream].finish()
+        return self._readers[stream].timer.finish()
 
     def _advance(self, pcm: np.ndarray) -> list[SttStep]:
         """`_step`; the first one also reports what the silence prefix's steps produced."""
         steps = self._step(pcm)
         if self._carried is not None:
-            steps = [_joined([carried, step]) for carried, step in zip(self._carried, steps)]
+            steps = [joined_steps([carried, step]) for carried, step in zip(self._carried, steps)]
             self._carried = None
         return steps
 
@@ -221,19 +238,13 @@ class SpeechToText:
             return [SttStep(index) for _ in range(self.streams)]
         tokens = np.array(out.text_tokens).tolist()
         heads = np.array(out.head_probabilities)[:, :, 0]  # (streams, heads): "done" class
-        time = max(0.0, index * FRAME_SECONDS - self.timing.audio_silence_prefix_seconds)
-        steps = []
-        for stream, token in enumerate(tokens):
-            text = self._decoders[stream].decode(token)
-            events = self._timers[stream].push(index, token)
-            done = heads[stream, TURN_HEAD] if heads.shape[1] > TURN_HEAD else None
-            events += self._turns[stream].update(text, done, time)
-            pause = tuple(float(p) for p in heads[stream])
-            steps.append(SttStep(index, events, pause, text, token))
-        return steps
+        return [
+            reader.read(index, token, heads[stream])
+            for stream, (reader, token) in enumerate(zip(self._readers, tokens))
+        ]
 
 
-def _joined(steps: list[SttStep]) -> SttStep:
+def joined_steps(steps: list[SttStep]) -> SttStep:
     """The last of `steps`, with the events and text of them all."""
     events = tuple(event for step in steps for event in step.events)
     text = "".join(step.text for step in steps)

@@ -58,17 +58,25 @@ class TtsStepOutput:
 
 
 class TtsStepFunctions:
-    """The compiled steps of one model, sampling and audio lag (with and without the
-    depformer)."""
+    """The compiled steps of one model, sampling, audio lag and number of codebooks `n_q`
+    (None: all): with and without the depformer, and `rows_full`, `rows_text_only` for rows
+    started at different steps (`TtsBatch`: their start positions (B,) after the state)."""
 
-    def __init__(self, lm: Lm, sampling: TtsSampling, delay_steps: int):
+    def __init__(self, lm: Lm, sampling: TtsSampling, delay_steps: int, n_q: int | None = None):
         self.lm = lm
         self.sampling = sampling
+        self.n_q = lm.cfg.dep_q if n_q is None else n_q
         self.ring = TokenRing.of(lm.cfg)
         self.audio_start = self.ring.delays[1:] + delay_steps  # codebook k is -1 before this
         mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
         self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
+        self.rows_full = mx.compile(
+            lambda state, starts, *args: self.step(state, *args, depformer=True, starts=starts)
+        )
+        self.rows_text_only = mx.compile(
+            lambda state, starts, *args: self.step(state, *args, depformer=False, starts=starts)
+        )
 
     def step(
         self,
@@ -78,14 +86,22 @@ class TtsStepFunctions:
         if_word: mx.array,
         otherwise: mx.array,
         depformer: bool,
+        starts: mx.array | None = None,
     ) -> StepOutput:
         """The state (token ring (B, K, width), random key, KV ring), the conditions and the
         text tokens to feed per outcome (B,) -> the next state, the predicted text tokens
-        (B,), the frame out (B, K) and the step's inputs (B, K)."""
+        (B,), the frame out (B, K) and the step's inputs (B, K). `starts` (B,): the position
+        each row's stream started at (its step is the position minus its start)."""
         cfg, sampling, ring, t = self.lm.cfg, self.sampling, self.ring, state.position
         batch = state.tokens.shape[0]
-        inputs = ring.inputs(state.tokens, t)  # (B, K)
-        kv = state.ring(cfg.attention_window)
+        kv = state.ring(cfg.attention_window).with_starts(starts)
+        if starts is None:
+            steps = t
+            inputs = ring.inputs(state.tokens, t)  # (B, K)
+        else:
+            steps = (t - starts)[:, None]  # (B, 1): each row's own step
+            current = ring.column(state.tokens, t)
+            inputs = mx.where(steps <= ring.delays, ring.start_tokens, current)
         temporal_out, text_logits = self.lm.step_text(inputs[..., None], kv, condition, cross)
         key, text_key, audio_key = mx.random.split(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
@@ -104,10 +120,15 @@ class TtsStepFunctions:
             def sample_audio(logits: mx.array, k: int) -> mx.array:
                 return sample_with_noise(logits, sampling.temp, sampling.audio_top_k, noises[k])
 
-            audio = self.lm.depformer.sample_step(temporal_out, text, sample_audio)
+            audio = self.lm.depformer.sample_step(
+                temporal_out, text, sample_audio, codebooks=self.n_q
+            )
+            if self.n_q < cfg.dep_q:  # the codebooks not generated are fed as "no token"
+                skipped = mx.full((batch, cfg.dep_q - self.n_q), ZERO_TOKEN, mx.int32)
+                audio = mx.concatenate([audio, skipped], axis=1)
         else:
             audio = mx.full((batch, cfg.dep_q), ZERO_TOKEN, mx.int32)
-        audio = mx.where(t < self.audio_start, ZERO_TOKEN, audio)
+        audio = mx.where(steps < self.audio_start, ZERO_TOKEN, audio)
         column = mx.concatenate([text[:, None], audio], axis=1)  # (B, K)
         tokens = ring.write_column(state.tokens, t + 1, column)
         frame = ring.frame_out(tokens, t)
@@ -117,7 +138,8 @@ class TtsStepFunctions:
 class TtsStepper:
     """Steps a batch of B TTS streams under fixed conditions: `condition` (B, dim), the summed
     conditions (`Lm.condition`), and `cross`, the voices' cross-attention keys and values
-    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps.
+    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps;
+    `n_q`: the codebooks generated (the first n_q; the others stay -1; None: all).
     `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
     other steppers given it (None: this stepper compiles its own)."""
 
@@ -130,6 +152,7 @@ class TtsStepper:
         sampling: TtsSampling | None = None,
         seed: int = 0,
         step_cache: ModelCache[TtsStepFunctions] | None = None,
+        n_q: int | None = None,
     ):
         self.lm = lm
         self.batch = condition.shape[0]
@@ -137,7 +160,7 @@ class TtsStepper:
         self.cross = cross
         self.delay_steps = delay_steps
         self.sampling = sampling or TtsSampling()
-        choice = (self.sampling, delay_steps)
+        choice = (self.sampling, delay_steps, n_q)
         self._functions = model_cache(lm, step_cache, STEP_FUNCTIONS_KEPT).get(
             choice, lambda: TtsStepFunctions(lm, *choice)
         )

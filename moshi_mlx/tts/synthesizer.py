@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import mlx.core as mx
@@ -33,6 +34,7 @@ from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.models.mimi import Mimi
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
@@ -40,6 +42,7 @@ from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsSampling, TtsStepFunctions, TtsStepper
+from moshi_mlx.tts.text_feed import TextFeed
 from moshi_mlx.tts.voices import (
     DEFAULT_VOICE,
     VOICE_TENSOR,
@@ -75,7 +78,7 @@ class Speech:
     """A spoken request: `pcm` float32 at 24 kHz, `words` [(word, start seconds)], and
     `complete`: False when the step budget ran out before the text's end. Its tokens at every
     step of the run (`TokenLog.arrays`, this request's row): `predicted_tokens` (T,) and
-    `fed_tokens` (T,) the text tokens, `audio_codes` (dep_q, T - max_delay) each frame's."""
+    `fed_tokens` (T,) the text tokens, `audio_codes` (n_q, T - max_delay) each frame's."""
 
     pcm: np.ndarray
     words: list[tuple[str, float]] = field(default_factory=list)
@@ -87,7 +90,9 @@ class Speech:
 
 @dataclass(frozen=True)
 class TtsModel:
-    """Loaded TTS weights: the LM, the Mimi codec (all 32 codebooks), the tokenizer."""
+    """Loaded TTS weights: the LM, the Mimi codec (all 32 codebooks), the tokenizer.
+    `n_q`: the audio codebooks its runs generate and decode, the first n_q (None: all;
+    Kyutai's `TTSModel(n_q=...)`: fewer is faster, the later codebooks adding detail)."""
 
     lm: Lm
     codec: Codec
@@ -95,14 +100,28 @@ class TtsModel:
     files: WeightFiles
     voice_repo: str = DEFAULT_VOICE_REPO
     memory: MemoryPlan | None = None  # the plan it was loaded under
+    n_q: int | None = None
     # The compiled steps its runs share, and the empty voice slots' cross-attention keys and
     # values per voice length (`voice_keys_values`).
     step_cache: ModelCache[TtsStepFunctions] = field(init=False, repr=False, compare=False)
     empty_voice_cache: ModelCache[list[CrossKV]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        dep_q = self.lm.cfg.dep_q
+        if self.n_q is not None and not 1 <= self.n_q <= dep_q:
+            raise TtsError(f"this model generates 1 to {dep_q} audio codebooks, not {self.n_q}")
         object.__setattr__(self, "step_cache", ModelCache(self.lm, STEP_FUNCTIONS_KEPT))
         object.__setattr__(self, "empty_voice_cache", ModelCache(self.lm, size=None))
+
+    @property
+    def codebooks(self) -> int:
+        """The audio codebooks generated and decoded: `n_q`, or all."""
+        return self.lm.cfg.dep_q if self.n_q is None else self.n_q
+
+    @cached_property
+    def mimi(self) -> Mimi:
+        """The Mimi that decodes the generated codebooks (the codec's, on `codebooks`)."""
+        return self.codec.model.with_codebooks(self.codebooks)
 
     @classmethod
     def load(
@@ -115,11 +134,14 @@ class TtsModel:
         voice_repo: str = DEFAULT_VOICE_REPO,
         dtype: mx.Dtype | str | None = None,
         context: int | None = None,
+        n_q: int | None = None,
     ) -> TtsModel:
         """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
         (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
-        voices come from `voice_repo` (a hub repo id or a folder); the other options are
-        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
+        voices come from `voice_repo` (a hub repo id or a folder); `n_q`: the codebooks to
+        generate (`TtsModel.n_q`); the other options are
+        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path). Files made by
+        `moshi_mlx.quantize` load as they are (their header says the bits)."""
         options = LoadOptions(
             moshi_weight=moshi_weight,
             mimi_weight=mimi_weight,
@@ -128,12 +150,16 @@ class TtsModel:
             dtype=dtype,
             context=context,
         )
-        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo)
+        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo, n_q)
 
     @classmethod
-    def from_parts(cls, parts: LoadedParts, voice_repo: str = DEFAULT_VOICE_REPO) -> TtsModel:
+    def from_parts(
+        cls, parts: LoadedParts, voice_repo: str = DEFAULT_VOICE_REPO, n_q: int | None = None
+    ) -> TtsModel:
         """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
-        return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, voice_repo, parts.memory)
+        return cls(
+            parts.lm, parts.codec, parts.tokenizer, parts.files, voice_repo, parts.memory, n_q
+        )
 
     @property
     def config(self) -> LmConfig:
@@ -180,7 +206,7 @@ class TtsModel:
             schedule.push(self.entries(request.text))
             schedule.close()
         pcm: list[list[np.ndarray]] = [[] for _ in requests]
-        log = TokenLog(self.config.dep_q)
+        log = TokenLog(self.codebooks)
         while not run.finished and run.step_index < max_steps:
             step = run.step()
             log.add(step.tokens)
@@ -216,7 +242,7 @@ class TtsModel:
         return TtsStream(self, TtsRun(self, [request], sampling, seed))
 
 
-def _condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:
+def condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:
     """The summed conditions of a request: "control" ok, "cfg" the distilled guidance."""
     values: dict[str, str | None] = {name: None for name in config.fuser.sum}
     if "control" in values:
@@ -252,8 +278,8 @@ class TokenLog:
     """A run's tokens, step by step (`add`), the frames kept as the steps' arrays until
     `arrays` reads them all at once."""
 
-    def __init__(self, dep_q: int):
-        self.dep_q = dep_q
+    def __init__(self, codebooks: int):
+        self.codebooks = codebooks
         self._predicted: list[list[int]] = []
         self._fed: list[list[int]] = []
         self._frames: list[mx.array] = []
@@ -266,15 +292,15 @@ class TokenLog:
 
     def arrays(self, batch: int) -> dict[str, np.ndarray]:
         """Row b for request b: `predicted_text_tokens` (B, T) the text tokens the model
-        predicted, `fed_text_tokens` (B, T) those fed back, `audio_codes` (B, dep_q, F) the
+        predicted, `fed_text_tokens` (B, T) those fed back, `audio_codes` (B, n_q, F) the
         codes of the frames the steps returned (F = T - max_delay; -1: no audio yet)."""
         frames = np.array(mx.stack(self._frames), np.int32) if self._frames else None
         if frames is None:
-            frames = np.zeros((0, batch, 1 + self.dep_q), np.int32)
+            frames = np.zeros((0, batch, 1 + self.codebooks), np.int32)
         return {
             "predicted_text_tokens": np.array(self._predicted, np.int32).reshape(-1, batch).T,
             "fed_text_tokens": np.array(self._fed, np.int32).reshape(-1, batch).T,
-            "audio_codes": frames[:, :, 1:].transpose(1, 2, 0),
+            "audio_codes": frames[:, :, 1 : 1 + self.codebooks].transpose(1, 2, 0),
         }
 
 
@@ -295,7 +321,7 @@ class TtsRun:
         lm = model.lm
         voices = [[model.voice(v) for v in request.voices] for request in requests]
         cross = voice_keys_values(lm, voices, model.empty_voice_cache)
-        condition = lm.condition([_condition_values(lm.cfg, r.cfg_coef) for r in requests])
+        condition = lm.condition([condition_values(lm.cfg, r.cfg_coef) for r in requests])
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(
             lm,
@@ -305,6 +331,7 @@ class TtsRun:
             sampling or TtsSampling(),
             self.seed,
             step_cache=model.step_cache,
+            n_q=model.n_q,
         )
         self.schedules = [model.schedule() for _ in requests]
         self._mimi_state = None  # made at the first frame decoded
@@ -339,8 +366,8 @@ class TtsRun:
         frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
         if tokens.frame is None or frame_index < self._first_audio:
             return TtsStep([None] * len(self.schedules), tokens)
-        codes = tokens.frame[:, 1:, None].astype(mx.uint32)
-        mimi = self.model.codec.model
+        codes = tokens.frame[:, 1 : 1 + self.model.codebooks, None].astype(mx.uint32)
+        mimi = self.model.mimi
         self._mimi_state = self._mimi_state or mimi.make_state()
         pcm = np.array(mimi.decode_step(codes, self._mimi_state)[:, 0], np.float32)
         played = frame_index - self._first_audio - SKIPPED_FRAMES
@@ -358,26 +385,6 @@ class TtsRun:
         return [(word, (step - SKIPPED_FRAMES) / FRAME_RATE) for word, step in transcript]
 
 
-_BREAK_OPENING = "<break"
-
-
-def _last_word_end(text: str) -> int:
-    """Where the text's complete words end: at its last whitespace outside a `<break .../>`
-    tag, and before a tag that is not closed yet (0 if none). Other `<` and `>` are text."""
-    end, index = 0, 0
-    while index < len(text):
-        char = text[index]
-        if char == "<" and _BREAK_OPENING.startswith(text[index : index + len(_BREAK_OPENING)]):
-            close = text.find(">", index)
-            if close < 0:  # the tag's end has not come yet
-                return end
-            index = close
-        elif char.isspace():
-            end = index
-        index += 1
-    return end
-
-
 class TtsStream:
     """Words in as they come, audio out as it is made (`TtsModel.stream`).
 
@@ -392,32 +399,15 @@ class TtsStream:
         self.model = model
         self.run = run
         self._schedule = run.schedules[0]
-        self._pending = ""  # the text after the last complete word
-        self._started = False  # the first word (which carries the speaker token) is in
+        self._feed = TextFeed(self._schedule, model.entries, model.token_ids.main)
 
     def push(self, text: str) -> None:
         """Add text; complete words enter the schedule at once."""
-        text = self._pending + text
-        cut = _last_word_end(text)
-        self._pending = text[cut:]
-        self._push_words(text[:cut])
+        self._feed.push(text)
 
     def close(self) -> None:
         """The text is complete."""
-        self._push_words(self._pending)
-        self._pending = ""
-        self._schedule.close()
-
-    def _push_words(self, text: str) -> None:
-        entries = self.model.entries(text) if text.strip() else []
-        first = next((i for i, entry in enumerate(entries) if entry.tokens), None)
-        if self._started and first is not None:  # the same turn goes on: no speaker token
-            word = entries[first]
-            if word.tokens[0] == self.model.token_ids.main:
-                padding = max(0, word.padding - 1)
-                entries[first] = Entry(word.tokens[1:], word.text, padding)
-        self._started = self._started or first is not None
-        self._schedule.push(entries)
+        self._feed.close()
 
     @property
     def words(self) -> list[tuple[str, float]]:

@@ -30,6 +30,7 @@ import numpy as np
 from aiohttp import web
 
 from moshi_mlx.audio.wav import decode_audio
+from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import AudioError, MoshiError, TtsError
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.serve.context import ServeContext
@@ -58,7 +59,7 @@ from moshi_mlx.serve.openai.voices import OPENAI_VOICES, VoiceCatalog
 from moshi_mlx.stt.events import SttEvent, WordStarted
 from moshi_mlx.stt.words import finished_words
 from moshi_mlx.tts.synthesizer import TtsModel
-from moshi_mlx.tts.voices import DEFAULT_VOICE, DEFAULT_VOICE_REPO
+from moshi_mlx.tts.voices import DEFAULT_VOICE
 
 log = logging.getLogger("moshi_mlx.serve")
 

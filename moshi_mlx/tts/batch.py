@@ -1,0 +1,252 @@
+"""TTS streams that come and go, stepped together: one compiled step for up to `rows` streams.
+
+    batch = TtsBatch(model, rows=8)          # from the model thread of a server
+    row = batch.add(TtsRequest("", voices))  # a free row; its stream starts at the next step
+    batch.push(row, "Hello there")           # words at any time; batch.close(row) at the end
+    for out in batch.step():                 # one 80 ms frame per busy row
+        out.pcm                              # float32 (1920,) or None (nothing to play yet)
+        if out.finished: batch.remove(out.row)
+
+Kyutai's server resets rows of one batch as requests come and go; so does this. The batch
+runs at one global position (the temporal `KVRing`'s), and each row remembers where its
+stream started (`KVRing.starts`): a row attends only to what it wrote since, its token ring
+row and Mimi state start empty, its voices and conditions are written into its row, and its
+text schedule counts its own steps. RoPE being relative, a stream's tokens and audio are
+those it gets alone, up to float rounding (greedy: the same tokens; tested).
+
+Rows share the step's random key: with sampling (temp > 0) a stream's draws depend on its
+row and on the other rows, not only on its seed. Each row's audio is decoded by its own
+Mimi state (a batch of one), so joins and leaves never disturb another row's audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.errors import TtsError
+from moshi_mlx.models.mimi import MimiState
+from moshi_mlx.runtime.step_state import StepState
+from moshi_mlx.runtime.token_ring import UNGENERATED
+from moshi_mlx.tts.machine import TextSchedule
+from moshi_mlx.tts.stepper import TtsSampling, TtsStepFunctions
+from moshi_mlx.tts.synthesizer import (
+    FINAL_PADDING,
+    SKIPPED_FRAMES,
+    TtsModel,
+    TtsRequest,
+    condition_values,
+)
+from moshi_mlx.tts.text_feed import TextFeed
+from moshi_mlx.tts.voices import voice_keys_values
+
+
+@dataclass(frozen=True)
+class TtsRowOutput:
+    """A busy row's step: `pcm` float32 (1920,) its next 80 ms (None: none to play yet, or
+    its audio ended), the text token the model `predicted` and the one `fed` back, the
+    `frame` (1 + n_q,) text then codebooks of its frame `max_delay` back (None for its first
+    `max_delay` steps), `step` the stream's own step index, and `finished`: its text was
+    spoken (remove the row)."""
+
+    row: int
+    step: int
+    pcm: np.ndarray | None
+    predicted: int
+    fed: int
+    frame: np.ndarray | None
+    finished: bool
+
+
+class _Row:
+    """A busy row: its text, its Mimi state, the step its stream is at."""
+
+    def __init__(self, feed: TextFeed, mimi_state: MimiState):
+        self.feed = feed
+        self.mimi_state = mimi_state
+        self.step = 0
+
+    @property
+    def schedule(self) -> TextSchedule:
+        return self.feed.schedule
+
+
+class TtsBatch:
+    """Up to `rows` TTS streams stepped together; `add` a request to a free row, `push` and
+    `close` its text, `step` every busy row, `remove` a row when its stream is done (or
+    given up). `sampling` and `seed` as `TtsRun`'s (see the module's note on sampling)."""
+
+    def __init__(
+        self,
+        model: TtsModel,
+        rows: int,
+        sampling: TtsSampling | None = None,
+        seed: int = 0,
+    ):
+        if rows < 1:
+            raise TtsError(f"a batch has at least one row, not {rows}")
+        lm = model.lm
+        self.model = model
+        self.rows = rows
+        self.sampling = sampling or TtsSampling()
+        choice = (self.sampling, model.delay_steps, model.n_q)
+        self._functions = model.step_cache.get(
+            choice, lambda: TtsStepFunctions(lm, self.sampling, model.delay_steps, model.n_q)
+        )
+        self._busy: dict[int, _Row] = {}
+        self._seed = seed
+        self._reset()
+
+    def _reset(self) -> None:
+        """Empty rows at position 0 (no voices or conditions yet: written by `add`)."""
+        lm, rows = self.model.lm, self.rows
+        tokens = self._functions.ring.empty(rows)
+        self._state = StepState.of(tokens, mx.random.key(self._seed), lm.make_ring(rows))
+        self._starts = mx.zeros(rows, mx.int32)
+        self._position = 0
+        self._condition: mx.array | None = None
+        self._cross: list[tuple[mx.array, mx.array]] | None = None
+
+    @property
+    def busy_rows(self) -> list[int]:
+        """The rows that hold a stream, in order."""
+        return sorted(self._busy)
+
+    @property
+    def free_rows(self) -> int:
+        return self.rows - len(self._busy)
+
+    def add(self, request: TtsRequest) -> int:
+        """Start `request`'s stream in a free row at the next step; returns the row. Its
+        text, if any, is pushed: a string as `push` takes it (`close` when no more comes), a
+        list of speaker turns as a whole script (closed)."""
+        if not self._busy:
+            self._reset()  # an idle batch starts again at position 0
+        free = [row for row in range(self.rows) if row not in self._busy]
+        if not free:
+            raise TtsError(f"all {self.rows} rows of the batch are busy")
+        row = free[0]
+        model, lm = self.model, self.model.lm
+        voices = [model.voice(voice) for voice in request.voices]
+        cross = voice_keys_values(lm, [voices], model.empty_voice_cache)
+        condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
+        self._write_row(row, condition, cross)
+        feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
+        self._busy[row] = _Row(feed, model.mimi.make_state())
+        if isinstance(request.text, str):
+            feed.push(request.text)
+        else:
+            feed.schedule.push(model.entries(request.text))
+            feed.schedule.close()
+        return row
+
+    def _write_row(self, row: int, condition: mx.array, cross: list) -> None:
+        """The row's conditions and voices in, its token ring emptied, its stream started at
+        the current position."""
+        rows = self.rows
+        if self._condition is None:
+            self._condition = mx.broadcast_to(condition, (rows, *condition.shape[1:]))
+            self._cross = [
+                tuple(mx.broadcast_to(part, (rows, *part.shape[1:])) for part in layer)
+                for layer in cross
+            ]
+        if cross[0][0].shape[1:] != self._cross[0][0].shape[1:]:
+            raise TtsError("every voice of a batch must have the same number of frames")
+        selected = mx.arange(rows) == row
+
+        def put(batch: mx.array, one: mx.array) -> mx.array:
+            mask = selected.reshape(-1, *([1] * (batch.ndim - 1)))
+            return mx.where(mask, one, batch)
+
+        self._condition = put(self._condition, condition)
+        self._cross = [(put(k, ck), put(v, cv)) for (k, v), (ck, cv) in zip(self._cross, cross)]
+        tokens = put(self._state.tokens, mx.array(UNGENERATED, mx.int32))
+        self._state = self._state._replace(tokens=tokens)
+        self._starts = put(self._starts, mx.array(self._position, mx.int32))
+        mx.eval(self._condition, self._cross, self._state.tokens, self._starts)
+
+    def push(self, row: int, text: str) -> None:
+        """More text for `row`'s stream."""
+        self._row(row).feed.push(text)
+
+    def close(self, row: int) -> None:
+        """`row`'s text is complete."""
+        self._row(row).feed.close()
+
+    def remove(self, row: int) -> None:
+        """Free `row` (its stream ended or was given up); it costs nothing to the others."""
+        self._row(row)
+        del self._busy[row]
+
+    def schedule(self, row: int) -> TextSchedule:
+        """`row`'s text schedule (its words' times: `transcript`, `end_step`)."""
+        return self._row(row).schedule
+
+    def _row(self, row: int) -> _Row:
+        if row not in self._busy:
+            raise TtsError(f"row {row} holds no stream")
+        return self._busy[row]
+
+    def step(self) -> list[TtsRowOutput]:
+        """One step of every busy row (nothing when none is busy)."""
+        if not self._busy:
+            return []
+        functions, cfg = self._functions, self.model.lm.cfg
+        pad = self.model.token_ids.pad
+        if_word, otherwise = [pad] * self.rows, [pad] * self.rows  # idle rows: padding
+        for row, busy in self._busy.items():
+            if_word[row], otherwise[row] = busy.schedule.speculate()
+        ring = self._state.ring(cfg.attention_window)
+        self._state = self._state.with_ring(ring.grown(self._position))
+        del ring
+        audio = any(busy.step >= self.model.delay_steps for busy in self._busy.values())
+        function = functions.rows_full if audio else functions.rows_text_only
+        out = function(
+            self._state,
+            self._starts,
+            self._condition,
+            self._cross,
+            mx.array(if_word, mx.int32),
+            mx.array(otherwise, mx.int32),
+        )
+        self._state = out.state
+        mx.eval(out.text, out.frame, out.state)
+        self._position += 1
+        predicted = np.array(out.text).tolist()
+        frames = np.array(out.frame)
+        return self._row_outputs(predicted, frames)
+
+    def _row_outputs(self, predicted: list[int], frames: np.ndarray) -> list[TtsRowOutput]:
+        model, max_delay = self.model, self.model.lm.cfg.max_delay
+        codebooks = model.codebooks
+        decoded: dict[int, tuple[mx.array, int]] = {}  # row -> (pcm, its frame's index)
+        outputs = []
+        for row in self.busy_rows:
+            busy = self._busy[row]
+            t = busy.step
+            fed = busy.schedule.commit(t, predicted[row])
+            busy.step += 1
+            frame = frames[row, : 1 + codebooks] if busy.step > max_delay else None
+            frame_index = t - max_delay  # the audio time of the step's frame
+            if frame is not None and frame_index >= model.delay_steps:
+                codes = mx.array(frame[1:, None, None].transpose(1, 0, 2), mx.uint32)
+                decoded[row] = (model.mimi.decode_step(codes, busy.mimi_state), frame_index)
+            outputs.append([row, t, None, predicted[row], fed, frame])
+        states = [self._busy[row].mimi_state.state for row in decoded]
+        mx.eval([pcm for pcm, _ in decoded.values()], states)
+        results = []
+        for row, t, _, token, fed, frame in outputs:
+            busy = self._busy[row]
+            schedule = busy.schedule
+            pcm = None
+            if row in decoded:
+                samples, frame_index = decoded[row]
+                played = frame_index - model.delay_steps - SKIPPED_FRAMES
+                ended = schedule.end_step is not None and played >= schedule.end_step
+                if played >= 0 and not ended:
+                    pcm = np.clip(np.array(samples[0, 0], np.float32), -1, 1)
+            finished = schedule.done(busy.step, model.delay_steps, FINAL_PADDING)
+            results.append(TtsRowOutput(row, t, pcm, token, fed, frame, finished))
+        return results

@@ -48,6 +48,15 @@ class _TimedMimi:
     def __getattr__(self, name: str):
         return getattr(self.mimi, name)
 
+    def with_codebooks(self, num_codebooks: int) -> _TimedMimi:
+        """The Mimi a TTS of `num_codebooks` decodes with, timed into the same list."""
+        view = self.mimi.with_codebooks(num_codebooks)
+        if view is self.mimi:
+            return self
+        timed = _TimedMimi(view)
+        timed.decodes = self.decodes
+        return timed
+
     def decode_step(self, codes: mx.array, state):
         mx.eval(codes)
         start = time.perf_counter()

@@ -65,7 +65,8 @@ class TensorTable(nn.Module):
 
     def __call__(self, tensor: mx.array, mask: mx.array) -> mx.array:
         """tensor (B, T, dim), mask (B, T) bool -> (B, T, out_dim)."""
-        projected = self.output_proj(tensor.astype(self.output_proj.weight.dtype))
+        # The compute dtype: a quantized projection's weight is packed uint32, so not its dtype.
+        projected = self.output_proj(tensor.astype(self.learnt_padding.dtype))
         return mx.where(mask[..., None], projected, self.learnt_padding)
 
 

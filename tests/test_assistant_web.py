@@ -1,0 +1,277 @@
+"""The assistant's browser route of `python -m moshi_mlx.serve` (`/api/assistant`, the page at
+`/assistant/`), through a Python websocket client speaking Kyutai's chat protocol with Ogg
+Opus audio, on the server's guard and a real `ModelThread`, with scripted parts: an STT that
+hears a word in every loud frame and whose pause head says "done" on silence (so the end of
+the turn fires as Unmute's rule reads it), an LLM that streams given words, a TTS that makes
+three frames of a tone per word."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+import sphn
+from aiohttp import web
+
+from moshi_mlx.assistant import TurnRules
+from moshi_mlx.llm import TextPiece
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.assistant import server
+from moshi_mlx.serve.assistant.conversation import AssistantConfig, ConversationParts
+from moshi_mlx.serve.chat.protocol import Kind
+from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.stt.events import SttStep, WordStarted
+
+FRAMES_PER_WORD = 3
+_TIME = np.arange(FRAME_SIZE) / SAMPLE_RATE
+LOUD = (0.3 * np.sin(2 * np.pi * 440 * _TIME)).astype(np.float32)
+QUIET = np.zeros(FRAME_SIZE, np.float32)
+ANSWER = (0.5 * np.sin(2 * np.pi * 330 * _TIME)).astype(np.float32)
+GREETING = ["Hello", "there!"]
+ANSWER_WORDS = ["Paris", "is", "**lovely**."]
+
+
+class ScriptedStt:
+    """A word (`u0`, `u1`, ...) for each loud frame, pause head 2 "done" on quiet ones."""
+
+    delay_steps = 2
+
+    def __init__(self):
+        self.index = 0
+        self.words = 0
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        self.index += 1
+        if np.sqrt(np.mean(np.square(pcm))) > 0.05:
+            self.words += 1
+            word = WordStarted(f"u{self.words - 1}", self.index * 0.08)
+            return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
+        return SttStep(self.index, (), (0.0, 0.0, 0.95))
+
+
+class ScriptedLlm:
+    """The greeting to the first prompt, `ANSWER_WORDS` to the others."""
+
+    context_length = None
+
+    def __init__(self):
+        self.prompts: list[list[dict[str, str]]] = []
+
+    def encode_chat(self, messages):
+        return [0] * sum(len(m["content"].split()) for m in messages)
+
+    def generate(self, messages, temperature=1.0, top_p=1.0, max_tokens=None, stop=()):
+        self.prompts.append(list(messages))
+        words = GREETING if len(self.prompts) == 1 else ANSWER_WORDS
+        return iter([*(TextPiece(f"{word} ") for word in words), TextPiece("", "stop")])
+
+
+class ToneSpeech:
+    """`FRAMES_PER_WORD` frames of a tone per pushed word."""
+
+    def __init__(self):
+        self.queue: list[str] = []
+        self.words: list[tuple[str, float]] = []
+        self.frames = 0
+        self.closed = False
+        self.waiting = False
+
+    def push(self, text: str) -> None:
+        self.queue += text.split()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def steps(self):
+        left = 0
+        while True:
+            if left == 0 and self.queue:
+                self.words.append((self.queue.pop(0), self.frames * 0.08))
+                left = FRAMES_PER_WORD
+            if left:
+                left -= 1
+                self.frames += 1
+                self.waiting = False
+                yield type("Step", (), {"pcm": [ANSWER]})
+            elif self.closed:
+                return
+            else:
+                self.waiting = True
+                yield type("Step", (), {"pcm": [None]})
+
+
+@pytest.fixture(scope="module")
+def address():
+    """The assistant's routes on a guarded server in a thread of its own: host:port."""
+    thread = ModelThread("test-assistant-web")
+    thread.start()
+    context = ServeContext(thread, EventTally(logging.getLogger("test")))
+    config = AssistantConfig(rules=TurnRules(ignore_start=0.0), limits=context.limits)
+    llms: list[ScriptedLlm] = []
+
+    async def make_parts() -> ConversationParts:
+        llms.append(ScriptedLlm())
+        return ConversationParts(ScriptedStt(), llms[-1], ToneSpeech)
+
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    async def start():
+        guard = ConnectionGuard(context.limits, context.tally)
+        app = web.Application(middlewares=[guard.middleware])
+        server.add_routes(app, context, config, make_parts)
+        runner = guard.app_runner(app, access_log=None)
+        await runner.setup()
+        await guard.site(runner, "127.0.0.1", 0).start()
+        return runner
+
+    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    yield f"127.0.0.1:{runner.addresses[0][1]}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join(10)
+    thread.stop()
+
+
+class Client:
+    """One websocket: sends Ogg Opus frames, collects what comes back."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse):
+        self.ws = ws
+        self.opus = sphn.OpusStreamWriter(SAMPLE_RATE)
+        self.events: list[dict] = []
+        self.words: list[str] = []
+        self.audio: list[bytes] = []
+        self.kinds: list[int] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                break
+            kind, payload = message.data[0], message.data[1:]
+            self.kinds.append(kind)
+            if kind == Kind.AUDIO:
+                self.audio.append(payload)
+            elif kind == Kind.TEXT:
+                self.words.append(payload.decode())
+            elif kind == Kind.METADATA:
+                self.events.append(json.loads(payload))
+
+    async def send(self, frame: np.ndarray, count: int) -> None:
+        for _ in range(count):
+            pages = self.opus.append_pcm(frame)
+            if pages:
+                await self.ws.send_bytes(bytes([Kind.AUDIO]) + pages)
+            await asyncio.sleep(0.02)
+
+    async def until(self, key: str, count: int = 1, timeout: float = 10.0) -> None:
+        """Send silence until `count` events with `key` came."""
+        for _ in range(int(timeout / 0.02)):
+            if sum(key in event for event in self.events) >= count:
+                return
+            await self.send(QUIET, 1)
+        raise AssertionError(f"no {count} {key!r} in {self.events}")
+
+    def decoded(self) -> np.ndarray:
+        reader = sphn.OpusStreamReader(SAMPLE_RATE)
+        pcm = [reader.append_bytes(chunk) for chunk in self.audio]
+        return np.concatenate([p for p in pcm if p.size] or [np.zeros(0, np.float32)])
+
+
+def test_a_spoken_turn_through_the_websocket(address):
+    async def main():
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"ws://{address}{server.SOCKET_PATH}") as ws,
+        ):
+            client = Client(ws)
+            await client.until("answer_ended")  # the greeting, played out
+            greeting_words = list(client.words)
+            await client.send(LOUD, 3)
+            await client.until("answer_ended", 2)
+            await ws.close()
+            await client._reader
+            return client, greeting_words
+
+    client, greeting_words = asyncio.run(main())
+    assert client.kinds[0] == Kind.HANDSHAKE
+    assert client.events[0]["assistant"] is True and client.events[0]["frame_ms"] == 80
+    assert "".join(greeting_words).split() == ["Hello", "there!"]
+    # Opus's delay spreads three loud frames over three or four of the server's frames.
+    heard = [e["user"] for e in client.events if "user" in e]
+    assert heard in (["u0", "u1", "u2"], ["u0", "u1", "u2", "u3"])
+    assert [e["user_said"] for e in client.events if "user_said" in e] == [" ".join(heard)]
+    ended = [e for e in client.events if "answer_ended" in e]
+    assert ended == [
+        {"answer_ended": "Hello there!", "cut_off": False},
+        {"answer_ended": "Paris is lovely.", "cut_off": False},
+    ]
+    assert "".join(client.words).split() == ["Hello", "there!", "Paris", "is", "lovely."]
+    [latency] = [e["latency"] for e in client.events if "latency" in e]
+    assert set(latency) == {
+        "detection", "stt_flush", "llm_first_token", "tts_first_audio", "audio_out", "total",
+    }  # fmt: skip
+    assert 0 <= latency["total"] < 2000
+    # The answers' tone came back through Opus: 2 + 3 words of 3 frames each.
+    pcm = client.decoded()
+    loud = [np.sqrt(np.mean(np.square(f))) > 0.2 for f in pcm[: len(pcm) // FRAME_SIZE * FRAME_SIZE].reshape(-1, FRAME_SIZE)]  # fmt: skip
+    assert 5 * FRAMES_PER_WORD - 2 <= sum(loud) <= 5 * FRAMES_PER_WORD + 1
+
+
+def test_a_second_conversation_is_refused_while_one_runs(address):
+    async def main():
+        url = f"ws://{address}{server.SOCKET_PATH}"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as first:
+            first_client = Client(first)
+            await first_client.send(QUIET, 2)
+            async with session.ws_connect(url) as second:
+                message = await second.receive(timeout=5)
+                closing = await second.receive(timeout=5)
+            await first.close()
+            await first_client._reader
+            return message.data, closing.type, first_client.kinds
+
+    message, closing, first_kinds = asyncio.run(main())
+    assert message[0] == Kind.ERROR and message[1:].decode() == server.BUSY
+    assert closing in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    assert first_kinds[0] == Kind.HANDSHAKE
+
+
+def test_a_page_of_another_site_may_not_open_the_websocket(address):
+    async def main():
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await session.ws_connect(
+                    f"ws://{address}{server.SOCKET_PATH}", origin="http://evil.example"
+                )
+            return refused.value.status
+
+    assert asyncio.run(main()) == 403
+
+
+def test_the_page_and_its_scripts_are_served(address):
+    async def main():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{address}/assistant", allow_redirects=False) as r:
+                redirect = r.status, r.headers["Location"]
+            bodies = {}
+            for name in ("", "assistant.js", "ogg.js", "audio-worklet.js", "style.css"):
+                async with session.get(f"http://{address}/assistant/{name}") as response:
+                    bodies[name] = response.status, await response.text()
+            return redirect, bodies
+
+    redirect, bodies = asyncio.run(main())
+    assert redirect == (302, "/assistant/")
+    assert all(status == 200 for status, _ in bodies.values())
+    assert "assistant.js" in bodies[""][1]
+    assert "echoCancellation: true" in bodies["assistant.js"][1]
+    assert "registerProcessor" in bodies["audio-worklet.js"][1]

@@ -8,6 +8,7 @@ three frames of a tone per word."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -15,8 +16,10 @@ import threading
 import aiohttp
 import numpy as np
 import pytest
+import soundfile as sf
 import sphn
 from aiohttp import web
+from chromium import Chromium, chromium_binary
 
 from moshi_mlx.assistant import TurnRules
 from moshi_mlx.llm import TextPiece
@@ -43,13 +46,14 @@ class ScriptedStt:
 
     delay_steps = 2
 
-    def __init__(self):
+    def __init__(self, hears: bool = True):
         self.index = 0
         self.words = 0
+        self.hears = hears
 
     def step(self, pcm: np.ndarray) -> SttStep:
         self.index += 1
-        if np.sqrt(np.mean(np.square(pcm))) > 0.05:
+        if self.hears and np.sqrt(np.mean(np.square(pcm))) > 0.05:
             self.words += 1
             word = WordStarted(f"u{self.words - 1}", self.index * 0.08)
             return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
@@ -107,18 +111,16 @@ class ToneSpeech:
                 yield type("Step", (), {"pcm": [None]})
 
 
-@pytest.fixture(scope="module")
-def address():
-    """The assistant's routes on a guarded server in a thread of its own: host:port."""
+@contextlib.contextmanager
+def serving(hears: bool = True):
+    """The assistant's routes on a guarded server in a thread of its own: yields host:port."""
     thread = ModelThread("test-assistant-web")
     thread.start()
     context = ServeContext(thread, EventTally(logging.getLogger("test")))
     config = AssistantConfig(rules=TurnRules(ignore_start=0.0), limits=context.limits)
-    llms: list[ScriptedLlm] = []
 
     async def make_parts() -> ConversationParts:
-        llms.append(ScriptedLlm())
-        return ConversationParts(ScriptedStt(), llms[-1], ToneSpeech)
+        return ConversationParts(ScriptedStt(hears), ScriptedLlm(), ToneSpeech)
 
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -134,11 +136,19 @@ def address():
         return runner
 
     runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield f"127.0.0.1:{runner.addresses[0][1]}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    loop_thread.join(10)
-    thread.stop()
+    try:
+        yield f"127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        thread.stop()
+
+
+@pytest.fixture(scope="module")
+def address():
+    with serving() as host_port:
+        yield host_port
 
 
 class Client:
@@ -275,3 +285,51 @@ def test_the_page_and_its_scripts_are_served(address):
     assert "assistant.js" in bodies[""][1]
     assert "echoCancellation: true" in bodies["assistant.js"][1]
     assert "registerProcessor" in bodies["audio-worklet.js"][1]
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="chromium not installed")
+def test_the_page_greets_in_headless_chromium(tmp_path):
+    """The page in Chromium with a silent fake microphone: it connects, plays the greeting
+    and shows its words as the assistant's turn."""
+    mic = tmp_path / "silence48k.wav"
+    sf.write(mic, np.zeros(3 * 48000, np.float32), 48000, subtype="PCM_16")
+
+    async def scenario(url: str):
+        with Chromium(tmp_path, fake_mic_wav=mic) as browser:
+            async with aiohttp.ClientSession() as session:
+                page = await browser.open(session, url)
+                await _poll(page, lambda s: True, 10)  # the module has loaded
+                await page.evaluate(CLICK_START, user_gesture=True)
+                stats = await _poll(page, _greeted, 30)
+                shown = await page.evaluate("document.getElementById('turns').textContent")
+                state = await page.evaluate("document.getElementById('state').textContent")
+                return stats, shown, state, page.console
+
+    with serving(hears=False) as host_port:
+        port = host_port.rsplit(":", 1)[1]
+        url = f"http://localhost:{port}{server.PAGE_PATH}"
+        stats, shown, state, console = asyncio.run(asyncio.wait_for(scenario(url), 50))
+    assert _greeted(stats), (stats, console[-20:])
+    assert stats["turns"] == [
+        {"role": "assistant", "text": "Hello there!", "done": True, "cutOff": False}
+    ]
+    assert shown == "assistantHello there!" and state.startswith("connected")
+    assert stats["receivedAudioMessages"] > 0 and stats["sentSeconds"] > 0
+
+
+STATS = "window.assistantStats ? JSON.stringify(window.assistantStats) : null"
+CLICK_START = "document.getElementById('start').click()"
+
+
+def _greeted(stats: dict) -> bool:
+    return stats["state"] == "live" and any(t["done"] for t in stats["turns"])
+
+
+async def _poll(page, done, timeout: float) -> dict | None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        raw = await page.evaluate(STATS)  # None until the page's module has run
+        stats = json.loads(raw) if raw else None
+        if (stats and done(stats)) or asyncio.get_running_loop().time() > deadline:
+            return stats
+        await asyncio.sleep(0.25)

@@ -112,7 +112,7 @@ function onEvent(data) {
   if (data.notice) showMessage(data.notice);
   if (data.models) {
     stats.models = data.models;
-    $("models").textContent = Object.values(data.models).filter(Boolean).join(" + ");
+    $("models").textContent = Object.values(data.models).filter(Boolean).join(" + ") || "–";
   }
   render();
 }

@@ -12,6 +12,8 @@ import contextlib
 import json
 import logging
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import numpy as np
@@ -333,3 +335,77 @@ async def _poll(page, done, timeout: float) -> dict | None:
         if (stats and done(stats)) or asyncio.get_running_loop().time() > deadline:
             return stats
         await asyncio.sleep(0.25)
+
+
+def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_checkpoint):
+    """`serve`'s app with the real tiny TTS and LLM mounts the assistant, whose conversation
+    opens real TTS streams (the default voice, from the server's voice repo) and greets: the
+    TTS speaks the tiny LLM's first words, which come back as text and audio. The STT is the
+    deaf scripted one: random STT weights hear words in silence, which would cut the greeting
+    off (as tests/test_unmute.py, which stands a scripted STT in for the same reason)."""
+    from moshi_mlx.llm import LlmModel
+    from moshi_mlx.serve.app import create_app
+    from moshi_mlx.testing.llm import write_tiny_llm
+    from moshi_mlx.tts.synthesizer import TtsModel
+    from moshi_mlx.tts.voices import DEFAULT_VOICE
+
+    fixtures = Path(__file__).parent / "fixtures" / "tts"
+    voice = tmp_path / "voices" / f"{DEFAULT_VOICE}.0badf00d@7.safetensors"  # the fixture's id
+    voice.parent.mkdir(parents=True)
+    voice.symlink_to(fixtures / "voices" / "alice.safetensors")
+    llm_folder = write_tiny_llm(tmp_path / "llm")
+    thread = ModelThread("test-assistant-real")
+    thread.start()
+    frame_pace = 0.25  # s
+
+    def load() -> dict:
+        return {
+            "stt": SimpleNamespace(speech_to_text=lambda: ScriptedStt(hears=False)),
+            "tts": TtsModel.load(
+                moshi_weight=fixtures / "weights.safetensors",
+                mimi_weight=full_mimi_checkpoint,
+                tokenizer=fixtures / "tokenizer.model",
+                lm_config=fixtures / "config.json",
+                voice_repo=str(voice.parent.parent),
+            ),
+            "llm": LlmModel.load(llm_folder),
+        }
+
+    context = ServeContext(
+        thread, EventTally(logging.getLogger("test")), **thread.call_soon(load).result(60)
+    )
+    context.model_names.update(stt="tiny-stt", tts="tiny-tts", llm="tiny-llm")
+
+    async def main():
+        guard = ConnectionGuard(context.limits, context.tally)
+        runner = guard.app_runner(create_app(context, guard), access_log=None)
+        await runner.setup()
+        await guard.site(runner, "127.0.0.1", 0).start()
+        address = f"127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(f"ws://{address}{server.SOCKET_PATH}") as ws,
+            ):
+                client = Client(ws)
+                # Slower than real time: this CPU steps the tiny STT and TTS (full-size Mimi)
+                # in over 80 ms together, and the model thread must leave the LLM room.
+                for _ in range(200):
+                    if client.words:
+                        break
+                    await client.send(QUIET, 1)
+                    await asyncio.sleep(frame_pace)
+                await ws.close()
+                await client._reader
+                return client
+        finally:
+            await runner.cleanup()
+            await asyncio.to_thread(thread.stop)  # while the loop still takes its results
+
+    client = asyncio.run(main())
+    assert client.kinds[0] == Kind.HANDSHAKE
+    assert client.events[0]["models"] == {"stt": "tiny-stt", "tts": "tiny-tts", "llm": "tiny-llm"}
+    assert client.words and client.words[0].strip(), (
+        client.events
+    )  # the greeting's first word, spoken
+    assert np.abs(client.decoded()).max() > 1e-3  # and its audio (random Mimi: quiet)

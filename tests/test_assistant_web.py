@@ -352,7 +352,6 @@ def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_chec
     fixtures = Path(__file__).parent / "fixtures" / "tts"
     voice = tmp_path / "voices" / f"{DEFAULT_VOICE}.0badf00d@7.safetensors"  # the fixture's id
     voice.parent.mkdir(parents=True)
-    voice.symlink_to(fixtures / "voices" / "alice.safetensors")
     llm_folder = write_tiny_llm(tmp_path / "llm")
     thread = ModelThread("test-assistant-real")
     thread.start()
@@ -387,6 +386,12 @@ def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_chec
                 aiohttp.ClientSession() as session,
                 session.ws_connect(f"ws://{address}{server.SOCKET_PATH}") as ws,
             ):
+                no_voice = await ws.receive(timeout=30)  # the default voice is not there yet
+            voice.symlink_to(fixtures / "voices" / "alice.safetensors")
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(f"ws://{address}{server.SOCKET_PATH}") as ws,
+            ):
                 client = Client(ws)
                 # Slower than real time: this CPU steps the tiny STT and TTS (full-size Mimi)
                 # in over 80 ms together, and the model thread must leave the LLM room.
@@ -397,12 +402,13 @@ def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_chec
                     await asyncio.sleep(frame_pace)
                 await ws.close()
                 await client._reader
-                return client
+                return no_voice.data, client
         finally:
             await runner.cleanup()
             await asyncio.to_thread(thread.stop)  # while the loop still takes its results
 
-    client = asyncio.run(main())
+    no_voice, client = asyncio.run(main())
+    assert no_voice[0] == Kind.ERROR and "voice" in no_voice[1:].decode()
     assert client.kinds[0] == Kind.HANDSHAKE
     assert client.events[0]["models"] == {"stt": "tiny-stt", "tts": "tiny-tts", "llm": "tiny-llm"}
     assert client.words and client.words[0].strip(), (

@@ -67,12 +67,18 @@ def add_routes(
 
 def _parts_maker(context: ServeContext) -> MakeParts:
     """Each conversation's parts: a new STT stream, the server's LLM, TTS streams in the
-    default voice."""
+    default voice. The first conversation opens one TTS stream first, so that a voice the
+    voice repo lacks is the client's 0x05 error, not an answer that never comes."""
+    voice_checked = False
 
     def make_speech():
         return context.tts.stream(voice=DEFAULT_VOICE, cfg_coef=DEFAULT_CFG_COEF)
 
     async def make_parts() -> ConversationParts:
+        nonlocal voice_checked
+        if not voice_checked:
+            await context.thread.call(make_speech)
+            voice_checked = True
         stt = await context.thread.call(context.stt.speech_to_text)
         return ConversationParts(stt, context.llm, make_speech)
 

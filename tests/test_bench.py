@@ -301,8 +301,31 @@ def test_serve_case(tmp_path):
     assert "first_audio_ms" in done.stdout and "LLM lag added" in done.stdout
 
 
+def test_assistant_case(tmp_path):
+    """The assistant part on one turn: the real pipeline on the tiny STT, TTS and LLM, the
+    split of the turn, the parts alone, and the orchestration's own time (the window from
+    the end of the turn to the first audio less the model calls in it)."""
+    done, report = _run_bench("--parts assistant --turns 1", tmp_path / "a.json", timeout=180)
+    (case,) = report["results"]
+    ours = case["ours"]
+    (turn,) = ours["turns"]
+    stages = ("detection", "stt_flush", "llm_first_token", "tts_first_audio", "audio_out")
+    assert all(turn[stage] >= 0 for stage in stages)
+    assert turn["total"] == pytest.approx(sum(turn[stage] for stage in stages))
+    assert turn["window"] == pytest.approx(
+        turn["stt_flush"] + turn["llm_first_token"] + turn["tts_first_audio"]
+    )
+    assert 0 < turn["model_busy"] <= turn["window"]
+    assert turn["overhead"] == pytest.approx(turn["window"] - turn["model_busy"])
+    for alone in ("stt_flush_alone", "llm_first_token_alone", "tts_first_audio_alone"):
+        assert turn[alone] > 0
+    assert ours["frame_ms"] >= 80 and ours["stt_step_ms"] > 0 and ours["tts_frame_ms"] > 0
+    assert "orchestration overhead: median" in done.stdout
+
+
 PART_NAMES = {
-    "lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts", "serve"
+    "lm", "mimi", "pipeline", "echo", "web", "kv", "kv-fidelity", "persona", "stt", "tts", "serve",
+    "assistant",
 }  # fmt: skip
 
 

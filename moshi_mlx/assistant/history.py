@@ -9,6 +9,13 @@ from dataclasses import dataclass, field
 CUT_OFF_MARK = "—"
 # The hidden first user message that asks for a greeting (chat templates want a user first).
 GREETING_REQUEST = "(The user has just joined. Greet them in one short sentence.)"
+# The system prompt when none is given (the CLI and the browser page).
+DEFAULT_SYSTEM = (
+    "You are a helpful voice assistant. Your words are spoken aloud: answer in one to three "
+    "short sentences of plain speech, with no lists, markdown or emoji. The user's words come "
+    "from speech recognition and may hold errors. An answer of yours that ends with '—' was "
+    "cut off there by the user."
+)
 
 
 @dataclass

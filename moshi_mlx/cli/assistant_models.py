@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from moshi_mlx.assistant.history import DEFAULT_SYSTEM
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.runtime.loading import LoadOptions, find_model
@@ -20,12 +21,6 @@ from moshi_mlx.tts.voices import DEFAULT_VOICE
 # A 3B instruct model in 4 bits (1.8 GB): answers well in English and French, runs at tens of
 # tokens per second on an M1, and with the STT and TTS fits a 16 GB Mac (docs/assistant.md).
 DEFAULT_LLM = "mlx-community/Llama-3.2-3B-Instruct-4bit"
-DEFAULT_SYSTEM = (
-    "You are a helpful voice assistant. Your words are spoken aloud: answer in one to three "
-    "short sentences of plain speech, with no lists, markdown or emoji. The user's words come "
-    "from speech recognition and may hold errors. An answer of yours that ends with '—' was "
-    "cut off there by the user."
-)
 _WARM_UP_TEXT = "Hello there."
 
 

@@ -16,6 +16,7 @@ from moshi_mlx.errors import ConfigError
 from moshi_mlx.llm import DEFAULT_MAX_TOKENS, LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
+from moshi_mlx.serve.assistant.server import PAGE_PATH as ASSISTANT_PAGE
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
@@ -177,6 +178,8 @@ async def _serve(args: argparse.Namespace) -> None:
         if not context.loopback_only and not context.api_keys:
             _say(f"warning: anyone who can reach {host} may use these models; set --api-key")
         _say(f"ready: http://{name}:{args.port} (ws://{name}:{args.port}/api/...); Ctrl-C to stop")
+        if context.stt is not None and context.tts is not None and context.llm is not None:
+            _say(f"the assistant: http://{name}:{args.port}{ASSISTANT_PAGE} in a browser")
         tallying = asyncio.create_task(tally.run())
         try:
             await asyncio.Event().wait()

@@ -2,7 +2,8 @@
 `/api/modules_info`, and the routes of every loaded model's protocol families.
 
 A family is a module with `add_routes(app, context)` (`moshi_mlx.serve.context`); each is
-mounted when the model it serves is loaded; OpenAI's `/v1/models` whenever any model is.
+mounted when the model it serves is loaded; OpenAI's `/v1/models` whenever any model is; the
+assistant's page (`/assistant/`) when the STT, the TTS and the LLM all are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib import metadata
 
 from aiohttp import web
 
+from moshi_mlx.serve.assistant import server as assistant_routes
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard
 from moshi_mlx.serve.http import loopback_only
@@ -41,6 +43,8 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
     if context.stt is not None or context.tts is not None:
         openai_audio.add_routes(app, context)
     openai_chat.add_routes(app, context)  # /v1/models for every model; completions with an LLM
+    if context.stt is not None and context.tts is not None and context.llm is not None:
+        assistant_routes.add_routes(app, context)  # the spoken assistant's page and websocket
     return app
 
 

@@ -36,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts (stt: shapes stt-*)",
+        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant (stt: shapes "
+        "stt-*; assistant: its own tiny models)",
     )
     parser.add_argument(
         "--streams", type=int, default=8, help="stt, tts: streams (requests) in one batch"
@@ -45,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
     )
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
+    parser.add_argument("--turns", type=int, default=3, help="assistant: user turns answered")
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
     parser.add_argument(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..part import Part
-from . import echo, kv, kv_fidelity, lm, mimi, persona, pipeline, serve, stt, tts, web
+from . import assistant, echo, kv, kv_fidelity, lm, mimi, persona, pipeline, serve, stt, tts, web
 
 PARTS: dict[str, Part] = {
     part.name: part
@@ -18,6 +18,7 @@ PARTS: dict[str, Part] = {
         persona.PART,
         tts.PART,
         serve.PART,
+        assistant.PART,
         web.PART,
     )
 }

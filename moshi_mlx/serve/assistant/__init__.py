@@ -1,0 +1,1 @@
+"""The assistant's browser page and its websocket (`/assistant/`, `/api/assistant`)."""

@@ -1,0 +1,197 @@
+"""One websocket of `/api/assistant`: one spoken conversation with the LLM (`Conversation`).
+
+The client's Ogg Opus audio is cut into 80 ms frames; each goes through `Assistant.exchange`
+and the frame it returns (the answer's audio, or silence) goes back at once, so the answer is
+paced by the client's microphone as a speaker would pace it. The assistant's events go out as
+`messages.event_message` says. Everything here runs on the event loop; the models run on the
+server's one model thread, as the `Assistant`'s jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from moshi_mlx.assistant import Assistant, History, ReplySampling, TurnRules
+from moshi_mlx.assistant.history import DEFAULT_SYSTEM
+from moshi_mlx.assistant.jobs import Listener, Speech
+from moshi_mlx.assistant.pipeline import Event, ReplyModel
+from moshi_mlx.errors import MoshiError
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.assistant.messages import event_message
+from moshi_mlx.serve.chat import protocol
+from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
+from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.sessions import (
+    SilenceWatchdog,
+    broken_reason,
+    close_ended,
+    close_going_away,
+    send_and_close,
+)
+
+# Messages waiting for a client that does not read (a few seconds of audio and words); past
+# this the conversation ends.
+MAX_UNSENT_MESSAGES = 200
+
+
+@dataclass(frozen=True)
+class ConversationParts:
+    """What one conversation runs on: its own STT stream, the LLM, a TTS stream maker (run
+    on the model thread)."""
+
+    stt: Listener
+    llm: ReplyModel
+    make_speech: Callable[[], Speech]
+
+
+MakeParts = Callable[[], Awaitable[ConversationParts]]
+
+
+@dataclass(frozen=True)
+class AssistantConfig:
+    """What every conversation of the server shares."""
+
+    system: str = DEFAULT_SYSTEM
+    greeting: bool = True
+    rules: TurnRules = field(default_factory=TurnRules)
+    sampling: ReplySampling = field(default_factory=ReplySampling)
+    limits: Limits = field(default_factory=Limits)
+    models: Mapping[str, str] = field(default_factory=dict)  # "stt", "tts", "llm" -> name
+
+
+class ConversationEnded(Exception):
+    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
+
+
+async def refuse(ws: web.WebSocketResponse, reason: str) -> None:
+    """Send the protocol's error with the reason, and close."""
+    await send_and_close(ws, protocol.error(reason))
+
+
+class Conversation:
+    """One websocket's conversation (a `serve.sessions.LiveConnection`)."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        thread: ModelThread,
+        make_parts: MakeParts,
+        config: AssistantConfig,
+    ):
+        self._ws = ws
+        self._thread = thread
+        self._make_parts = make_parts
+        self._config = config
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._opus_in = OpusFrameReader(SAMPLE_RATE, FRAME_SIZE)
+        self._opus_out = OpusFrameWriter(SAMPLE_RATE)
+        self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
+        self._assistant: Assistant | None = None
+        self._stopping = False
+
+    async def run(self) -> str:
+        """Converse until the client leaves or something ends it; returns why, for the log."""
+        try:
+            reason = await self._converse()
+        except (MoshiError, ConversationEnded) as exc:  # a ProtocolError, a model's error
+            reason = str(exc)
+            await refuse(self._ws, reason)
+        except ConnectionError:
+            reason = "the client left"
+        finally:
+            if self._assistant is not None:
+                await self._assistant.close()
+            await close_ended(self._ws)
+        return "the server is stopping" if self._stopping else reason
+
+    async def stop(self) -> None:
+        """Close with 1001 (going away): the server is shutting down."""
+        self._stopping = True
+        await close_going_away(self._ws)
+
+    async def _converse(self) -> str:
+        parts = await self._make_parts()
+        config = self._config
+        self._assistant = Assistant(
+            self._thread,
+            parts.stt,
+            parts.llm,
+            parts.make_speech,
+            History(config.system),
+            rules=config.rules,
+            sampling=config.sampling,
+            on_event=self._on_event,
+        )
+        await self._ws.send_bytes(protocol.handshake())
+        await self._ws.send_bytes(protocol.metadata(self._metadata()))
+        await self._assistant.start(greeting=config.greeting)
+        tasks = [
+            asyncio.create_task(self._receive()),
+            asyncio.create_task(self._send()),
+            asyncio.create_task(self._watch_silence()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+        # result() raises a ProtocolError or ConversationEnded: the reason goes to the client.
+        return next(iter(done)).result()
+
+    def _metadata(self) -> dict:
+        return {
+            "server": "moshi_mlx",
+            "assistant": True,
+            "frame_ms": 1000 * FRAME_SIZE // SAMPLE_RATE,
+            "models": dict(self._config.models),
+        }
+
+    def _on_event(self, event: Event) -> None:
+        self._queue(event_message(event))
+
+    def _queue(self, message: bytes) -> None:
+        self._outbox.put_nowait(message)
+
+    async def _receive(self) -> str:
+        """The client's audio through the assistant, frame by frame; its answer frames out."""
+        async for message in self._ws:
+            if message.type == aiohttp.WSMsgType.ERROR:
+                return broken_reason(self._ws, self._config.limits)
+            if message.type != aiohttp.WSMsgType.BINARY:
+                raise ProtocolError(
+                    f"{message.type.name.lower()} messages are not part of the protocol; "
+                    "send binary messages"
+                )
+            kind, payload = protocol.parse(message.data)
+            if kind != Kind.AUDIO:
+                continue  # handshake, ping, control: nothing for us
+            self._silence.heard()
+            for frame in self._opus_in.feed(payload):
+                pages = self._opus_out.encode(self._assistant.exchange(frame))
+                if pages:
+                    self._queue(protocol.audio(pages))
+            if self._outbox.qsize() > MAX_UNSENT_MESSAGES:
+                raise ConversationEnded(
+                    f"over {MAX_UNSENT_MESSAGES} messages wait for the client; it does not "
+                    "read them"
+                )
+        return "the client left"
+
+    async def _send(self) -> None:
+        while True:
+            await self._ws.send_bytes(await self._outbox.get())
+
+    async def _watch_silence(self) -> None:
+        """End a conversation whose client sends no audio."""
+        self._silence.heard()
+        await self._silence.expired()
+        raise ConversationEnded(
+            f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
+        )

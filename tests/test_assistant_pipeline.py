@@ -46,6 +46,10 @@ class ScriptedStt:
             return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
         return SttStep(self.index, (), (0.0, 0.0, 0.95))
 
+    def finish_stream(self, stream: int) -> tuple:
+        """Each word is reported at once: none is left open at the end of a flush."""
+        return ()
+
 
 class ScriptedLlm:
     """Streams `words` as pieces (one step each), whatever it is asked."""

@@ -246,7 +246,9 @@ def mimi_config_from_metadata(metadata: dict[str, str], source: str | Path) -> M
     try:
         return MimiConfig.from_dict(json.loads(text))
     except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as exc:
-        raise WeightsError(f"{source}: its {MIMI_CONFIG_KEY} metadata is not valid: {exc}") from None
+        raise WeightsError(
+            f"{source}: its {MIMI_CONFIG_KEY} metadata is not valid: {exc}"
+        ) from None
 
 
 def mimi_file_config(path: str | Path) -> MimiConfig:

@@ -55,6 +55,26 @@ def turn_taking_stt_config() -> LmConfig:
     )  # fmt: skip
 
 
+def write_short_memory_mimi(path: Path, seed: int = 3) -> Path:
+    """A random tiny Mimi (`MimiConfig.tiny()`) whose encoder forgets: its transformer's layer
+    scales are zero, so the encoder is convolutions alone, and silence a few frames after any
+    sound encodes to the same codes as the silence at the start (with the transformer, whose
+    window is 20 s, it settles on codes that depend on what was said). Returns `path`."""
+    from safetensors.numpy import load_file, save_file
+
+    from moshi_mlx.checkpoints.io import read_header
+    from moshi_mlx.models.mimi import MimiConfig
+    from moshi_mlx.testing.checkpoints import write_random_mimi_checkpoint
+
+    write_random_mimi_checkpoint(path, MimiConfig.tiny(), seed)
+    tensors = load_file(str(path))
+    for name, tensor in tensors.items():
+        if name.startswith("encoder_transformer.") and ".layer_scale_" in name:
+            tensor[:] = 0.0
+    save_file(tensors, str(path), metadata=read_header(path).metadata)
+    return path
+
+
 def silence_codes(mimi: Path, codebooks: int = CODEBOOKS) -> np.ndarray:
     """The codes (codebooks,) that the Mimi file `mimi` settles on for digital silence."""
     from moshi_mlx.checkpoints.mimi import load_mimi
@@ -69,14 +89,15 @@ def silence_codes(mimi: Path, codebooks: int = CODEBOOKS) -> np.ndarray:
 
 def _weights(config: LmConfig, silence: np.ndarray, word: int) -> dict[str, np.ndarray]:
     """The model's tensors in MLX naming (see the module docstring)."""
-    from moshi_mlx.checkpoints.lm import build_lm
     from mlx.utils import tree_flatten
+
+    from moshi_mlx.checkpoints.lm import build_lm
 
     model = build_lm(config, dtype=mx.float32)
     weights = {name: np.zeros(p.shape, np.float32) for name, p in tree_flatten(model.parameters())}
-    for name in weights:
+    for name, tensor in weights.items():
         if name.endswith(("norm1.weight", "norm2.weight", "out_norm.weight")):
-            weights[name][:] = 1.0
+            tensor[:] = 1.0
     for k in range(config.n_q):
         table = weights[f"audio_embs.{k}.weight"]  # (card + 1, dim): the last row is "none"
         table[:, SPEECH] = 1 / config.n_q

@@ -152,15 +152,18 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
             second_answer = _wait_for(transcript, "assistant: ", proc, again)
             _wait_for(transcript, "\n", proc, second_answer)  # played out: its line ends
             # (c) Ctrl-C
+            interrupted = time.monotonic()
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=30)
+            exit_seconds = time.monotonic() - interrupted
         finally:
             if proc.poll() is None:
                 proc.kill()
     pulse.stop_recording()
     err = stderr_path.read_text()
-    print(f"\n{out}\n{err[err.find('talking:') :]}")
+    print(f"\n{out}\n{err[err.find('talking:') :]}\nexit after SIGINT in {exit_seconds:.2f} s")
     assert proc.returncode == 0 and "Traceback" not in err, err
+    assert exit_seconds < 5.0, exit_seconds  # Ctrl-C ends it at once (1 s unloaded)
     assert transcript.read_text().strip() == out.strip()  # every word printed is in the file
 
     lines = [line for line in out.splitlines() if line]

@@ -5,9 +5,11 @@ Random tiny weights never recognise a word nor detect a pause, so this model's w
 built, not drawn (dim 32, Kyutai's STT layout, a 1 s attention window). Dimensions of the
 residual stream:
 
-- 0 / 1: this frame is silence / speech. Each codebook's embedding row of the code that
-  `mimi` gives for digital silence adds 1/8 to dim 0, every other row 1/8 to dim 1; so a
-  frame whose codes all are the silence codes is (1, 0), a voiced frame mostly (0, 1).
+- 0 / 1: this frame is silence / speech. Each codebook's embedding rows of the codes that
+  `mimi` gives digital silence (from a stream's start on: `silence_codes`) add 1/8 to dim 0,
+  every other row 1/8 to dim 1; so a frame whose codes all are silence codes is (1, 0), a
+  voiced frame mostly (0, 1). (`write_short_memory_mimi` makes a Mimi whose silence after
+  speech encodes as the silence before it.)
 - 2 / 3: the text token written at the previous step was the end-of-padding token 0 / any
   other one (set by the text embedding), 4: a constant 4 (the text embedding too).
 - 5: how much of the last second was speech: the first layer's attention has zero queries
@@ -75,19 +77,19 @@ def write_short_memory_mimi(path: Path, seed: int = 3) -> Path:
     return path
 
 
-def silence_codes(mimi: Path, codebooks: int = CODEBOOKS) -> np.ndarray:
-    """The codes (codebooks,) that the Mimi file `mimi` settles on for digital silence."""
+def silence_codes(mimi: Path, codebooks: int = CODEBOOKS) -> list[set[int]]:
+    """Per codebook, the codes that the Mimi file `mimi` gives digital silence from the start
+    of a stream (its first frames differ from the ones it settles on)."""
     from moshi_mlx.checkpoints.mimi import load_mimi
     from moshi_mlx.runtime.codec import FRAME_SIZE, MlxCodec
 
     codec = MlxCodec(load_mimi(mimi, codebooks))
     silence = np.zeros(FRAME_SIZE, np.float32)
-    for _ in range(12):
-        codes = codec.encode_step(silence)
-    return np.array(codes).reshape(-1)
+    frames = np.stack([np.array(codec.encode_step(silence)) for _ in range(WINDOW_STEPS)])
+    return [set(frames[:, k].tolist()) for k in range(codebooks)]
 
 
-def _weights(config: LmConfig, silence: np.ndarray, word: int) -> dict[str, np.ndarray]:
+def _weights(config: LmConfig, silence: list[set[int]], word: int) -> dict[str, np.ndarray]:
     """The model's tensors in MLX naming (see the module docstring)."""
     from mlx.utils import tree_flatten
 
@@ -100,9 +102,10 @@ def _weights(config: LmConfig, silence: np.ndarray, word: int) -> dict[str, np.n
             tensor[:] = 1.0
     for k in range(config.n_q):
         table = weights[f"audio_embs.{k}.weight"]  # (card + 1, dim): the last row is "none"
+        quiet = [*sorted(silence[k]), config.card]
         table[:, SPEECH] = 1 / config.n_q
-        table[[silence[k], config.card], SPEECH] = 0.0
-        table[[silence[k], config.card], SILENCE] = 1 / config.n_q
+        table[quiet, SPEECH] = 0.0
+        table[quiet, SILENCE] = 1 / config.n_q
     text_emb = weights["text_emb.weight"]
     text_emb[:, CONSTANT] = _LEVEL
     text_emb[:, AFTER_OTHER] = _LEVEL
@@ -139,7 +142,7 @@ def write_turn_taking_stt(folder: Path, mimi: Path, tokenizer: Path, word: str) 
     if len(pieces) != 1 or not PADDING < pieces[0] < config.text_card:
         raise ValueError(f"{word!r} is not one text token of {tokenizer}: {pieces}")
     silence = silence_codes(mimi, config.n_q)
-    if silence.max() >= config.card:
+    if max(max(codes) for codes in silence) >= config.card:
         raise ValueError(f"{mimi} has more than {config.card} codes per codebook")
     weights = {k: mx.array(v) for k, v in _weights(config, silence, pieces[0]).items()}
     tensors = {k: np.array(v) for k, v in to_pytorch_naming(weights).items()}

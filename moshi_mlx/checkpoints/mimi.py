@@ -14,13 +14,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import (
-    check_tensors,
-    input_major,
-    load_strict,
-    read_header,
-    read_safetensors,
-)
+from moshi_mlx.checkpoints.io import check_tensors, input_major, load_strict, read_safetensors
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
@@ -249,11 +243,6 @@ def mimi_config_from_metadata(metadata: dict[str, str], source: str | Path) -> M
         raise WeightsError(
             f"{source}: its {MIMI_CONFIG_KEY} metadata is not valid: {exc}"
         ) from None
-
-
-def mimi_file_config(path: str | Path) -> MimiConfig:
-    """The Mimi config of the file at `path`, from its header alone."""
-    return mimi_config_from_metadata(read_header(path).metadata, path)
 
 
 def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | None = None) -> Mimi:

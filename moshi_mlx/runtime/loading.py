@@ -35,7 +35,6 @@ from moshi_mlx.checkpoints.header import LmHeader, lm_header
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
 from moshi_mlx.checkpoints.io import SafetensorsHeader, read_header
 from moshi_mlx.checkpoints.lm import lm_from_file
-from moshi_mlx.checkpoints.mimi import mimi_file_config
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
     DEFAULT_STT_REPO,
@@ -183,8 +182,7 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
     if kv_quantization is not None:
         kv_quantization.check_head_dim(config.temporal_config().head_dim)
     lm = lm_header(header.layout, header.metadata, config, source)
-    mimi = mimi_file_config(files.mimi) if options.codec_backend == "mlx" else None
-    codec = codec_bytes(options.codec_backend, files.mimi, codebooks, mimi)
+    codec = codec_bytes(options.codec_backend, files.mimi, codebooks)
     memory = plan_memory(lm, codec, dtype, kv_quantization)
     return FoundModel(found_kind, files, header, lm, codebooks, memory)
 

@@ -20,7 +20,8 @@ The models, all loaded by the CLI from folders as it loads Kyutai's and mlx-lm's
   it. The full-size random Mimi runs at about half real time on a 2-core CPU, too slow for a
   live conversation.
 
-The conversation: the user speaks; the pause head ends the turn; the answer's words appear and
+The conversation: the assistant greets the user (the default) and its greeting plays out; the
+user speaks; the pause head ends the turn; the answer's words appear and
 its audio reaches the speaker; the user speaks again while the answer plays (a barge-in: the
 transcript marks the answer cut off); that turn ends too and a second answer starts; Ctrl-C
 ends it with exit code 0, the transcript complete and the `--stats` latency lines printed.
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
 from tiny_moshi import espeak_speech, write_tokenizer
 
@@ -125,10 +127,12 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
     first, second = _speech(tmp_path / "first.wav", FIRST), _speech(tmp_path / "second.wav", SECOND)
     transcript, stats_path = tmp_path / "transcript.txt", tmp_path / "stats.json"
     stderr_path, speaker = tmp_path / "stderr.txt", tmp_path / "speaker.raw"
+    record = str(tmp_path / "both.wav")
     command = [sys.executable, "-m", "moshi_mlx", "assistant", *model_flags, *DEVICES]
-    command += ["--no-greeting", "--max-tokens", "60", "--system", "You are a test."]
-    command += ["--transcript", str(transcript), "--stats", str(stats_path)]
+    command += ["--max-tokens", "60", "--system", "You are a test."]  # --greeting: default
+    command += ["--transcript", str(transcript), "--stats", str(stats_path), "--record", record]
     pulse.start_recording(speaker)
+    pulse.feed_mic(np.zeros(0, np.float32))  # a live microphone: silence until the user speaks
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(
             command,
@@ -140,6 +144,8 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
         )
         try:
             wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=WAIT)
+            # the greeting plays out first (its line ends)
+            _wait_for(transcript, "\n", proc, _wait_for(transcript, "assistant: ", proc))
             pulse.feed_mic(first)  # real-time paced, then silence
             # (a) the turn ends by the pause head; the answer's words are played
             heard = _wait_for(transcript, f"you: {WORD}", proc)
@@ -168,13 +174,18 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
 
     lines = [line for line in out.splitlines() if line]
     roles = [line.split(":")[0] for line in lines]
-    assert roles == ["you", "assistant", "you", "assistant"], out
-    assert lines[0].split(": ")[1].split() == [WORD] * len(lines[0].split()[1:]), out
-    assert lines[1].endswith(" —[cut off]") and len(lines[1]) > len("assistant:  —[cut off]")
-    assert not lines[3].endswith("[cut off]") and out.endswith("\n")
+    assert roles == ["assistant", "you", "assistant", "you", "assistant"], out
+    assert not lines[0].endswith("[cut off]")  # the greeting
+    assert lines[1].split(": ")[1].split() == [WORD] * len(lines[1].split()[1:]), out
+    assert lines[2].endswith(" —[cut off]") and len(lines[2]) > len("assistant:  —[cut off]")
+    assert not lines[4].endswith("[cut off]") and out.endswith("\n")
 
-    # the answers' audio reached the speaker; each answer's latency was timed
+    # the answers' audio reached the speaker (and the recording's right channel, the user's
+    # speech its left); each answer's latency was timed (not the greeting's: no user speech)
     assert _loud_blocks(speaker) >= 5
+    both, rate = sf.read(record)
+    assert rate == 24000 and both.shape[1] == 2
+    assert np.abs(both[:, 0]).max() > 0.1 and np.abs(both[:, 1]).max() > 1e-3
     assert "summary: " in err and "median latency" in err, err
     latency_lines = [line for line in err.splitlines() if " ms (detection " in line]
     assert len(latency_lines) >= 2, err

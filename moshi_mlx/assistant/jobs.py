@@ -58,8 +58,9 @@ class Heard:
 
 class ListenJob(RealTimeClock):
     """STT steps: each mic frame as it comes (`push`), or first, after `flush(n)`, `n` frames
-    of silence as fast as the model runs; each step's `Heard` goes to `on_step` (on the model
-    thread)."""
+    of silence as fast as the model runs, the last of them with the words the STT still holds
+    open (`finish_stream`: a word is complete only when the next begins); each step's `Heard`
+    goes to `on_step` (on the model thread)."""
 
     def __init__(self, stt: Listener, on_step: Callable[[Heard], None]):
         super().__init__()

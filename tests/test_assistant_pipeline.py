@@ -46,6 +46,32 @@ class ScriptedStt:
             return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
         return SttStep(self.index, (), (0.0, 0.0, 0.95))
 
+    def finish_stream(self, stream: int) -> tuple:
+        """Each word is reported at once: none is left open at the end of a flush."""
+        return ()
+
+
+class HeldWordStt(ScriptedStt):
+    """Reports each word one loud frame late and holds the last one open until
+    `finish_stream`, as Kyutai's word timing does (a word is complete when the next begins)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: WordStarted | None = None
+        self.finished = 0
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        step = super().step(pcm)
+        if not step.events:
+            return step
+        reported, self.held = self.held, step.events[0]
+        return SttStep(step.index, (reported,) if reported else (), step.pause_probabilities)
+
+    def finish_stream(self, stream: int) -> tuple:
+        self.finished += 1
+        held, self.held = self.held, None
+        return (held,) if held else ()
+
 
 class ScriptedLlm:
     """Streams `words` as pieces (one step each), whatever it is asked."""
@@ -217,6 +243,13 @@ def test_barge_in_stops_the_answer_within_one_frame_and_keeps_what_was_heard(thr
     [cut] = [e for e in h.events if isinstance(e, AnswerEnded)]
     assert cut.cut_off and cut.text.startswith("w0 w1")
     assert len(second) == 2
+    # the answer ends (the screen marks it cut off) before the user's new words show
+    shown = [e for e in h.events if isinstance(e, AssistantWords | UserWords | AnswerEnded)]
+    first_answer_words = next(i for i, e in enumerate(shown) if isinstance(e, AssistantWords))
+    after_answer = shown[first_answer_words:]
+    assert isinstance(
+        next(e for e in after_answer if not isinstance(e, AssistantWords)), AnswerEnded
+    )
     messages = h.llm.prompts[-1]
     assert messages[-2] == {"role": "assistant", "content": cut.text + CUT_OFF_MARK}
     assert messages[-1]["role"] == "user"
@@ -239,3 +272,22 @@ def test_the_greeting_is_spoken_before_the_user_says_anything(thread):
 def test_level_dbfs():
     assert level_dbfs(np.full(100, 0.5, np.float32)) == pytest.approx(-6.02, abs=0.01)
     assert level_dbfs(np.zeros(10, np.float32)) == -200
+
+
+def test_the_last_word_held_by_the_stt_is_part_of_the_turn(thread):
+    """The STT's last word of a turn comes out at the end of the flush (`finish_stream`), not
+    with the user's next word."""
+
+    async def main():
+        h = Harness(thread, ["Yes."])
+        h.stt = h.assistant.stt = h.assistant.listen_job.stt = HeldWordStt()
+        await h.assistant.start()
+        await h.feed(LOUD, 3)
+        await h.until(AnswerEnded)
+        await h.assistant.close()
+        return h
+
+    h = asyncio.run(main())
+    assert [e for e in h.events if isinstance(e, UserSaid)] == [UserSaid("u0 u1 u2")]
+    assert h.llm.prompts[0][-1] == {"role": "user", "content": "u0 u1 u2"}
+    assert h.stt.finished == 1

@@ -184,3 +184,22 @@ def test_speech_keeps_length_and_frame_rate(codecs, tmp_path):
     # Random codebooks make near-ties; one flip changes the later acoustic levels of its frame.
     assert agreement >= 0.85
     assert (rust_codes[0] == codes[0, 0]).mean() >= 0.9  # semantic codebook
+
+
+def test_a_small_mimi_loads_by_its_path_alone(tiny_mimi_checkpoint, mimi_signal, tmp_path):
+    """A Mimi file other than the published model carries its config in its metadata: the
+    loaders build it from the path alone (the assistant's end-to-end test loads one by path)."""
+    from safetensors.numpy import load_file, save_file
+
+    from moshi_mlx.checkpoints.io import read_header
+    from moshi_mlx.checkpoints.mimi import MIMI_CONFIG_KEY, mimi_config_from_metadata
+
+    path, config = tiny_mimi_checkpoint
+    assert mimi_config_from_metadata(read_header(path).metadata, path) == config
+    given, found = MlxCodec(load_mimi(path, 8, config)), load_codec(path, "mlx", 8)
+    frame = mimi_signal(FRAME)
+    np.testing.assert_array_equal(given.encode_step(frame), found.encode_step(frame))
+    broken = tmp_path / "broken.safetensors"
+    save_file(load_file(str(path)), str(broken), metadata={MIMI_CONFIG_KEY: "{not json"})
+    with pytest.raises(WeightsError, match="mimi_config metadata is not valid"):
+        load_codec(broken, "mlx", 8)

@@ -83,10 +83,18 @@ def test_wrong_shape_says_expected_and_found(tmp_path, tiny_mimi_checkpoint):
         load_mimi(path, config=config)
 
 
-def test_published_config_rejects_a_small_file(tiny_mimi_checkpoint):
+def test_published_config_rejects_a_small_file(tiny_mimi_checkpoint, tmp_path):
+    """Given the published config, or taking it by default (a file whose metadata names no
+    config), a small file is refused."""
+    from safetensors.numpy import load_file, save_file
+
     source, _ = tiny_mimi_checkpoint
     with pytest.raises(WeightsError, match="tiny_mimi.safetensors: missing tensor"):
-        load_mimi(source)
+        load_mimi(source, config=MimiConfig.moshi())
+    bare = tmp_path / "tiny_mimi.safetensors"
+    save_file(load_file(str(source)), str(bare))  # without the config in its metadata
+    with pytest.raises(WeightsError, match="tiny_mimi.safetensors: missing tensor"):
+        load_mimi(bare)
 
 
 def test_missing_file(tmp_path):

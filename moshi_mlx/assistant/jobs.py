@@ -7,14 +7,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import RealTimeClock
-from moshi_mlx.stt.events import SttStep
+from moshi_mlx.stt.events import SttEvent, SttStep
 
 # Mic frames the STT may fall behind before the oldest are dropped (2 s).
 MAX_LISTEN_BACKLOG = 25
@@ -29,6 +29,7 @@ class Listener(Protocol):
     delay_steps: int
 
     def step(self, pcm: np.ndarray) -> SttStep: ...
+    def finish_stream(self, stream: int) -> tuple[SttEvent, ...]: ...
 
 
 class Speech(Protocol):
@@ -57,8 +58,9 @@ class Heard:
 
 class ListenJob(RealTimeClock):
     """STT steps: each mic frame as it comes (`push`), or first, after `flush(n)`, `n` frames
-    of silence as fast as the model runs; each step's `Heard` goes to `on_step` (on the model
-    thread)."""
+    of silence as fast as the model runs, the last of them with the words the STT still holds
+    open (`finish_stream`: a word is complete only when the next begins); each step's `Heard`
+    goes to `on_step` (on the model thread)."""
 
     def __init__(self, stt: Listener, on_step: Callable[[Heard], None]):
         super().__init__()
@@ -97,7 +99,10 @@ class ListenJob(RealTimeClock):
             else:
                 pcm, voiced, arrived = self._frames.popleft()
                 flush_done = False
-        self._on_step(Heard(self.stt.step(pcm), voiced, arrived, flush_done))
+        step = self.stt.step(pcm)
+        if flush_done:  # the words still open (the turn's last one) come out now
+            step = replace(step, events=step.events + tuple(self.stt.finish_stream(0)))
+        self._on_step(Heard(step, voiced, arrived, flush_done))
 
 
 class SpeakJob(RealTimeClock):

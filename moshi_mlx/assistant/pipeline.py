@@ -227,16 +227,16 @@ class Assistant:
     def _heard(self, heard: Heard) -> None:
         step = heard.step
         words = [e.text for e in step.events if isinstance(e, WordStarted)]
-        if words:
-            self._on_event(UserWords(" ".join(words)))
         if heard.voiced and self.turns.state is not State.FLUSHING:
             self._last_voiced = heard.arrived
-        actions = self.turns.listen(step.index * FRAME_SECONDS, words, step.pause_probabilities)
+        # A barge-in ends the answer (its event first) before the user's new words show.
+        self._run(self.turns.listen(step.index * FRAME_SECONDS, words, step.pause_probabilities))
+        if words:
+            self._on_event(UserWords(" ".join(words)))
         if heard.flush_done:
             if self._times is not None:
                 self._times.flushed = time.monotonic()
-            actions += self.turns.flushed()
-        self._run(actions)
+            self._run(self.turns.flushed())
 
     def _answer_played(self, answer: int, frames: int, at_speaker: float | None) -> None:
         if answer != self._answer or self.turns.state is not State.ANSWERING:

@@ -7,6 +7,7 @@ changes. Loading and the random test checkpoints of `moshi_mlx.testing.checkpoin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -14,9 +15,13 @@ from typing import Literal
 import mlx.core as mx
 
 from moshi_mlx.checkpoints.io import check_tensors, input_major, load_strict, read_safetensors
+from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 
 CLUSTER_USAGE_EPS = 1e-5  # the reference clamps codebook usage counts to this before dividing
+# A file's metadata key holding its Mimi config (Kyutai's layout, JSON) when it is not the
+# published model's: the small random codecs of `moshi_mlx.testing.checkpoints`.
+MIMI_CONFIG_KEY = "mimi_config"
 
 Layout = Literal[
     "same",  # norms, biases, layer scales
@@ -226,12 +231,27 @@ def convert_mimi_tensors(
     return converted
 
 
+def mimi_config_from_metadata(metadata: dict[str, str], source: str | Path) -> MimiConfig:
+    """The Mimi config a file's metadata carries (`MIMI_CONFIG_KEY`), else the published
+    model's."""
+    text = metadata.get(MIMI_CONFIG_KEY)
+    if text is None:
+        return MimiConfig.moshi()
+    try:
+        return MimiConfig.from_dict(json.loads(text))
+    except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as exc:
+        raise WeightsError(
+            f"{source}: its {MIMI_CONFIG_KEY} metadata is not valid: {exc}"
+        ) from None
+
+
 def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | None = None) -> Mimi:
     """Load a Mimi checkpoint in the published PyTorch layout (strict: every tensor, exact
-    shapes), in float32, with `num_codebooks` active codebooks."""
-    cfg = config or MimiConfig.moshi()
+    shapes), in float32, with `num_codebooks` active codebooks; `config` None: the one the
+    file's metadata carries, else the published model's."""
+    tensors, metadata = read_safetensors(path)
+    cfg = config or mimi_config_from_metadata(metadata, path)
     model = Mimi(cfg, num_codebooks)
-    tensors, _ = read_safetensors(path)
     expected = {entry.name: (entry.shape, None) for entry in mimi_tensor_table(cfg)}
     check_tensors(expected, tensors, str(path))
     tensors = {name: t.astype(mx.float32) for name, t in tensors.items()}

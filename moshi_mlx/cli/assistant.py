@@ -107,20 +107,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 class _Screen:
-    """Both sides' words on stdout (and in the transcript), one line per turn."""
+    """Both sides' words on stdout (and in the transcript), one line per turn: a line ends
+    when its turn does (an answer cut off by the user ends with " —[cut off]")."""
 
     def __init__(self, outputs: Outputs):
         self._outputs = outputs
-        self._role: str | None = None
+        self._role: str | None = None  # whose words the open line holds (None: no line open)
 
     def event(self, event: Event) -> None:
         if isinstance(event, UserWords):
             self._say("you", event.text)
         elif isinstance(event, AssistantWords):
             self._say("assistant", event.text)
-        elif isinstance(event, AnswerEnded) and event.cut_off:
-            self._outputs.text(" —[cut off]")
         elif isinstance(event, UserSaid | AnswerEnded):
+            if self._role is not None:
+                cut_off = isinstance(event, AnswerEnded) and event.cut_off
+                self._outputs.text(" —[cut off]\n" if cut_off else "\n")
             self._role = None
         elif isinstance(event, TurnLatency):
             status(event.line())

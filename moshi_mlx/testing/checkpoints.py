@@ -10,6 +10,7 @@ loaders and the whole pipeline run on them. Voice embeddings: `moshi_mlx.testing
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,7 +19,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from moshi_mlx.checkpoints.io import SafetensorsWriter
 from moshi_mlx.checkpoints.lm import build_lm, quantize_lm
-from moshi_mlx.checkpoints.mimi import TensorEntry, mimi_tensor_table
+from moshi_mlx.checkpoints.mimi import MIMI_CONFIG_KEY, TensorEntry, mimi_tensor_table
 from moshi_mlx.checkpoints.spec import CONFIG_FILE, LM_FILES
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -114,10 +115,38 @@ def _random_tensor(entry: TensorEntry, rng: np.random.Generator) -> np.ndarray:
     return rng.uniform(-bound, bound, shape).astype(np.float32)
 
 
+def mimi_config_dict(config: MimiConfig) -> dict:
+    """`config` in Kyutai's Mimi config layout (what `MimiConfig.from_dict` reads)."""
+    transformer, quantizer = config.transformer, config.quantizer
+    seanet = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config.seanet).items()}
+    return {
+        "sample_rate": config.sample_rate,
+        "frame_rate": config.frame_rate,
+        "seanet": seanet,
+        "transformer": {
+            "d_model": transformer.d_model,
+            "num_heads": transformer.num_heads,
+            "num_layers": transformer.num_layers,
+            "dim_feedforward": transformer.ffn_hidden,
+            "context": transformer.context,
+            "max_period": transformer.max_period,
+            "layer_scale": transformer.layer_scale,
+        },
+        "quantizer": {
+            "dimension": quantizer.dimension,
+            "bins": quantizer.bins,
+            "n_q": quantizer.total_codebooks,
+            "n_q_semantic": quantizer.semantic_codebooks,
+        },
+    }
+
+
 def write_random_mimi_checkpoint(
     path: str | Path, config: MimiConfig | None = None, seed: int = 0
 ) -> Path:
-    """Write a random-weights Mimi checkpoint with the published names, shapes and dtypes."""
+    """Write a random-weights Mimi checkpoint with the published names, shapes and dtypes; a
+    config other than the published model's is written into the file's metadata
+    (`MIMI_CONFIG_KEY`), so that the loaders build that model from the file alone."""
     from safetensors.numpy import save_file
 
     cfg = config or MimiConfig.moshi()
@@ -131,7 +160,10 @@ def write_random_mimi_checkpoint(
         tensors[entry.name] = tensor
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path))
+    metadata = None
+    if cfg != MimiConfig.moshi():
+        metadata = {MIMI_CONFIG_KEY: json.dumps(mimi_config_dict(cfg))}
+    save_file(tensors, str(path), metadata=metadata)
     return path
 
 

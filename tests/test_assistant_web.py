@@ -61,6 +61,10 @@ class ScriptedStt:
             return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
         return SttStep(self.index, (), (0.0, 0.0, 0.95))
 
+    def finish_stream(self, stream: int) -> tuple:
+        """Each word is reported at once: none is left open at the end of a flush."""
+        return ()
+
 
 class ScriptedLlm:
     """The greeting to the first prompt, `ANSWER_WORDS` to the others."""

@@ -78,6 +78,10 @@ class _ScriptedStt:
         event = WordStarted(word, step.index * 0.08)
         return replace(step, events=(event,), pause_probabilities=(0.0, 0.0, 0.01, 0.0))
 
+    def finish_stream(self, stream: int) -> tuple:
+        """The scripted words are reported at once: none is left open at a flush's end."""
+        return ()
+
 
 class _TimedLlm:
     """The LLM, each of its steps timed; the prompts it was given kept."""

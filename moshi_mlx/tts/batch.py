@@ -40,7 +40,6 @@ from moshi_mlx.tts.synthesizer import (
     condition_values,
 )
 from moshi_mlx.tts.text_feed import TextFeed
-from moshi_mlx.tts.voices import voice_keys_values
 
 
 @dataclass(frozen=True)
@@ -129,8 +128,7 @@ class TtsBatch:
             raise TtsError(f"all {self.rows} rows of the batch are busy")
         row = free[0]
         model, lm = self.model, self.model.lm
-        voices = [model.voice(voice) for voice in request.voices]
-        cross = voice_keys_values(lm, [voices], model.empty_voice_cache)
+        cross = model.voice_keys_values([request.voices])
         condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
         self._write_row(row, condition, cross)
         feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)

@@ -196,6 +196,11 @@ class VoiceCache:
         self.keys_values: ModelCache[list[CrossKV]] = ModelCache(lm, size)
         self.empty_slots: ModelCache[list[CrossKV]] = ModelCache(lm, size=None)
 
+    def clear(self) -> None:
+        """Forget every voice (the empty slots' keys and values, the same for all, are kept)."""
+        self.embeddings.clear()
+        self.keys_values.clear()
+
     def _file(self, voice: str | Path) -> tuple[Path, Hashable]:
         path = resolve_voice(voice, self.lm.cfg, self.voice_repo)
         return path, voice_file_identity(path)

@@ -236,7 +236,7 @@ def test_tts_case(tmp_path):
     for batch in (1, 2):
         for metric in ("frame_ms", "step_ms", "decode_ms"):
             _check_timing(ours[f"{metric}_b{batch}"], 2)
-        for metric in ("ttfa_ms", "ttfd_ms"):
+        for metric in ("ttfa_ms", "ttfa_new_voice_ms", "ttfd_ms"):
             _check_timing(ours[f"{metric}_b{batch}"], 1)
         # 4 steps of text first, 2 of acoustic delay, 2 decoded frames cut: the 9th step.
         assert ours[f"first_audio_step_b{batch}"] == 9

@@ -60,10 +60,18 @@ class DepformerSlice(nn.Module):
         x = self.transformer(x, caches)
         return self.linear_out(x[:, 0])
 
-    def step(self, temporal_out: mx.array, prev_token: mx.array, ring: KVRing | StepKV) -> mx.array:
+    def step(
+        self,
+        temporal_out: mx.array,
+        prev_token: mx.array,
+        ring: KVRing | StepKV,
+        sampled: bool = False,
+    ) -> mx.array:
         """`__call__` in `mx.compile`-able form: temporal_out (B, lm_dim), prev_token (B,)
-        -> logits (B, card), through the step's `StepKV` (or a `KVRing`)."""
-        x = self.linear_in(temporal_out) + embed(self.emb, prev_token)
+        -> logits (B, card), through the step's `StepKV` (or a `KVRing`). `sampled`: the
+        previous token was sampled, so never `ZERO_TOKEN` (its embedding needs no test)."""
+        token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
+        x = self.linear_in(temporal_out) + token
         return self.linear_out(self.transformer.step(x, ring))
 
 
@@ -123,7 +131,8 @@ class Depformer(nn.Module):
         tokens = []
         sampled = self.sampled_slices if codebooks is None else codebooks
         for k, depformer_slice in enumerate(self.slices[:sampled]):
-            prev = sample_fn(depformer_slice.step(temporal_out, prev, ring), k)
+            prev_sampled = k > 0 and given is None  # else a text or given token: maybe -1
+            prev = sample_fn(depformer_slice.step(temporal_out, prev, ring, prev_sampled), k)
             if given is not None:
                 prev = mx.where(given[1][:, k], given[0][:, k], prev)
             tokens.append(prev)

@@ -3,10 +3,11 @@
 MLX's `nn.Linear` computes `x @ weight.T`: every call adds a `Transpose` operation to the
 graph (a view, no copy, but one more operation to schedule; on the CPU a matmul with it costs
 about twice one without). A compiled step calls some 1,000 linears per TTS frame, so
-`transpose_weights` makes each layer's transposed view once, for the caller to evaluate before
-it traces a step: the graph then reads the evaluated view, with the same strides and so the
-same numbers. A layer whose weight was replaced since (loading, quantizing turns it into
-another class) computes `x @ weight.T` again until the next `transpose_weights`.
+`transpose_weights` gives each layer its `transposed` weight (`TransposedWeight`), a view
+made once, for the caller to evaluate before it traces a step: the graph then reads the
+evaluated view, with the same strides and so the same numbers. A layer whose weight was
+replaced since (loading; quantizing turns it into another class) computes `x @ weight.T`
+again until the next `transpose_weights`.
 """
 
 from __future__ import annotations
@@ -18,37 +19,48 @@ from mlx import nn
 
 
 @dataclass(frozen=True)
-class _Transposed:
-    source: mx.array  # the weight the view was made of
-    view: mx.array  # source.T
+class TransposedWeight:
+    """A weight (out, in) and its transposed view (in, out)."""
+
+    weight: mx.array
+    view: mx.array
+
+    @classmethod
+    def of(cls, weight: mx.array) -> TransposedWeight:
+        return cls(weight, weight.T)
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` (same parameters, same numbers), reading its weight's transposed view
-    when `transpose_weights` made one."""
+    """`nn.Linear` (same parameters, same numbers), reading its `transposed` weight when it
+    has one made of its current weight."""
+
+    def __init__(self, input_dims: int, output_dims: int, bias: bool = True):
+        super().__init__(input_dims, output_dims, bias)
+        # Not a parameter (a plain attribute): set by `transpose_weights`, never saved.
+        self.transposed: TransposedWeight | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
-        transposed = self.__dict__.get("_transposed")
-        if transposed is None or transposed.source is not self.weight:
+        transposed = self.transposed
+        if transposed is None or transposed.weight is not self.weight:
             return super().__call__(x)
         if "bias" in self:
             return mx.addmm(self.bias, x, transposed.view)
         return x @ transposed.view
 
-    def transposed_weight(self) -> mx.array:
-        """Make (or keep) the weight's transposed view; the caller evaluates it."""
-        transposed = self.__dict__.get("_transposed")
-        if transposed is None or transposed.source is not self.weight:
-            transposed = _Transposed(self.weight, self.weight.T)
-            object.__setattr__(self, "_transposed", transposed)
-        return transposed.view
+    def transpose_weight(self) -> mx.array:
+        """Make (or keep) `transposed` of the current weight; its view, for the caller to
+        evaluate."""
+        if self.transposed is None or self.transposed.weight is not self.weight:
+            self.transposed = TransposedWeight.of(self.weight)
+        return self.transposed.view
 
 
 def transpose_weights(model: nn.Module) -> list[mx.array]:
-    """Each `Linear` of `model` reads its weight through a transposed view from now on (the
-    views returned, to be evaluated before a step is traced; shared layers once)."""
+    """Each `Linear` of `model`, and each module with a `transpose_weight` method of its
+    own (the cross-attention's queries), reads its weight through a transposed view from now
+    on (the views returned, to be evaluated before a step is traced; shared layers once)."""
     views = {}
     for _, module in model.named_modules():
-        if isinstance(module, Linear):
-            views[id(module)] = module.transposed_weight()
-    return list(views.values())
+        if isinstance(module, Linear) or callable(getattr(module, "transpose_weight", None)):
+            views[id(module)] = module.transpose_weight()
+    return [view for view in views.values() if view is not None]

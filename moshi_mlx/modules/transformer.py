@@ -19,7 +19,7 @@ from mlx import nn
 
 from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.linear import Linear, TransposedWeight
 
 Cache = (
     KVCache | RingLayer | StepKVLayer
@@ -171,6 +171,24 @@ class CrossAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
+        # Not a parameter: the query rows of `in_proj`, transposed (`transpose_weight`).
+        self.query_weight: TransposedWeight | None = None
+
+    def transpose_weight(self) -> mx.array | None:
+        """Make (or keep) `query_weight`, the transposed view of the query rows of the
+        current `in_proj` weight, for the caller to evaluate (None for a quantized one)."""
+        if isinstance(self.in_proj, nn.QuantizedLinear):
+            return None
+        weight = self.in_proj.weight
+        if self.query_weight is None or self.query_weight.weight is not weight:
+            self.query_weight = TransposedWeight(weight, weight[: self.d_model].T)
+        return self.query_weight.view
+
+    def _queries(self, x: mx.array) -> mx.array:
+        query_weight = self.query_weight
+        if query_weight is not None and query_weight.weight is self.in_proj.get("weight"):
+            return x @ query_weight.view
+        return rows_of(self.in_proj, x, 0, self.d_model)
 
     def keys_values(self, source: mx.array) -> CrossKV:
         """source (B, S, D) -> keys and values (B, H, S, head_dim)."""
@@ -180,10 +198,14 @@ class CrossAttention(nn.Module):
         return kv[0], kv[1]
 
     def __call__(self, x: mx.array, cross: CrossKV) -> mx.array:
-        """x (B, T, D) or (B, D) -> the same shape."""
-        shape = x.shape
-        queries = rows_of(self.in_proj, x, 0, self.d_model)
-        queries = queries.reshape(shape[0], -1, self.num_heads, self.d_model // self.num_heads)
+        """x (B, T, D) or one position (B, D) -> the same shape."""
+        shape, heads = x.shape, self.num_heads
+        queries = self._queries(x)
+        if x.ndim == 2:  # one position: (B, H, 1, head_dim) is a reshape, no transposes
+            queries = queries.reshape(shape[0], heads, 1, -1)
+            out = mx.fast.scaled_dot_product_attention(queries, *cross, scale=self.scale)
+            return self.out_proj(out.reshape(shape))
+        queries = queries.reshape(shape[0], -1, heads, self.d_model // heads)
         out = mx.fast.scaled_dot_product_attention(
             queries.transpose(0, 2, 1, 3), *cross, scale=self.scale
         )

@@ -40,7 +40,6 @@ from moshi_mlx.tts.synthesizer import (
     condition_values,
 )
 from moshi_mlx.tts.text_feed import TextFeed
-from moshi_mlx.tts.voices import voice_keys_values
 
 
 @dataclass(frozen=True)
@@ -129,8 +128,7 @@ class TtsBatch:
             raise TtsError(f"all {self.rows} rows of the batch are busy")
         row = free[0]
         model, lm = self.model, self.model.lm
-        voices = [model.voice(voice) for voice in request.voices]
-        cross = voice_keys_values(lm, [voices], model.empty_voice_cache)
+        cross = model.voice_keys_values([request.voices])
         condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
         self._write_row(row, condition, cross)
         feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
@@ -212,34 +210,43 @@ class TtsBatch:
             mx.array(otherwise, mx.int32),
         )
         self._state = out.state
-        mx.eval(out.text, out.frame, out.state)
         self._position += 1
+        decoded = self._queue_decodes(out.frame)
+        states = [self._busy[row].mimi_state.state for row in decoded]
+        pcm = [samples for samples, _ in decoded.values()]
+        mx.eval(out.text, out.frame, out.state, pcm, states)  # the step's one wait
         predicted = np.array(out.text).tolist()
         frames = np.array(out.frame)
-        return self._row_outputs(predicted, frames)
+        return self._row_outputs(predicted, frames, decoded)
 
-    def _row_outputs(self, predicted: list[int], frames: np.ndarray) -> list[TtsRowOutput]:
+    def _queue_decodes(self, frame: mx.array) -> dict[int, tuple[mx.array, int]]:
+        """Mimi's decoding (lazy) of each busy row's frame of the step just queued (frame
+        (rows, 1 + dep_q)), for the rows whose audio has started: row -> (pcm, the frame's
+        index in the row's audio)."""
         model, max_delay = self.model, self.model.lm.cfg.max_delay
-        codebooks = model.codebooks
-        decoded: dict[int, tuple[mx.array, int]] = {}  # row -> (pcm, its frame's index)
-        outputs = []
+        decoded = {}
         for row in self.busy_rows:
             busy = self._busy[row]
-            t = busy.step
-            fed = busy.schedule.commit(t, predicted[row])
-            busy.step += 1
-            frame = frames[row, : 1 + codebooks] if busy.step > max_delay else None
-            frame_index = t - max_delay  # the audio time of the step's frame
-            if frame is not None and frame_index >= model.delay_steps:
-                codes = mx.array(frame[1:, None, None].transpose(1, 0, 2), mx.uint32)
-                decoded[row] = (model.mimi.decode_step(codes, busy.mimi_state), frame_index)
-            outputs.append([row, t, None, predicted[row], fed, frame])
-        states = [self._busy[row].mimi_state.state for row in decoded]
-        mx.eval([pcm for pcm, _ in decoded.values()], states)
+            frame_index = busy.step - max_delay  # the audio time of the step's frame
+            if busy.step + 1 > max_delay and frame_index >= model.delay_steps:
+                codes = frame[row, 1 : 1 + model.codebooks].reshape(1, -1, 1)
+                pcm = model.mimi.decode_step(codes.astype(mx.uint32), busy.mimi_state)
+                decoded[row] = (pcm, frame_index)
+        return decoded
+
+    def _row_outputs(
+        self, predicted: list[int], frames: np.ndarray, decoded: dict[int, tuple[mx.array, int]]
+    ) -> list[TtsRowOutput]:
+        model, max_delay = self.model, self.model.lm.cfg.max_delay
+        codebooks = model.codebooks
         results = []
-        for row, t, _, token, fed, frame in outputs:
+        for row in self.busy_rows:
             busy = self._busy[row]
             schedule = busy.schedule
+            t = busy.step
+            fed = schedule.commit(t, predicted[row])
+            busy.step += 1
+            frame = frames[row, : 1 + codebooks] if busy.step > max_delay else None
             pcm = None
             if row in decoded:
                 samples, frame_index = decoded[row]
@@ -248,5 +255,5 @@ class TtsBatch:
                 if played >= 0 and not ended:
                     pcm = np.clip(np.array(samples[0, 0], np.float32), -1, 1)
             finished = schedule.done(busy.step, model.delay_steps, FINAL_PADDING)
-            results.append(TtsRowOutput(row, t, pcm, token, fed, frame, finished))
+            results.append(TtsRowOutput(row, t, pcm, predicted[row], fed, frame, finished))
         return results

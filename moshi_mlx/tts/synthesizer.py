@@ -41,15 +41,15 @@ from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
-from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsSampling, TtsStepFunctions, TtsStepper
-from moshi_mlx.tts.text_feed import TextFeed
-from moshi_mlx.tts.voices import (
-    DEFAULT_VOICE,
-    VOICE_TENSOR,
-    load_voice,
-    resolve_voice,
-    voice_keys_values,
+from moshi_mlx.tts.stepper import (
+    STEP_FUNCTIONS_KEPT,
+    TtsSampling,
+    TtsStepFunctions,
+    TtsStepOutput,
+    TtsStepper,
 )
+from moshi_mlx.tts.text_feed import TextFeed
+from moshi_mlx.tts.voices import DEFAULT_VOICE, VoiceCache
 
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
 DEFAULT_CFG_COEF = 2.0  # Kyutai's default guidance, given as the "cfg" condition
@@ -101,17 +101,17 @@ class TtsModel:
     voice_repo: str = DEFAULT_VOICE_REPO
     memory: MemoryPlan | None = None  # the plan it was loaded under
     n_q: int | None = None
-    # The compiled steps its runs share, and the empty voice slots' cross-attention keys and
-    # values per voice length (`voice_keys_values`).
+    # The compiled steps its runs share, and the voices they spoke in lately, read and
+    # projected (`VoiceCache`).
     step_cache: ModelCache[TtsStepFunctions] = field(init=False, repr=False, compare=False)
-    empty_voice_cache: ModelCache[list[CrossKV]] = field(init=False, repr=False, compare=False)
+    voice_cache: VoiceCache = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         dep_q = self.lm.cfg.dep_q
         if self.n_q is not None and not 1 <= self.n_q <= dep_q:
             raise TtsError(f"this model generates 1 to {dep_q} audio codebooks, not {self.n_q}")
         object.__setattr__(self, "step_cache", ModelCache(self.lm, STEP_FUNCTIONS_KEPT))
-        object.__setattr__(self, "empty_voice_cache", ModelCache(self.lm, size=None))
+        object.__setattr__(self, "voice_cache", VoiceCache(self.lm, self.voice_repo))
 
     @property
     def codebooks(self) -> int:
@@ -189,8 +189,13 @@ class TtsModel:
 
     def voice(self, voice: str | Path) -> mx.array:
         """A voice's embedding (frames, dim), by name in the voice repo or as a file."""
-        spec = self.lm.condition_provider.conditioners[VOICE_TENSOR].spec
-        return load_voice(resolve_voice(voice, self.config, self.voice_repo), spec.dim)
+        return self.voice_cache.embedding(voice)
+
+    def voice_keys_values(self, rows: Sequence[Sequence[str | Path]]) -> list[CrossKV]:
+        """The temporal layers' cross-attention keys and values of each batch row's voices
+        (names in the voice repo or files), kept for the next requests in the same voices
+        (`VoiceCache`)."""
+        return self.voice_cache.rows_keys_values(rows)
 
     def synthesize(
         self,
@@ -319,8 +324,7 @@ class TtsRun:
             raise TtsError("nothing to speak: no request given")
         self.model = model
         lm = model.lm
-        voices = [[model.voice(v) for v in request.voices] for request in requests]
-        cross = voice_keys_values(lm, voices, model.empty_voice_cache)
+        cross = model.voice_keys_values([request.voices for request in requests])
         condition = lm.condition([condition_values(lm.cfg, r.cfg_coef) for r in requests])
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(
@@ -351,25 +355,36 @@ class TtsRun:
 
     def step_tokens(self) -> TtsTokens:
         """One step of the LM for every request, its schedule updated; no audio decoded."""
+        return self._commit(*self._queue_step())
+
+    def _queue_step(self) -> tuple[int, TtsStepOutput]:
+        """Queue one LM step (lazy): the step's index and its output."""
         outcomes = [schedule.speculate() for schedule in self.schedules]
         t = self.stepper.step_index
-        out = self.stepper.step([o.word for o in outcomes], [o.other for o in outcomes])
+        return t, self.stepper.step([o.word for o in outcomes], [o.other for o in outcomes])
+
+    def _commit(self, t: int, out: TtsStepOutput) -> TtsTokens:
+        """Step `t`'s predictions into the schedules (read on the host: a wait unless they
+        were evaluated) and its tokens."""
         predicted = np.array(out.predicted).tolist()
         fed = [s.commit(t, token) for s, token in zip(self.schedules, predicted)]
         return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
 
     def step(self) -> TtsStep:
         """One step for every request: its next 80 ms of audio, or None (none yet, or its
-        audio ended), and the step's tokens."""
-        t = self.stepper.step_index
-        tokens = self.step_tokens()
+        audio ended), and the step's tokens. The LM step and Mimi's decoding of its frame are
+        queued together and waited for once."""
+        t, out = self._queue_step()
         frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
-        if tokens.frame is None or frame_index < self._first_audio:
-            return TtsStep([None] * len(self.schedules), tokens)
-        codes = tokens.frame[:, 1 : 1 + self.model.codebooks, None].astype(mx.uint32)
+        if not self.stepper.frame_ready or frame_index < self._first_audio:
+            return TtsStep([None] * len(self.schedules), self._commit(t, out))
+        codes = out.frame[:, 1 : 1 + self.model.codebooks, None].astype(mx.uint32)
         mimi = self.model.mimi
         self._mimi_state = self._mimi_state or mimi.make_state()
-        pcm = np.array(mimi.decode_step(codes, self._mimi_state)[:, 0], np.float32)
+        samples = mimi.decode_step(codes, self._mimi_state)[:, 0]
+        mx.eval(out.predicted, samples, self._mimi_state.state)  # the step's one wait
+        tokens = self._commit(t, out)
+        pcm = np.array(samples, np.float32)
         played = frame_index - self._first_audio - SKIPPED_FRAMES
         frames: list[np.ndarray | None] = []
         for row, schedule in enumerate(self.schedules):

@@ -11,7 +11,7 @@ positions; empty slots are masked (the conditioner's learned padding), as Kyutai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,13 +93,22 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
     return embedding
 
 
-def speaker_condition(rows: Sequence[Sequence[mx.array]]) -> tuple[mx.array, mx.array]:
-    """Each batch row's voices ((frames, dim) each, 1 to `MAX_SPEAKERS`) as the tensor
-    condition (B, MAX_SPEAKERS * frames, dim) and its mask (B, MAX_SPEAKERS * frames)."""
+def check_speakers(rows: Sequence[Sequence[object]]) -> None:
+    """`TtsError` unless each batch row has 1 to `MAX_SPEAKERS` voices."""
     for voices in rows:
         if not 1 <= len(voices) <= MAX_SPEAKERS:
             raise TtsError(f"a request takes 1 to {MAX_SPEAKERS} voices, got {len(voices)}")
-    frames = max(voice.shape[0] for voices in rows for voice in voices)
+
+
+def speaker_condition(
+    rows: Sequence[Sequence[mx.array]], frames: int | None = None
+) -> tuple[mx.array, mx.array]:
+    """Each batch row's voices ((frames, dim) each, 1 to `MAX_SPEAKERS`) as the tensor
+    condition (B, MAX_SPEAKERS * frames, dim) and its mask (B, MAX_SPEAKERS * frames), each
+    slot `frames` long (None: the longest voice's)."""
+    check_speakers(rows)
+    longest = max(voice.shape[0] for voices in rows for voice in voices)
+    frames = longest if frames is None else max(frames, longest)
     dim = rows[0][0].shape[1]
     tensors, masks = [], []
     for voices in rows:
@@ -117,9 +126,11 @@ def voice_keys_values(
     lm: Lm,
     rows: Sequence[Sequence[mx.array]],
     empty_voice_cache: ModelCache[list[CrossKV]] | None = None,
+    frames: int | None = None,
 ) -> list[CrossKV]:
     """Each temporal layer's cross-attention keys and values (B, H, MAX_SPEAKERS * frames,
-    head_dim) for each batch row's voices, as `Lm.cross_keys_values` of `speaker_condition`.
+    head_dim) for each batch row's voices, as `Lm.cross_keys_values` of `speaker_condition`
+    (slots of `frames`; None: the longest voice's).
 
     The slots no row fills hold the conditioner's learned padding at fixed positions, the same
     for every request: their keys and values are computed once per voice length and kept in
@@ -127,7 +138,7 @@ def voice_keys_values(
     slots' are computed per request (one voice: a fifth of the work, which on a CPU is most
     of the time to the first audio).
     """
-    tensor, mask = speaker_condition(rows)
+    tensor, mask = speaker_condition(rows, frames)
     total = tensor.shape[1]
     filled = max(len(voices) for voices in rows) * (total // MAX_SPEAKERS)
     if filled == total or tuple(lm.cfg.fuser.cross) != (VOICE_TENSOR,):
@@ -152,3 +163,80 @@ def voice_keys_values(
         (joined(keys, empty_keys), joined(values, empty_values))
         for (keys, values), (empty_keys, empty_values) in zip(voiced, padding)
     ]
+
+
+# Voices whose cross-attention keys and values a model keeps (a server's few voices), the
+# least recently used dropped first.
+VOICES_KEPT = 4
+
+
+def voice_file_identity(path: Path) -> Hashable:
+    """What tells a voice file from any other, and from itself rewritten, without reading it:
+    its path and its file system record (device, inode, size, modification and change times)."""
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TtsError(f"voice file {path} cannot be read: {exc.strerror}") from None
+    times = (stat.st_mtime_ns, stat.st_ctime_ns)
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, *times)
+
+
+class VoiceCache:
+    """What a TTS model keeps of the voices its requests name, so that a request in a voice
+    used lately reads no voice file and projects nothing: per voice file its embedding, per
+    request's voices (and slot length) the temporal layers' cross-attention keys and values
+    (evaluated), the `size` most recently used kept; and the empty slots' keys and values per
+    slot length (`voice_keys_values`). Voices are found as `resolve_voice` finds them, in
+    `voice_repo`; a voice file rewritten is read again."""
+
+    def __init__(self, lm: Lm, voice_repo: str = DEFAULT_VOICE_REPO, size: int = VOICES_KEPT):
+        self.lm = lm
+        self.voice_repo = voice_repo
+        self.embeddings: ModelCache[mx.array] = ModelCache(lm, size * MAX_SPEAKERS)
+        self.keys_values: ModelCache[list[CrossKV]] = ModelCache(lm, size)
+        self.empty_slots: ModelCache[list[CrossKV]] = ModelCache(lm, size=None)
+
+    def clear(self) -> None:
+        """Forget every voice (the empty slots' keys and values, the same for all, are kept)."""
+        self.embeddings.clear()
+        self.keys_values.clear()
+
+    def _file(self, voice: str | Path) -> tuple[Path, Hashable]:
+        path = resolve_voice(voice, self.lm.cfg, self.voice_repo)
+        return path, voice_file_identity(path)
+
+    def embedding(self, voice: str | Path) -> mx.array:
+        """The voice's embedding (frames, dim) float32 (`load_voice`), read once per file."""
+        return self._embedding(*self._file(voice))
+
+    def _embedding(self, path: Path, identity: Hashable) -> mx.array:
+        dim = self.lm.condition_provider.conditioners[VOICE_TENSOR].spec.dim
+        return self.embeddings.get(identity, lambda: load_voice(path, dim))
+
+    def rows_keys_values(self, rows: Sequence[Sequence[str | Path]]) -> list[CrossKV]:
+        """`voice_keys_values` of each batch row's voices (names or files), each row's made
+        once per voice files and slot length and kept."""
+        check_speakers(rows)
+        files = [[self._file(voice) for voice in voices] for voices in rows]
+        embeddings = [[self._embedding(*file) for file in voices] for voices in files]
+        frames = max(voice.shape[0] for voices in embeddings for voice in voices)
+        per_row = [
+            self._row_keys_values(tuple(identity for _, identity in voices), row, frames)
+            for voices, row in zip(files, embeddings)
+        ]
+        if len(per_row) == 1:
+            return per_row[0]
+        return [
+            (mx.concatenate([keys for keys, _ in layer]), mx.concatenate([v for _, v in layer]))
+            for layer in zip(*per_row)
+        ]
+
+    def _row_keys_values(
+        self, identities: tuple[Hashable, ...], voices: list[mx.array], frames: int
+    ) -> list[CrossKV]:
+        def make() -> list[CrossKV]:
+            keys_values = voice_keys_values(self.lm, [voices], self.empty_slots, frames)
+            mx.eval(keys_values)
+            return keys_values
+
+        return self.keys_values.get((identities, frames), make)

@@ -1,8 +1,10 @@
 """The `tts` part: Kyutai's text-to-speech, `moshi_mlx.tts`, on random weights of a `tts-*`
 shape written in the published PyTorch layout with a tokenizer and voices (`tts_weights`): per
 batch of 1 and `--streams` requests, the time to the first audio (`ttfa_ms`: from making the
-requests with their whole texts to the first 80 ms returned; `ttfd_ms`: to the first frame Mimi
-decoded, which Kyutai's reference cuts with the next one), and per step past it the whole
+requests with their whole texts to the first 80 ms returned, in voices the model used before;
+`ttfa_new_voice_ms`: the same requests after the model's voice cache was cleared, their voice
+files read and projected; `ttfd_ms`: to the first frame Mimi decoded, which Kyutai's reference
+cuts with the next one), and per step past it the whole
 `TtsRun.step` (`frame_ms`), its LM part (`step_ms`: step, text schedule) and Mimi's decoding
 (`decode_ms`); real-time factor at batch 1, audio per second of the batch against batch 1.
 With `--kyutai`, Kyutai's `TTSModel.generate` on the same files, its frames decoded as they
@@ -20,7 +22,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
-from bench_stats import TTS_TEXTS, pool_tts, tts_result
+from bench_stats import TTS_TEXTS, pool_tts, summarize, tts_result
 
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -72,7 +74,8 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
     to `steps` steps past the first audio. Seconds: `ttfa` to the first 80 ms of audio
     returned (Kyutai's first `SKIPPED_FRAMES` frames are decoded but cut), `ttfd` to the
     first frame decoded, per step past the first audio the whole step (`frame`) and Mimi's
-    decoding in it (`decode`); `first_step`: the steps run at the first audio."""
+    decoding in it (`decode`); `first_step`: the steps run at the first audio. `steps` 0:
+    to the first audio only."""
     mimi = model.codec.model
     mimi.decodes.clear()
     start = time.perf_counter()
@@ -83,7 +86,7 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
         schedule.push(model.entries(request.text))
         schedule.close()
     ttfa, first_step, frame, decode = None, None, [], []
-    while len(frame) < steps:
+    while ttfa is None or len(frame) < steps:
         decoded = len(mimi.decodes)
         started = time.perf_counter()
         pcm = run.step().pcm
@@ -165,6 +168,10 @@ def bench_tts(
         step = [f - d for f, d in zip(run["frame"], run["decode"])]
         figures = (run["ttfa"], run["ttfd"], run["first_step"], run["frame"], step, run["decode"])
         result.update(tts_result(batch, *figures, peak_gb()))
+        model.voice_cache.clear()  # the same requests in voices the model has not used yet
+        new_voice = _tts_run(model, folder, batch, 0, seed)["ttfa"]
+        result[f"ttfa_new_voice_ms_b{batch}"] = summarize([new_voice])
+        result[f"samples_ms_b{batch}"]["ttfa_new_voice"] = [1000 * new_voice]
     return result, model
 
 
@@ -207,7 +214,7 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
 
 
 # Rows of the `tts` part, per batch size (`tts_result`).
-TTS_METRICS = ("ttfa_ms", "ttfd_ms", "frame_ms", "step_ms", "decode_ms")
+TTS_METRICS = ("ttfa_ms", "ttfa_new_voice_ms", "ttfd_ms", "frame_ms", "step_ms", "decode_ms")
 
 
 def _anatomy_line(label: str, data: dict) -> str | None:

@@ -5,7 +5,9 @@ given words, a TTS that makes three frames per word; frames are fed faster than 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,8 +16,8 @@ import pytest
 from moshi_mlx.assistant import Assistant, History, TurnRules
 from moshi_mlx.assistant.history import CUT_OFF_MARK
 from moshi_mlx.assistant.latency import TurnLatency
-from moshi_mlx.assistant.pipeline import AssistantWords, UserWords, level_dbfs
-from moshi_mlx.assistant.turns import AnswerEnded, UserSaid
+from moshi_mlx.assistant.pipeline import AssistantWords, Notice, UserWords, level_dbfs
+from moshi_mlx.assistant.turns import AnswerEnded, State, UserSaid
 from moshi_mlx.llm import TextPiece
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import ModelThread
@@ -186,6 +188,13 @@ class Harness:
             out += await self.feed(QUIET, 1)
         raise AssertionError(f"no {kind.__name__} in {self.events}")
 
+    async def settled(self, condition, timeout: float = 5.0) -> None:
+        """Wait (feeding nothing) until `condition()` holds."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"not settled: {self.events}"
+            await asyncio.sleep(0.005)
+
 
 def _answer_frames(frames: list[np.ndarray]) -> int:
     return sum(bool(np.all(f == ANSWER_LEVEL)) for f in frames)
@@ -227,7 +236,8 @@ def test_barge_in_stops_the_answer_within_one_frame_and_keeps_what_was_heard(thr
         before = await h.until(AssistantWords)
         before += await h.feed(QUIET, 7)  # more of the answer plays
         h.assistant.exchange(LOUD)  # the user speaks over it
-        await asyncio.sleep(0.05)  # the STT step and the turn logic run
+        # the STT step and the turn logic run: the answer ends, cut off
+        await h.settled(lambda: any(isinstance(e, AnswerEnded) for e in h.events))
         after = await h.feed(QUIET, 1)
         made = h.speeches[0].frames
         await h.until(UserSaid)
@@ -291,3 +301,81 @@ def test_the_last_word_held_by_the_stt_is_part_of_the_turn(thread):
     assert [e for e in h.events if isinstance(e, UserSaid)] == [UserSaid("u0 u1 u2")]
     assert h.llm.prompts[0][-1] == {"role": "user", "content": "u0 u1 u2"}
     assert h.stt.finished == 1
+
+
+class FailingSpeechHarness(Harness):
+    """The first TTS stream fails to open (a voice file gone), the next ones open."""
+
+    def __init__(self, thread: ModelThread, answer: list[str]):
+        super().__init__(thread, answer)
+        self.opened = 0
+
+    def _speech(self) -> CountingSpeech:
+        self.opened += 1
+        if self.opened == 1:
+            raise FileNotFoundError("no voice file\nat /voices/alice.safetensors")
+        return super()._speech()
+
+
+def test_a_tts_stream_that_fails_to_open_is_a_notice_and_the_turn_goes_back_to_listening(thread):
+    async def main():
+        h = FailingSpeechHarness(thread, ["Hello."])
+        await h.assistant.start()
+        await h.feed(LOUD, 2)
+        await h.until(Notice)
+        first = h.assistant._reply
+        await h.settled(first.done)
+        state, history = h.assistant.turns.state, h.assistant.turns.history.messages()
+        await h.feed(LOUD, 1)  # the user goes on; this answer opens its stream
+        played = await h.until(AnswerEnded)
+        await h.assistant.close()
+        return h, first, state, history, played
+
+    h, first, state, history, played = asyncio.run(main())
+    [notice] = [e for e in h.events if isinstance(e, Notice)]
+    assert notice.text == "the TTS failed: no voice file at /voices/alice.safetensors"
+    assert first.exception() is None  # the answer's task ended cleanly
+    assert state is State.LISTENING
+    assert [m["role"] for m in history] == ["system", "user"]  # no half answer
+    # the failed turn's words and the user's next ones, as one turn
+    assert h.llm.prompts[-1][1:] == [{"role": "user", "content": "u0 u1 u2"}]
+    assert _answer_frames(played) == FRAMES_PER_WORD
+    assert len(h.assistant.latencies.turns) == 1  # the answered turn's
+
+
+class SlowStt(ScriptedStt):
+    """Its loud steps take 0.3 s; `stepping` is set while one runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.stepping = threading.Event()
+        self.ended = 0.0
+
+    def step(self, pcm: np.ndarray) -> SttStep:
+        if not pcm.any():
+            return super().step(pcm)
+        self.stepping.set()
+        time.sleep(0.3)
+        self.ended = time.monotonic()
+        return super().step(pcm)
+
+
+def test_close_waits_for_the_running_step_and_drops_its_result(thread, caplog):
+    """`close()` returns after the step running then; its result, arriving after the close,
+    is dropped (no event, no 'event loop is closed' error once the loop has gone)."""
+
+    async def main():
+        h = Harness(thread, ["Hi."])
+        h.stt = h.assistant.stt = h.assistant.listen_job.stt = SlowStt()
+        await h.assistant.start()
+        h.assistant.exchange(LOUD)
+        await asyncio.to_thread(h.stt.stepping.wait, 5)
+        await h.assistant.close()
+        return h, time.monotonic()
+
+    with caplog.at_level(logging.WARNING, logger="moshi_mlx"):
+        h, closed = asyncio.run(main())
+        thread.call_soon(lambda: None).result(5)  # anything still running on the thread ended
+    assert 0 < h.stt.ended <= closed
+    assert not any(isinstance(e, UserWords) for e in h.events)
+    assert [r.getMessage() for r in caplog.records] == []

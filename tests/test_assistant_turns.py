@@ -133,6 +133,17 @@ def test_an_answer_cut_before_it_was_heard_leaves_the_user_turns_joined():
     assert turns.history.messages() == [{"role": "user", "content": "what is the time"}]
 
 
+def test_an_answer_that_cannot_be_spoken_goes_back_to_listening_and_leaves_no_trace():
+    turns = TurnTaker(History(""))
+    _user_turn(turns, "hello")
+    turns.reply_text("Hi the")
+    turns.reply_failed()
+    assert turns.state is State.LISTENING
+    assert turns.reply_text("re.") == [] and turns.speech_done() == []
+    actions = _user_turn(turns, "anyone", start=4.0)
+    assert actions[-1] == StartReply([{"role": "user", "content": "hello anyone"}])
+
+
 def test_greeting_asks_the_llm_to_speak_first():
     turns = TurnTaker(History("sys"))
     [start] = turns.greet()

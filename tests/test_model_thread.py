@@ -4,13 +4,20 @@ real-time ones keep their cadence."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 
 import pytest
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread, RealTimeClock
+from moshi_mlx.runtime.model_thread import (
+    BACKGROUND_AFTER,
+    FRAME_SECONDS,
+    ModelThread,
+    ModelThreadStopped,
+    RealTimeClock,
+)
 
 
 @pytest.fixture
@@ -208,3 +215,73 @@ def test_a_failing_real_time_step_removes_only_that_job(thread):
     assert ticker.finished.wait(2)
     assert failures == ["broken stream"]
     assert thread.call_soon(lambda: 7).result(2) == 7
+
+
+def test_a_call_runs_within_a_bound_while_real_time_is_always_behind(thread):
+    """A real-time step longer than its period is due again as soon as it ends; a call still
+    runs once it has waited one period, after at most one more real-time step."""
+    work = 0.1  # > FRAME_SECONDS: always overdue
+    ticker = _Ticker(work=work, steps=100)
+    thread.add_realtime(ticker)
+    while ticker.stats.steps < 3:  # well behind by now
+        time.sleep(0.01)
+    submitted, steps_then = time.monotonic(), ticker.stats.steps
+    ran = thread.call_soon(lambda: (time.monotonic(), ticker.stats.steps)).result(5)
+    thread.remove_realtime(ticker)
+    waited, steps_between = ran[0] - submitted, ran[1] - steps_then
+    assert steps_between <= 2, steps_between  # the step running then, and one more
+    assert waited < FRAME_SECONDS + 2 * work + 0.5, waited
+    assert not ticker.finished.is_set()  # the real-time job was still behind
+
+
+def test_a_background_job_gets_its_turns_while_real_time_is_always_behind(thread):
+    """Behind real time, a ready background job still steps once per `BACKGROUND_AFTER`
+    real-time steps."""
+    ticker = _Ticker(work=0.03, steps=30)
+    ticker.period = 0.02  # always overdue
+    during: list[int] = []
+
+    def tokens():
+        while True:
+            if not ticker.finished.is_set():
+                during.append(ticker.stats.steps)
+            yield None
+
+    async def main():
+        items = thread.background(tokens())
+        await items.__anext__()  # started before the real-time job
+        thread.add_realtime(ticker)
+        async for _ in items:
+            if ticker.finished.is_set():
+                break
+        await items.aclose()
+
+    asyncio.run(main())
+    while_behind = [steps for steps in during if steps > 0]
+    assert len(while_behind) >= 30 // (BACKGROUND_AFTER + 1) - 1, during
+    gaps = [b - a for a, b in itertools.pairwise(while_behind)]
+    assert max(gaps, default=0) <= BACKGROUND_AFTER, during
+
+
+def test_stop_skips_a_pending_call_whose_loop_cancelled_it(monkeypatch):
+    """A loop that closes before `stop()` cancels its pending `call`s: stopping still fails
+    the others and the thread ends cleanly."""
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    model_thread = ModelThread()
+    model_thread.start()
+    started = threading.Event()
+    blocker = model_thread.call_soon(lambda: (started.set(), time.sleep(0.3)))
+    started.wait(5)
+
+    async def main():
+        asyncio.get_running_loop().create_task(model_thread.call(lambda: 1))
+        await asyncio.sleep(0)  # the task queues its call; asyncio.run then cancels it
+
+    asyncio.run(main())
+    pending = model_thread.call_soon(lambda: 2)
+    model_thread.stop()
+    blocker.result(5)
+    with pytest.raises(ModelThreadStopped):
+        pending.result(5)
+    assert errors == []

@@ -39,7 +39,7 @@ from moshi_mlx.assistant.turns import (
 )
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.codec import FRAME_SIZE
-from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
+from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread, ModelThreadStopped
 from moshi_mlx.stt.events import WordStarted
 
 # A mic frame louder than this (RMS, dB full scale) counts as voiced: the end of the user's
@@ -88,7 +88,7 @@ class AssistantWords:
 
 @dataclass(frozen=True)
 class Notice:
-    """Something the user should know (an LLM error)."""
+    """Something the user should know (an LLM or TTS error), in one line."""
 
     text: str
 
@@ -147,6 +147,7 @@ class Assistant:
         self._reply: asyncio.Task | None = None
         self._spare: asyncio.Future | None = None  # a TTS stream opened ahead
         self._shown = 0  # words of the current answer shown
+        self._closed = False
         # The audio worker's: the answer playing and how many of its frames went out.
         self._played_answer = 0
         self._played = 0
@@ -162,12 +163,18 @@ class Assistant:
             self._run(self.turns.greet())
 
     async def close(self) -> None:
-        """Stop the jobs (a step running now ends first)."""
+        """Stop the jobs and wait for a step running now to end; what comes after is dropped."""
+        self._closed = True
         if self._reply is not None:
             self._reply.cancel()
             await asyncio.gather(self._reply, return_exceptions=True)
+        self._drop_spare()
         self.thread.remove_realtime(self.listen_job)
         self.thread.remove_realtime(self.speak_job)
+        try:  # runs after the step running now: the thread does one thing at a time
+            await self.thread.call(lambda: None)
+        except ModelThreadStopped:
+            pass
 
     def _run(self, actions: list[Action]) -> None:
         for action in actions:
@@ -198,7 +205,13 @@ class Assistant:
 
     async def _answer_with(self, messages: list[dict[str, str]]) -> None:
         answer = self._answer
-        speech = await self._take_speech()
+        try:
+            speech = await self._take_speech()
+        except Exception as exc:  # noqa: BLE001 - the user is told; the next turn tries again
+            self._timed.pop(answer, None)
+            self._on_event(Notice(f"the TTS failed: {_one_line(exc)}"))
+            self.turns.reply_failed()
+            return
         self.speak_job.open(speech, answer)
         self.thread.wake()
         sampling = self.sampling
@@ -212,7 +225,7 @@ class Assistant:
                     times.first_token = time.monotonic()
                 self._run(self.turns.reply_text(piece.text))
         except MoshiError as exc:
-            self._on_event(Notice(f"the LLM failed: {exc}"))
+            self._on_event(Notice(f"the LLM failed: {_one_line(exc)}"))
         self._run(self.turns.reply_ended())
 
     def _prepare_speech(self) -> None:
@@ -224,7 +237,17 @@ class Assistant:
         spare, self._spare = self._spare, None
         return await spare
 
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if spare.done() and not spare.cancelled():
+            spare.exception()  # read: a failed stream is nobody's news now
+        spare.cancel()
+
     def _heard(self, heard: Heard) -> None:
+        if self._closed:
+            return
         step = heard.step
         words = [e.text for e in step.events if isinstance(e, WordStarted)]
         if heard.voiced and self.turns.state is not State.FLUSHING:
@@ -239,7 +262,7 @@ class Assistant:
             self._run(self.turns.flushed())
 
     def _answer_played(self, answer: int, frames: int, at_speaker: float | None) -> None:
-        if answer != self._answer or self.turns.state is not State.ANSWERING:
+        if self._closed or answer != self._answer or self.turns.state is not State.ANSWERING:
             return
         if at_speaker is not None and (times := self._timed.pop(answer, None)) is not None:
             times.first_audio = self.speak_job.first_audio.get(answer)
@@ -254,13 +277,22 @@ class Assistant:
             self._shown = len(started)
 
     def _answer_over(self, answer: int) -> None:
-        if answer == self._answer:
+        if answer == self._answer and not self._closed:
             self._answer_played(answer, 1 << 30, None)
             self._run(self.turns.speech_done())
 
     # --- other threads ---
     def _heard_on_thread(self, heard: Heard) -> None:
-        self._loop.call_soon_threadsafe(self._heard, heard)
+        self._to_loop(self._heard, heard)
+
+    def _to_loop(self, callback: Callable[..., None], *args: object) -> None:
+        """Hand a result to the event loop; dropped once closed (or the loop is gone)."""
+        if self._closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop has closed
+            pass
 
     def exchange(self, pcm: np.ndarray) -> np.ndarray:
         """A mic frame (float32 (1920,), echo removed) in, the speaker's next frame out: the
@@ -275,12 +307,16 @@ class Assistant:
                 self._played_answer, self._played = answer, 0
             self._played += 1
             at_speaker = now + self._speaker_delay() if self._played == 1 else None
-            self._loop.call_soon_threadsafe(self._answer_played, answer, self._played, at_speaker)
+            self._to_loop(self._answer_played, answer, self._played, at_speaker)
             return frame
         if over:
             self.speak_job.release()
-            self._loop.call_soon_threadsafe(self._answer_over, answer)
+            self._to_loop(self._answer_over, answer)
         return self._silence
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _token_counter(llm: ReplyModel) -> Callable[[Sequence[dict[str, str]]], int]:

@@ -176,6 +176,14 @@ class TurnTaker:
         self._reply += rest
         return [CloseSpeech(rest)]
 
+    def reply_failed(self) -> None:
+        """The answer cannot be spoken (its TTS stream failed to open): back to listening,
+        nothing of it in the history (the user's turn stays, joined by their next)."""
+        if self.state is State.ANSWERING:
+            self.state = State.LISTENING
+            self._words = SpokenWords()
+            self._reply = self._heard = ""
+
     # --- the speaker ---
     def heard(self, text: str) -> None:
         """The words of the answer the speaker has started playing so far."""

@@ -11,7 +11,17 @@ share it, in this order of precedence:
 3. background jobs (`background`: an LLM's tokens) fill the gaps: one `next()` at a time, and
    only when it is expected to end before the next real-time step is due.
 
-A real-time step therefore waits at most for the one call or background step already running.
+A real-time step therefore waits for the one call or background step already running, and,
+through the two bounds below, for at most one more call and one more background step. The
+bounds break the order where it would starve the rest: when the real-time jobs are behind (a
+step due as soon as the last one ends: an STT slower than real time) nothing else would run.
+
+- a one-off call pending for over one period (`FRAME_SECONDS`) runs before the next overdue
+  real-time step, one such call between two real-time steps: a lone call waits at most one
+  period and about one step;
+- a ready background job passed over for `BACKGROUND_AFTER` real-time steps in a row (real
+  time behind, or gaps always too short for its step) takes the next turn: it gets at least
+  one step in every `BACKGROUND_AFTER + 1`, and that real-time step waits for it.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ FRAME_SECONDS = 0.08  # one frame of Kyutai's codec: the real-time jobs' period
 # Items a background job may have produced and its reader not yet taken.
 MAX_UNREAD_ITEMS = 64
 _EWMA = 0.2  # weight of the newest background step in its running duration
+# Real-time steps a ready background job may be passed over for before it takes a turn: when
+# real time is behind, 1 step in 5 goes to the LLM (it slows the real-time jobs by a fifth
+# of the thread, where they are late already, rather than never answering).
+BACKGROUND_AFTER = 4
 
 log = logging.getLogger("moshi_mlx.runtime")
 
@@ -87,6 +101,7 @@ class _Call:
     def __init__(self, fn: Callable[[], object], internal: bool = False):
         self.fn = fn
         self.internal = internal  # the thread's own housekeeping: nobody awaits it
+        self.queued = time.monotonic()
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
 
@@ -192,6 +207,8 @@ class ModelThread:
         self._jobs: list[_BackgroundJob] = []
         self._job_turn = itertools.count()
         self._background_seconds = 0.0  # running mean of one background step
+        self._passed_over = 0  # real-time steps run in a row while a background job was ready
+        self._call_went_first = False  # a late call ran ahead of the overdue real-time step
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -292,7 +309,7 @@ class ModelThread:
                 now = time.monotonic()
                 clock, due = self._earliest_clock()
                 if clock is not None and due <= now:
-                    return lambda: self._step_clock(clock, now - due)
+                    return self._overdue_work(clock, now - due, now)
                 if self._calls:
                     call = self._calls.popleft()
                     return lambda: _run_call(call)
@@ -301,6 +318,27 @@ class ModelThread:
                     return lambda: self._step_job(job)
                 self._wake.wait(None if due == _NEVER else due - now)
             return None
+
+    def _overdue_work(self, clock: RealTimeClock, lag: float, now: float) -> Callable[[], None]:
+        """What runs while `clock` is due: its step, unless a call has waited over a period
+        or a background job over `BACKGROUND_AFTER` real-time steps (see the module
+        docstring). Called under the lock."""
+        if (
+            self._calls
+            and not self._call_went_first
+            and now - self._calls[0].queued > FRAME_SECONDS
+        ):
+            self._call_went_first = True
+            call = self._calls.popleft()
+            return lambda: _run_call(call)
+        if self._passed_over >= BACKGROUND_AFTER:
+            job = self._ready_job()
+            if job is not None:
+                return lambda: self._step_job(job)
+        self._call_went_first = False
+        if any(job.unread < MAX_UNREAD_ITEMS for job in self._jobs):
+            self._passed_over += 1
+        return lambda: self._step_clock(clock, lag)
 
     def _earliest_clock(self) -> tuple[RealTimeClock | None, float]:
         earliest, due = None, _NEVER
@@ -338,6 +376,7 @@ class ModelThread:
         job.advance()
         elapsed = time.monotonic() - start
         with self._wake:
+            self._passed_over = 0
             self._background_seconds += _EWMA * (elapsed - self._background_seconds)
             finished = job.done or job.orphaned
             if finished and job in self._jobs:
@@ -354,7 +393,7 @@ class ModelThread:
         for call in calls:
             if call.internal:
                 _run_call(call)
-            else:
+            elif call.future.set_running_or_notify_cancel():  # not cancelled meanwhile
                 call.future.set_exception(stopped)
         for job in jobs:
             job._finish(_Raised(stopped))

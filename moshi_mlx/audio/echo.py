@@ -116,11 +116,15 @@ class PlayedAudio:
         self.moves = 0  # times the offset was moved after the first estimate
         self.output_gaps = 0  # stalls of the output filled with silence
         self.input_gaps = 0  # stretches of lost microphone audio skipped
+        self.unplayed = 0  # far samples asked for before they were played (silence instead)
 
-    def add(self, block: np.ndarray, dac_time: float, called: float | None = None) -> None:
+    def add(
+        self, block: np.ndarray, dac_time: float, called: float | None = None, exact: bool = True
+    ) -> None:
         """Keep `block`, played by the speaker from `dac_time` (seconds, monotonic clock),
-        handed over by an output callback at `called` (default `dac_time`)."""
-        last = self._anchors[-1][:2] if self._anchors else None
+        handed over by an output callback at `called` (default `dac_time`). `exact=False`:
+        `dac_time` comes from the callback's time, which jitters, so no stall is inferred."""
+        last = self._anchors[-1][:2] if self._anchors and exact else None
         late = _late(last, self._played, dac_time, len(block), self.sample_rate)
         if late:
             self._write(np.zeros(min(late, len(self._history)), np.float32))
@@ -138,11 +142,15 @@ class PlayedAudio:
         self._history[: len(kept) - first] = kept[first:]
         self._played += len(block)
 
-    def far_for(self, count: int, adc_time: float, called: float | None = None) -> np.ndarray:
+    def far_for(
+        self, count: int, adc_time: float, called: float | None = None, exact: bool = True
+    ) -> np.ndarray:
         """The `count` far samples that sounded while the next `count` microphone samples were
         captured, the first of them at `adc_time`; silence where nothing (kept) was playing.
-        `called`: when the input callback handed the block over (default `adc_time`)."""
-        if late := _late(self._mic_anchor, self._mic, adc_time, count, self.sample_rate):
+        `called`: when the input callback handed the block over (default `adc_time`).
+        `exact=False`: `adc_time` comes from the callback's time; no lost audio is inferred."""
+        anchor = self._mic_anchor if exact else None
+        if late := _late(anchor, self._mic, adc_time, count, self.sample_rate):
             self._mic += late
             self.input_gaps += 1
         self._mic_anchor = (self._mic, adc_time)
@@ -153,6 +161,7 @@ class PlayedAudio:
         far = np.zeros(count, np.float32)
         if self.offset is not None:
             start = self._mic - self.offset
+            self.unplayed += min(count, max(0, start + count - self._played))
             size = len(self._history)
             begin, end = max(start, self._played - size), min(start + count, self._played)
             if begin < end:

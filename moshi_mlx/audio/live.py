@@ -19,6 +19,7 @@ latency). It excludes Moshi's own 80-160 ms of model delay (the codebook delays)
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import threading
@@ -37,7 +38,7 @@ _MAX_SPEAKER_BACKLOG = 2  # replies waiting at an output callback: the due one +
 _MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
 _PLAYED_FRAMES = 64  # played blocks waiting for the canceller: 5 s, more than any model step
 _MIC_FRAMES = 64  # mic blocks the ring holds: 5 s, so a slow model step loses none
-_FAR_LEAD = 0.06  # seconds the far end is handed out ahead of the microphone's capture time
+_FAR_LEAD = 0.06  # seconds by which the far end handed out is ahead of the mic's capture time
 
 
 class Wakeup:
@@ -67,17 +68,15 @@ class Wakeup:
         os.close(self._write_fd)
 
 
-def _device_moment(now: float, time_info, field: str, fallback: float) -> float:
+def _device_moment(now: float, time_info, field: str) -> float:
     """When a callback's block is at the device (its first sample captured by the microphone,
     or due at the speaker) on the `time.monotonic()` clock of `now`, the callback's time:
-    PortAudio's `field` of `time_info` (its ADC or DAC time) relative to its `currentTime`,
-    or `now + fallback` where the host API reports no times. These stay right when callbacks
-    bunch up after a stall; a callback's own time does not."""
+    PortAudio's `field` of `time_info` (its ADC or DAC time) relative to its `currentTime`;
+    NaN where the host API reports no times. These stay right when callbacks bunch up after
+    a stall; a callback's own time does not."""
     device = getattr(time_info, field, 0.0)
     current = getattr(time_info, "currentTime", 0.0)
-    if device and current:
-        return now + (device - current)
-    return now + fallback
+    return now + (device - current) if device and current else math.nan
 
 
 def _ms(seconds: np.ndarray, reduce) -> float:
@@ -217,8 +216,7 @@ class LiveLoop:
         self._input_log.append(now)
         if status:
             self.device_input_flags += 1
-        captured = _device_moment(now, time_info, "inputBufferAdcTime", -self.input_latency)
-        self.mic.push(indata[:, 0], now, captured)
+        self.mic.push(indata[:, 0], now, _device_moment(now, time_info, "inputBufferAdcTime"))
         self._wakeup.notify()
 
     def output_callback(self, outdata, frames, time_info, status) -> None:
@@ -245,7 +243,7 @@ class LiveLoop:
             outdata[n:] = 0
             self._latency_log.append(now + self.output_latency - stamp)
         if self.played is not None:  # the far end: exactly what was played, silence included
-            sounds = _device_moment(now, time_info, "outputBufferDacTime", self.output_latency)
+            sounds = _device_moment(now, time_info, "outputBufferDacTime")
             self.played.push(outdata[:, 0], now, sounds)
 
     # --- worker -------------------------------------------------------------------------
@@ -300,17 +298,29 @@ class LiveLoop:
 
     def _cancel_echo(self, frame: np.ndarray, stamp: float, captured: float) -> None:
         """Remove from `frame` (in place), handed over by the input callback at `stamp`, its
-        first sample captured at `captured`, the echo of what the speaker played meanwhile."""
+        first sample captured at `captured` (NaN: unknown), the echo of what the speaker
+        played meanwhile."""
         if self._echo is None:
             return
         if self.far_end is None:
             frame[:] = self._echo.process(frame, self._far_block)
             return
         while (times := self.played.pop_timed(self._far_block)) is not None:
-            self.far_end.add(self._far_block, times[1], called=times[0])
-        # The far end leads its echo by `_FAR_LEAD` more than the acoustic path: a margin for
-        # devices whose times are a little off (AEC3 finds the rest of the delay itself).
-        far = self.far_end.far_for(self.frame_size, captured - _FAR_LEAD, called=stamp)
+            called, sounds = times
+            exact = not math.isnan(sounds)  # else the callback's time + the stream's latency
+            sounds = sounds if exact else called + self.output_latency
+            self.far_end.add(self._far_block, sounds, called=called, exact=exact)
+        exact = not math.isnan(captured)  # else: the last sample `input_latency` before now
+        if not exact:
+            captured = stamp - self.input_latency - self.frame_seconds
+        # AEC3 needs the far end to lead its echo (a delay > 0: at 0 it locks on or not by
+        # chance, below it cancels nothing). The far audio sounding at the capture time leads
+        # by the acoustic path only, a few ms, which the devices' times may be off by: hand
+        # out what sounded up to `_FAR_LEAD` later (AEC3 finds delays up to ~0.5 s itself).
+        # No more than the two latencies: the output callbacks, a block ahead of the speaker,
+        # have handed that audio over before the worker gets here.
+        lead = min(_FAR_LEAD, self.input_latency + self.output_latency)
+        far = self.far_end.far_for(self.frame_size, captured + lead, called=stamp, exact=exact)
         frame[:] = self._echo.process(frame, far)
 
     def _live_status(self) -> str:
@@ -330,6 +340,7 @@ class LiveLoop:
             extra["echo_far_overflows"] = self.played.overflows
             extra["echo_output_gaps"] = self.far_end.output_gaps
             extra["echo_input_gaps"] = self.far_end.input_gaps
+            extra["echo_far_unplayed"] = self.far_end.unplayed
         extra["device_input_flags"] = self.device_input_flags
         extra["device_output_flags"] = self.device_output_flags
         return LiveStats(

@@ -10,12 +10,16 @@ The choice of canceller was measured (`scripts/echo_compare.py`, figures in docs
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from moshi_mlx.audio import SAMPLE_RATE
 from moshi_mlx.errors import AudioError
 
 SUB_FRAME_SECONDS = 0.01  # the canceller's unit: 10 ms
+_SETTLE_TOLERANCE = 0.01  # seconds the offset may be off while the first estimates come in
+_ANCHORS = 256  # played blocks whose times are kept to line the microphone up with
 PACKAGE = "pywebrtc-audio"
 INSTALL_HINT = (
     f"pip install {PACKAGE} (or turn it off with cancel_echo=False, e.g. with headphones)"
@@ -72,52 +76,92 @@ class EchoCanceller:
 
 
 class PlayedAudio:
-    """What the speaker played, in the order played, and when each sample sounded.
+    """What the speaker played and what the microphone captured, on one sample timeline.
 
     The live loop calls `add(block, dac_time)` for every block the output callback played
     (silence included) and `far_for(count, adc_time)` for every microphone block. The far
     block handed out is the one that was sounding while the microphone block was captured, so
-    the echo in the microphone follows its reference by the acoustic path only. The offset
-    between the two sample clocks comes from the streams' reported times (the input and output
-    latencies and the device's queue are in `adc_time` and `dac_time`); it is re-estimated on
-    every block and moved when it drifts by more than `tolerance` seconds (a stream restarted,
-    a latency changed), never for callback jitter.
+    the echo in the microphone follows its reference by the acoustic path only.
+
+    Both sound cards count samples; their times only say how the two counts line up. A block
+    due at the speaker half a block or more later than the previous one ended follows a stall
+    of the output (the device played silence that no callback handed it): that silence goes
+    into the far history. A microphone block captured that late follows lost microphone
+    audio: the microphone count skips it. With the gaps filled, the offset between the counts
+    holds; it is estimated on every block and moved only when the median of the last `window`
+    estimates is off by more than `tolerance` seconds (a device whose latency changed), never
+    for the jitter of the reported times (tens of ms through PulseAudio). `adc_time` and
+    `dac_time` should be the devices' own times (PortAudio's `inputBufferAdcTime` and
+    `outputBufferDacTime`): callback times bunch up after a stall.
     """
 
     def __init__(
-        self, sample_rate: int = SAMPLE_RATE, seconds: float = 4.0, tolerance: float = 0.01
+        self,
+        sample_rate: int = SAMPLE_RATE,
+        seconds: float = 4.0,
+        tolerance: float = 0.1,
+        window: int = 7,
     ):
         self.sample_rate = sample_rate
         self._history = np.zeros(round(seconds * sample_rate), np.float32)
-        self._played = 0  # far samples ever played
-        self._anchor: tuple[int, float] | None = None  # (far sample index, its DAC time)
-        self._mic = 0  # microphone samples ever seen
+        self._played = 0  # far samples on the timeline: played, and the silence of stalls
+        # (first far sample index, its DAC time, when its output callback ran) per block
+        self._anchors: deque[tuple[int, float, float]] = deque(maxlen=_ANCHORS)
+        self._mic = 0  # microphone samples on the timeline: captured, and those lost
+        self._mic_anchor: tuple[int, float] | None = None  # (mic sample index, its ADC time)
         self._tolerance = round(tolerance * sample_rate)
-        self._estimates: list[int] = []
+        self._settle = round(_SETTLE_TOLERANCE * sample_rate)
+        self._estimates: deque[int] = deque(maxlen=window)  # odd: the median is one of them
         self.offset: int | None = None  # mic sample index - far sample index sounding then
         self.moves = 0  # times the offset was moved after the first estimate
+        self.output_gaps = 0  # stalls of the output filled with silence
+        self.input_gaps = 0  # stretches of lost microphone audio skipped
+        self.unplayed = 0  # far samples asked for before they were played (silence instead)
 
-    def add(self, block: np.ndarray, dac_time: float) -> None:
-        """Keep `block`, played by the speaker from `dac_time` (seconds, monotonic clock)."""
+    def add(
+        self, block: np.ndarray, dac_time: float, called: float | None = None, exact: bool = True
+    ) -> None:
+        """Keep `block`, played by the speaker from `dac_time` (seconds, monotonic clock),
+        handed over by an output callback at `called` (default `dac_time`). `exact=False`:
+        `dac_time` comes from the callback's time, which jitters, so no stall is inferred."""
+        last = self._anchors[-1][:2] if self._anchors and exact else None
+        late = _late(last, self._played, dac_time, len(block), self.sample_rate)
+        if late:
+            self._write(np.zeros(min(late, len(self._history)), np.float32))
+            self._played += late - min(late, len(self._history))
+            self.output_gaps += 1
+        self._anchors.append((self._played, dac_time, dac_time if called is None else called))
+        self._write(block)
+
+    def _write(self, block: np.ndarray) -> None:
         size = len(self._history)
-        block = block[-size:]
         start = self._played % size
-        first = min(len(block), size - start)
-        self._history[start : start + first] = block[:first]
-        self._history[: len(block) - first] = block[first:]
-        self._anchor = (self._played, dac_time)
+        kept = block[-size:]
+        first = min(len(kept), size - start)
+        self._history[start : start + first] = kept[:first]
+        self._history[: len(kept) - first] = kept[first:]
         self._played += len(block)
 
-    def far_for(self, count: int, adc_time: float) -> np.ndarray:
+    def far_for(
+        self, count: int, adc_time: float, called: float | None = None, exact: bool = True
+    ) -> np.ndarray:
         """The `count` far samples that sounded while the next `count` microphone samples were
-        captured, the first of them at `adc_time`; silence where nothing (kept) was playing."""
-        if self._anchor is not None:
-            index, dac_time = self._anchor
+        captured, the first of them at `adc_time`; silence where nothing (kept) was playing.
+        `called`: when the input callback handed the block over (default `adc_time`).
+        `exact=False`: `adc_time` comes from the callback's time; no lost audio is inferred."""
+        anchor = self._mic_anchor if exact else None
+        if late := _late(anchor, self._mic, adc_time, count, self.sample_rate):
+            self._mic += late
+            self.input_gaps += 1
+        self._mic_anchor = (self._mic, adc_time)
+        if self._anchors:
+            index, dac_time = self._anchor_by(adc_time if called is None else called)
             sounding = index + round((adc_time - dac_time) * self.sample_rate)
             self._track(self._mic - sounding)
         far = np.zeros(count, np.float32)
         if self.offset is not None:
             start = self._mic - self.offset
+            self.unplayed += min(count, max(0, start + count - self._played))
             size = len(self._history)
             begin, end = max(start, self._played - size), min(start + count, self._played)
             if begin < end:
@@ -125,11 +169,33 @@ class PlayedAudio:
         self._mic += count
         return far
 
+    def _anchor_by(self, called: float) -> tuple[int, float]:
+        """The last far block handed over by `called` (else the first kept): its times and
+        the microphone block's come from callbacks next to each other, so that the estimate
+        holds even where the times are the callbacks' own and they bunch up after a stall."""
+        for index, dac_time, handed in reversed(self._anchors):
+            if handed <= called:
+                return index, dac_time
+        return self._anchors[0][:2]
+
     def _track(self, estimate: int) -> None:
-        self._estimates = [*self._estimates[-6:], estimate]  # 7: the median is one of them
+        self._estimates.append(estimate)
         median = int(np.median(self._estimates))
-        if self.offset is None:
-            self.offset = median
-        elif abs(median - self.offset) > self._tolerance:
+        settling = len(self._estimates) < self._estimates.maxlen
+        if self.offset is None or (settling and abs(median - self.offset) > self._settle):
+            self.offset = median  # the first blocks: the median so far, off by 10 ms at most
+        elif not settling and abs(median - self.offset) > self._tolerance:
             self.offset = median
             self.moves += 1
+
+
+def _late(
+    anchor: tuple[int, float] | None, count: int, time: float, block: int, sample_rate: int
+) -> int:
+    """Samples missing before a block starting at `time` on a timeline of `count` samples
+    whose sample `anchor[0]` was at `anchor[1]`: a gap of half a `block` or more, else 0."""
+    if anchor is None:
+        return 0
+    index, anchor_time = anchor
+    late = round((time - anchor_time) * sample_rate) - (count - index)
+    return late if 2 * late >= block else 0

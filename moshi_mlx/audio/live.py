@@ -8,7 +8,9 @@ frames, so the conversation never drifts further behind real time.
 With an `EchoCanceller` that cancels echo, the output callback also copies what it played
 into a third ring; the worker lines that far end up with each mic frame (`PlayedAudio`) and
 removes its echo, 10 ms at a time, before the model hears the frame (dropped frames too, so
-the canceller sees the microphone without gaps). Noise suppression alone keeps no far end.
+the canceller sees the microphone without gaps). Both rings carry the devices' own times of
+each block (PortAudio's ADC and DAC times), which stay right when a stalled process gets its
+callbacks in a burst. Noise suppression alone keeps no far end.
 
 Latency of a frame: from the moment its mic block reached the app to the moment the reply
 block computed from it reaches the speaker (the output callback time plus the device's output
@@ -17,6 +19,7 @@ latency). It excludes Moshi's own 80-160 ms of model delay (the codebook delays)
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import threading
@@ -34,6 +37,8 @@ StepFn = Callable[[np.ndarray], tuple[np.ndarray, str]]
 _MAX_SPEAKER_BACKLOG = 2  # replies waiting at an output callback: the due one + one of slack
 _MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
 _PLAYED_FRAMES = 64  # played blocks waiting for the canceller: 5 s, more than any model step
+_MIC_FRAMES = 64  # mic blocks the ring holds: 5 s, so a slow model step loses none
+_FAR_LEAD = 0.06  # seconds by which the far end handed out is ahead of the mic's capture time
 
 
 class Wakeup:
@@ -61,6 +66,17 @@ class Wakeup:
     def close(self) -> None:
         os.close(self._read_fd)
         os.close(self._write_fd)
+
+
+def _device_moment(now: float, time_info, field: str) -> float:
+    """When a callback's block is at the device (its first sample captured by the microphone,
+    or due at the speaker) on the `time.monotonic()` clock of `now`, the callback's time:
+    PortAudio's `field` of `time_info` (its ADC or DAC time) relative to its `currentTime`;
+    NaN where the host API reports no times. These stay right when callbacks bunch up after
+    a stall; a callback's own time does not."""
+    device = getattr(time_info, field, 0.0)
+    current = getattr(time_info, "currentTime", 0.0)
+    return now + (device - current) if device and current else math.nan
 
 
 def _ms(seconds: np.ndarray, reduce) -> float:
@@ -167,7 +183,7 @@ class LiveLoop:
         self._on_status = on_status or (lambda message: None)
         self._status_every = status_every
         # Enough room for a burst of late callbacks; the worker trims the backlog itself.
-        self.mic = FrameRing(max(16, 4 * max_lag_frames), frame_size)
+        self.mic = FrameRing(max(_MIC_FRAMES, 4 * max_lag_frames), frame_size)
         self.speaker = FrameRing(16, frame_size)
         self._reply = np.zeros(frame_size, dtype=np.float32)  # output-callback scratch
         self._input_log = StampLog(_MAX_LOGGED)
@@ -188,6 +204,8 @@ class LiveLoop:
         self.played = FrameRing(_PLAYED_FRAMES, frame_size) if cancels_echo else None
         self.far_end = PlayedAudio(sample_rate) if cancels_echo else None
         self._far_block = np.zeros(frame_size, dtype=np.float32)  # stays silent without it
+        self.device_input_flags = 0  # callbacks whose status reported an overflow/underflow
+        self.device_output_flags = 0
         self._wakeup = Wakeup()
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -196,12 +214,16 @@ class LiveLoop:
     def input_callback(self, indata, frames, time_info, status) -> None:
         now = time.monotonic()
         self._input_log.append(now)
-        self.mic.push(indata[:, 0], now)
+        if status:
+            self.device_input_flags += 1
+        self.mic.push(indata[:, 0], now, _device_moment(now, time_info, "inputBufferAdcTime"))
         self._wakeup.notify()
 
     def output_callback(self, outdata, frames, time_info, status) -> None:
         now = time.monotonic()
         self._output_log.append(now)
+        if status:
+            self.device_output_flags += 1
         # After an underrun, replies queue up one block later than before; left alone, every
         # hiccup of the model would add a block of latency for the rest of the conversation.
         # Keep at most one block of slack: skip the oldest replies beyond it.
@@ -221,7 +243,8 @@ class LiveLoop:
             outdata[n:] = 0
             self._latency_log.append(now + self.output_latency - stamp)
         if self.played is not None:  # the far end: exactly what was played, silence included
-            self.played.push(outdata[:, 0], now)
+            sounds = _device_moment(now, time_info, "outputBufferDacTime")
+            self.played.push(outdata[:, 0], now, sounds)
 
     # --- worker -------------------------------------------------------------------------
     def run(self) -> None:
@@ -245,7 +268,7 @@ class LiveLoop:
             if dropped := frames_to_drop(backlog, self.max_lag_frames):
                 self.lag_events += 1
                 for _ in range(dropped):
-                    self._cancel_echo(frame, self.mic.pop_into(frame))
+                    self._cancel_echo(frame, *self.mic.pop_timed(frame))
                     self._on_frames(frame, silence)
                 self.dropped_frames += dropped
                 dropped_since_message += dropped
@@ -257,8 +280,8 @@ class LiveLoop:
                         f"({dropped_since_message * self.frame_seconds:.2f} s) to catch up"
                     )
                     last_lag_message, dropped_since_message = now, 0
-            stamp = self.mic.pop_into(frame)
-            self._cancel_echo(frame, stamp)
+            stamp, captured = self.mic.pop_timed(frame)
+            self._cancel_echo(frame, stamp, captured)
             started = time.monotonic()
             reply, text = self._step(frame)
             self._step_times.append(time.monotonic() - started)
@@ -273,20 +296,31 @@ class LiveLoop:
                 self._on_status(self._live_status())
                 last_status = now
 
-    def _cancel_echo(self, frame: np.ndarray, stamp: float) -> None:
-        """Remove from `frame` (in place) the echo of what the speaker played meanwhile."""
+    def _cancel_echo(self, frame: np.ndarray, stamp: float, captured: float) -> None:
+        """Remove from `frame` (in place), handed over by the input callback at `stamp`, its
+        first sample captured at `captured` (NaN: unknown), the echo of what the speaker
+        played meanwhile."""
         if self._echo is None:
             return
         if self.far_end is None:
             frame[:] = self._echo.process(frame, self._far_block)
             return
-        while (played_at := self.played.pop_into(self._far_block)) is not None:
-            self.far_end.add(self._far_block, played_at + self.output_latency)
-        # The block's last sample was captured `input_latency` before its callback; taking
-        # that as the time of its first sample makes the far end lead its echo by one more
-        # block, a margin for devices that under-report latency (AEC3 finds the rest itself).
-        captured_at = stamp - self.input_latency
-        far = self.far_end.far_for(self.frame_size, captured_at)
+        while (times := self.played.pop_timed(self._far_block)) is not None:
+            called, sounds = times
+            exact = not math.isnan(sounds)  # else the callback's time + the stream's latency
+            sounds = sounds if exact else called + self.output_latency
+            self.far_end.add(self._far_block, sounds, called=called, exact=exact)
+        exact = not math.isnan(captured)  # else: the last sample `input_latency` before now
+        if not exact:
+            captured = stamp - self.input_latency - self.frame_seconds
+        # AEC3 needs the far end to lead its echo (a delay > 0: at 0 it locks on or not by
+        # chance, below it cancels nothing). The far audio sounding at the capture time leads
+        # by the acoustic path only, a few ms, which the devices' times may be off by: hand
+        # out what sounded up to `_FAR_LEAD` later (AEC3 finds delays up to ~0.5 s itself).
+        # No more than the two latencies: the output callbacks, a block ahead of the speaker,
+        # have handed that audio over before the worker gets here.
+        lead = min(_FAR_LEAD, self.input_latency + self.output_latency)
+        far = self.far_end.far_for(self.frame_size, captured + lead, called=stamp, exact=exact)
         frame[:] = self._echo.process(frame, far)
 
     def _live_status(self) -> str:
@@ -304,6 +338,11 @@ class LiveLoop:
         if self.far_end is not None:
             extra["echo_offset_moves"] = self.far_end.moves
             extra["echo_far_overflows"] = self.played.overflows
+            extra["echo_output_gaps"] = self.far_end.output_gaps
+            extra["echo_input_gaps"] = self.far_end.input_gaps
+            extra["echo_far_unplayed"] = self.far_end.unplayed
+        extra["device_input_flags"] = self.device_input_flags
+        extra["device_output_flags"] = self.device_output_flags
         return LiveStats(
             input_times=self._input_log.values(),
             output_times=self._output_log.values(),

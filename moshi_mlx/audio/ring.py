@@ -13,10 +13,12 @@ import numpy as np
 
 
 class FrameRing:
-    """A bounded FIFO of fixed-size audio frames, each with a timestamp.
+    """A bounded FIFO of fixed-size audio frames, each with a timestamp and the time its first
+    sample was at the device (`sounded`: captured by the microphone, or due at the speaker).
 
     `push` (producer side) never blocks: when the ring is full the new frame is dropped and
-    counted in `overflows`. `pop_into` and `drop_oldest` belong to the consumer side.
+    counted in `overflows`. `pop_into`, `pop_timed` and `drop_oldest` belong to the consumer
+    side.
     """
 
     def __init__(self, capacity: int, frame_size: int):
@@ -25,7 +27,7 @@ class FrameRing:
         self.capacity = capacity
         self.frame_size = frame_size
         self._frames = np.zeros((capacity, frame_size), dtype=np.float32)
-        self._stamps = np.zeros(capacity, dtype=np.float64)
+        self._stamps = np.zeros((capacity, 2), dtype=np.float64)  # (stamp, sounded)
         self._written = 0  # advanced by the producer only
         self._read = 0  # advanced by the consumer only
         self.overflows = 0  # frames the producer had to drop (producer-owned)
@@ -33,8 +35,9 @@ class FrameRing:
     def __len__(self) -> int:
         return self._written - self._read
 
-    def push(self, samples: np.ndarray, stamp: float = 0.0) -> bool:
-        """Copy one frame in (shorter input is zero-padded, longer is cut); False if full."""
+    def push(self, samples: np.ndarray, stamp: float = 0.0, sounded: float | None = None) -> bool:
+        """Copy one frame in (shorter input is zero-padded, longer is cut); False if full.
+        `sounded` defaults to `stamp`."""
         if self._written - self._read >= self.capacity:
             self.overflows += 1
             return False
@@ -43,19 +46,25 @@ class FrameRing:
         self._frames[slot, :n] = samples[:n]
         if n < self.frame_size:
             self._frames[slot, n:] = 0.0
-        self._stamps[slot] = stamp
+        self._stamps[slot, 0] = stamp
+        self._stamps[slot, 1] = stamp if sounded is None else sounded
         self._written += 1
         return True
 
     def pop_into(self, out: np.ndarray) -> float | None:
         """Copy the oldest frame into `out` and return its timestamp, or None if empty."""
+        times = self.pop_timed(out)
+        return None if times is None else times[0]
+
+    def pop_timed(self, out: np.ndarray) -> tuple[float, float] | None:
+        """Copy the oldest frame into `out` and return (timestamp, sounded), or None if empty."""
         if self._written == self._read:
             return None
         slot = self._read % self.capacity
         out[:] = self._frames[slot]
-        stamp = float(self._stamps[slot])
+        stamp, sounded = float(self._stamps[slot, 0]), float(self._stamps[slot, 1])
         self._read += 1
-        return stamp
+        return stamp, sounded
 
     def drop_oldest(self, count: int) -> int:
         """Discard up to `count` of the oldest frames; returns how many were discarded."""

@@ -1,8 +1,9 @@
 """`/api/asr-streaming`: Kyutai's streaming speech-to-text websocket (`stt.protocol`), one
-stream per connection.
+stream per connection, every stream a row of one batch stepped once per frame.
 
 Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
-the `SttWorker` (a real-time job of the model thread) through each connection's `Channel`,
+the `SttWorker` (a real-time job of the model thread; its pacing is in its module) through
+each connection's `Channel`,
 and the worker's results come back through an `asyncio.Queue` per connection, so a client
 that stops reading stalls only its own connection. Caps, deadlines and liveness checks come
 from `moshi_mlx.serve.guard`.
@@ -39,6 +40,7 @@ from moshi_mlx.serve.sessions import (
 from moshi_mlx.serve.stt import protocol
 from moshi_mlx.serve.stt.protocol import ProtocolError
 from moshi_mlx.serve.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
+from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import WordEnded, WordStarted
 
 ASR_PATH = "/api/asr-streaming"
@@ -78,8 +80,9 @@ def create_app(
 
 
 def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
-    """Mount `ASR_PATH` on `app` for `context.stt`, its streams a real-time job of
-    `context.thread` (started here: the model is loaded); returns the worker."""
+    """Mount `ASR_PATH` on `app` for `context.stt`, its streams rows of one batch of
+    `context.max_streams`, a real-time job of `context.thread` (started here: the model is
+    loaded; the batch's step compiles before the first Ready); returns the worker."""
     model = context.stt
     config = SttServerConfig(
         max_streams=context.max_streams,
@@ -87,7 +90,7 @@ def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
         loopback_only=context.loopback_only,
         limits=context.limits,
     )
-    worker = SttWorker(model.speech_to_text, thread=context.thread)
+    worker = SttWorker(lambda rows: SttBatch(model, rows), config.max_streams, thread=context.thread)
     handler = _SttHandler(worker, config, context.tally)
     app.router.add_get(ASR_PATH, handler.handle)
     app.on_shutdown.append(handler.sessions.close_all)
@@ -194,7 +197,11 @@ class _Connection:
             await _fail(self._ws, failure)
         else:
             await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
+        if self._stopping:
+            reason = "the server is stopping"
+        if silent := self._channel.silent_steps:
+            reason += f" ({silent} steps heard silence: its audio came late)"
+        return reason
 
     async def stop(self) -> None:
         """Close with 1001 (going away): the server is shutting down."""

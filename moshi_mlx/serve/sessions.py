@@ -115,7 +115,7 @@ class Sessions:
     at once (`SessionSlots`), each logged as it starts and ends, all stopped by `close_all`."""
 
     def __init__(self, limit: int, tally: EventTally, logger: logging.Logger, noun: str):
-        self._slots = SessionSlots(limit)
+        self.slots = SessionSlots(limit)
         self._tally = tally
         self._log = logger
         self._noun = noun
@@ -129,7 +129,7 @@ class Sessions:
     ) -> None:
         """Run the session `start` makes once a slot is free; without one, `refuse` (tell the
         client the server is busy)."""
-        if not await self._slots.take():
+        if not await self.slots.take():
             self._tally.count("websockets told the server is busy", peer)
             await refuse()
             return
@@ -146,7 +146,7 @@ class Sessions:
             reason = await connection.run()
         finally:
             self._running.discard(connection)
-            await self._slots.release()
+            await self.slots.release()
             started.cancel()
             if time.monotonic() - began < CHURN_SECONDS:
                 self._tally.count(f"{self._noun}s that opened and closed at once", peer)
@@ -156,7 +156,7 @@ class Sessions:
     @property
     def active(self) -> int:
         """Sessions running now."""
-        return self._slots.active
+        return self.slots.active
 
     async def close_all(self, _app: web.Application) -> None:
         """Server shutdown: stop every session (its websocket closes with 1001)."""

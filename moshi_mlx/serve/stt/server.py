@@ -51,6 +51,7 @@ MAX_UNSENT_MESSAGES = 1000
 _WEBSOCKET_MAX_BYTES = 2 * protocol.MAX_MESSAGE_BYTES
 
 log = logging.getLogger("moshi_mlx.stt")
+STT_WORKER = web.AppKey("stt_worker", SttWorker)  # the app's worker, for its counts
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def create_app(
     if config.loopback_only:
         middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
+    app[STT_WORKER] = worker
     app.router.add_get(ASR_PATH, handler.handle)
     app.on_shutdown.append(handler.sessions.close_all)
     return app
@@ -90,8 +92,11 @@ def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
         loopback_only=context.loopback_only,
         limits=context.limits,
     )
-    worker = SttWorker(lambda rows: SttBatch(model, rows), config.max_streams, thread=context.thread)
+    worker = SttWorker(
+        lambda rows: SttBatch(model, rows), config.max_streams, thread=context.thread
+    )
     handler = _SttHandler(worker, config, context.tally)
+    app[STT_WORKER] = worker
     app.router.add_get(ASR_PATH, handler.handle)
     app.on_shutdown.append(handler.sessions.close_all)
     app.on_cleanup.append(lambda _app: _stopped(worker))

@@ -7,8 +7,10 @@ so the batch lives on the model thread only. The event loop pushes each client's
 markers into its `Channel` and wakes the thread; results go back through the channel's
 `deliver` callback (which the loop makes hop onto itself).
 
-Pacing. Rows share one position, so a step feeds every busy row a frame: its client's
-oldest whole frame, or 80 ms of silence when none came in time. The batch steps as soon as
+Pacing. A stream takes a row when its first whole frame is there (so a stream's audio
+starts with its client's, as alone). Rows share one position, so a step feeds every busy row
+a frame: its client's oldest whole frame, or 80 ms of silence when none came in time. The
+batch steps as soon as
 every *gating* row has a frame (a row gates once its last step was fed its client's audio; a
 row that joined, or that heard silence last step, does not), and some row has something to
 step. Failing that, it steps one frame period after the step would be due on time (the later
@@ -211,7 +213,7 @@ class Channel:
 
 @dataclass
 class _Stream:
-    row: int
+    row: int | None = None  # None until its first whole frame
     gating: bool = False  # its last step was fed its client's audio: the batch waits for it
 
 
@@ -304,7 +306,7 @@ class SttWorker(RealTimeClock):
         gating_ready: list[float] = []
         missing = False  # a gating row without a frame
         for channel, stream in self._streams.items():
-            if stream.row not in needing:  # its silence prefix: always has a frame
+            if stream.row is not None and stream.row not in needing:  # in its silence prefix
                 ready.append(self._last_step_at)
                 continue
             at = channel.frame_ready_at()
@@ -332,23 +334,28 @@ class SttWorker(RealTimeClock):
             action, channel, _ = self._jobs.popleft()
             if action == "close":
                 stream = self._streams.pop(channel, None)
-                if stream is not None:
+                if stream is not None and stream.row is not None:
                     self._batch.remove(stream.row)
             elif not channel.closed:
-                self._open(channel)
+                self._streams[channel] = _Stream()
+                _deliver(channel, Opened())
         self.open_streams = len(self._streams)
 
-    def _open(self, channel: Channel) -> None:
-        try:
-            row = self._batch.add()
-        except Exception as exc:  # noqa: BLE001 - reported to this client only
-            _deliver(channel, Failed(f"cannot start a stream: {_one_line(exc)}"))
-            return
-        self._streams[channel] = _Stream(row)
-        _deliver(channel, Opened())
+    def _add_rows(self) -> None:
+        """A row for every stream whose first whole frame came."""
+        for channel, stream in list(self._streams.items()):
+            if stream.row is not None or channel.frame_ready_at() is None:
+                continue
+            try:
+                stream.row = self._batch.add()
+            except Exception as exc:  # noqa: BLE001 - reported to this client only
+                del self._streams[channel]
+                self.open_streams = len(self._streams)
+                _deliver(channel, Failed(f"cannot start a stream: {_one_line(exc)}"))
 
     def _step_batch(self) -> None:
         """One frame of every busy row; its results, then the markers that came due."""
+        self._add_rows()
         batch = self._batch
         needing = set(batch.waiting)
         fed: set[Channel] = set()
@@ -365,7 +372,7 @@ class SttWorker(RealTimeClock):
         self.batch_steps += 1
         for channel, stream in self._streams.items():
             if stream.row not in needing:
-                continue  # in its silence prefix
+                continue  # no row yet, or in its silence prefix
             stream.gating = channel in fed
             buffered = channel.stepped(stream.gating)
             if (output := outputs.get(stream.row)) is not None:
@@ -379,7 +386,8 @@ class SttWorker(RealTimeClock):
         streams, self._streams = self._streams, {}
         self.open_streams = 0
         for channel, stream in streams.items():
-            self._batch.remove(stream.row)
+            if stream.row is not None:
+                self._batch.remove(stream.row)
             _deliver(channel, Failed(reason))
 
 

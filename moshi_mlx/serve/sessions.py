@@ -3,7 +3,8 @@
 - `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
   `broken_reason` says why one broke.
 - `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
-  `close_going_away`) stops each; `send_and_close` and `close_ended` end one.
+  `close_going_away`) stops each; `first_to_end` races a session's tasks (the client's
+  messages, the model's results, watchdogs); `send_and_close` and `close_ended` end one.
 - `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
 """
 
@@ -161,6 +162,18 @@ class Sessions:
     async def close_all(self, _app: web.Application) -> None:
         """Server shutdown: stop every session (its websocket closes with 1001)."""
         await asyncio.gather(*(connection.stop() for connection in self._running))
+
+
+async def first_to_end(*work: Awaitable[str]) -> str:
+    """Run `work` (coroutines or tasks) until the first ends: its result, or its exception;
+    the others are cancelled (also when the caller is)."""
+    tasks = [asyncio.ensure_future(item) for item in work]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return next(iter(done)).result()
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:

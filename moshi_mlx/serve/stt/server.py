@@ -34,6 +34,7 @@ from moshi_mlx.serve.sessions import (
     broken_reason,
     close_ended,
     close_going_away,
+    first_to_end,
     live_websocket,
     send_and_close,
 )
@@ -180,23 +181,16 @@ class _Connection:
         """Transcribe until the client leaves or something ends it; returns why, for the log."""
         loop = asyncio.get_running_loop()
         self._channel = Channel(lambda event: loop.call_soon_threadsafe(self._on_event, event))
-        tasks = [
-            asyncio.create_task(self._receive()),
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._watch_silence()),
-            asyncio.create_task(self._watch_stall()),
-        ]
         failure = None
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            reason = next(iter(done)).result()
+        try:  # nothing else goes out after an Error: the other tasks are cancelled
+            reason = await first_to_end(
+                self._receive(), self._send(), self._watch_silence(), self._watch_stall()
+            )
         except (ProtocolError, _StreamEnded) as exc:
             reason = failure = str(exc)
         except ConnectionError:
             reason = "the client left"
         finally:
-            for task in tasks:  # nothing else goes out after an Error
-                task.cancel()
             self._worker.release(self._channel)
         if failure is not None:
             await _fail(self._ws, failure)

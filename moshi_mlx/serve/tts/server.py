@@ -31,7 +31,13 @@ from moshi_mlx.errors import MoshiError
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.logtext import capped
-from moshi_mlx.serve.sessions import Sessions, close_ended, close_going_away, live_websocket
+from moshi_mlx.serve.sessions import (
+    Sessions,
+    close_ended,
+    close_going_away,
+    first_to_end,
+    live_websocket,
+)
 from moshi_mlx.serve.tts import protocol
 from moshi_mlx.serve.tts.protocol import ProtocolError
 from moshi_mlx.serve.tts.session import (
@@ -288,18 +294,14 @@ class _Connection:
     async def run(self) -> str:
         if ready := self._encoder.message(protocol.ready()):
             await self._ws.send_bytes(ready)
-        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._send())]
         failure = None
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            reason = next(iter(done)).result()
+            reason = await first_to_end(self._receive(), self._send())
         except (ProtocolError, _Ended) as exc:
             reason = failure = str(exc)
         except ConnectionError:
             reason = "the client left"
         finally:
-            for task in tasks:
-                task.cancel()
             if self._session is not None:
                 self._streams.stop(self._session)
                 self._context.thread.wake()

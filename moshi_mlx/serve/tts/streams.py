@@ -103,8 +103,14 @@ class TtsStreams(RealTimeClock):
                 self._leave(session)
         now = time.monotonic()
         for key, group in list(self._groups.items()):
-            for row, session in group.sessions.items():
-                self._feed(group.batch, row, session)
+            for row, session in list(group.sessions.items()):
+                try:
+                    self._feed(group.batch, row, session)
+                except Exception as exc:  # noqa: BLE001 - ends this stream, not the others
+                    session.fail(f"cannot speak this text: {_one_line(exc)}")
+                    self._leave(session)
+            if key not in self._groups:
+                continue
             due = group.due_at(self._ahead)
             if due is not None and due <= now:
                 self._step(key, group)

@@ -262,7 +262,8 @@ class SttWorker(RealTimeClock):
             self.thread.call_soon(self._streams.clear)
 
     def open(self, channel: Channel) -> None:
-        """Give the channel a row; the channel receives `Opened` or `Failed`."""
+        """Open the channel's stream: it receives `Opened`; its row comes with its first whole
+        frame (`Failed` if none is free then)."""
         self._jobs.append(("open", channel, time.monotonic()))
         self.thread.wake()
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from collections import deque
 
 import numpy as np
 
 from moshi_mlx.cli.common import run_cli
 from moshi_mlx.cli.stt_serve import add_server_args, serve
+from moshi_mlx.stt.batch import SttRowOutput
 from moshi_mlx.stt.events import EndOfTurn, SttStep, WordEnded, WordStarted
 
 FRAME_SIZE = 1920
@@ -67,17 +69,59 @@ class FakeSttStream:
         return SttStep(index, tuple(events), heads)
 
 
+class FakeBatch:
+    """`FakeSttStream`s as the rows of a batch like `SttBatch` (no silence prefix): a step
+    feeds each busy row its pushed frame, or silence."""
+
+    def __init__(self, factory: FakeFactory, rows: int):
+        self._factory = factory
+        self.rows = rows
+        self.delay_steps = factory.options.get("delay_steps", 2)
+        self._streams: dict[int, FakeSttStream] = {}
+        self._frames: dict[int, deque[np.ndarray]] = {}
+
+    @property
+    def waiting(self) -> list[int]:
+        return [row for row in sorted(self._streams) if not self._frames[row]]
+
+    def add(self) -> int:
+        row = next(row for row in range(self.rows) if row not in self._streams)
+        self._streams[row] = self._factory.stream()
+        self._frames[row] = deque()
+        return row
+
+    def push(self, row: int, pcm: np.ndarray) -> None:
+        self._frames[row].append(pcm)
+
+    def step(self) -> list[SttRowOutput]:
+        silence = np.zeros(FRAME_SIZE, np.float32)
+        outputs = []
+        for row in sorted(self._streams):
+            frames = self._frames[row]
+            step = self._streams[row].step(frames.popleft() if frames else silence)
+            outputs.append(SttRowOutput(row, step, False))
+        return outputs
+
+    def remove(self, row: int) -> None:
+        del self._streams[row], self._frames[row]
+
+
 class FakeFactory:
-    """Makes `FakeSttStream`s and keeps them (to see which threads stepped them)."""
+    """Makes `FakeBatch`es of `FakeSttStream`s and keeps the streams (to see which threads
+    stepped them)."""
 
     def __init__(self, **options):
-        self._options = options
+        self.options = options
         self.streams: list[FakeSttStream] = []
         self.threads: set[int] = set()
 
-    def __call__(self) -> FakeSttStream:
+    def __call__(self, rows: int) -> FakeBatch:
         self.threads.add(threading.get_ident())
-        stream = FakeSttStream(**self._options)
+        return FakeBatch(self, rows)
+
+    def stream(self) -> FakeSttStream:
+        self.threads.add(threading.get_ident())
+        stream = FakeSttStream(**self.options)
         self.streams.append(stream)
         return stream
 

@@ -208,7 +208,7 @@ def test_modules_and_build_info(server):
             "path": TTS_PATH,
             "script": "tts.py",
             "used_slots": "0",
-            "total_slots": "8",
+            "total_slots": "2",  # the TTS batch's rows: `max_tts_streams`, 2 by default
         }
     ]
     assert "git_describe" in build and "moshi_mlx" in build["git_describe"]

@@ -34,7 +34,7 @@ class Server:
 
     def __init__(self, factory, config: SttServerConfig, warm_up=None):
         self.factory = factory
-        self.worker = SttWorker(factory, warm_up)
+        self.worker = SttWorker(factory, config.max_streams, warm_up)
         self.worker.start()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

@@ -104,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8,
         metavar="N",
-        help="live streams per STT/TTS model (default %(default)s)",
+        help="live STT streams, stepped as one batch (default %(default)s)",
+    )
+    server.add_argument(
+        "--max-tts-streams",
+        type=int,
+        default=2,
+        metavar="N",
+        help="live TTS streams, stepped as one batch per sampling (default %(default)s, as "
+        "Kyutai's local config)",
     )
     add_limit_args(server)
     parser.set_defaults(client_silence_timeout=SILENCE_TIMEOUT_SECONDS)
@@ -123,6 +131,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--llm-max-tokens must be >= 1, got {args.llm_max_tokens}")
     if args.max_streams < 1:
         raise ConfigError(f"--max-streams must be >= 1, got {args.max_streams}")
+    if args.max_tts_streams < 1:
+        raise ConfigError(f"--max-tts-streams must be >= 1, got {args.max_tts_streams}")
     if args.api_key is not None and not all(args.api_key):
         raise ConfigError("--api-key must not be empty")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
@@ -166,6 +176,7 @@ async def _serve(args: argparse.Namespace) -> None:
         limits,
         api_keys=frozenset(args.api_key or ()),
         max_streams=args.max_streams,
+        max_tts_streams=args.max_tts_streams,
         loopback_only=is_loopback(host),
         voice_repo=args.voice_repo,
     )

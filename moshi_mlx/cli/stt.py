@@ -42,6 +42,7 @@ from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import EndOfTurn, SttStep
 from moshi_mlx.stt.stepper import TextSampling
 from moshi_mlx.stt.transcriber import SttModel, Transcription, transcribe_steps
@@ -243,17 +244,14 @@ def live_captions(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Kyutai's STT websocket; the model is loaded and warmed up on the server's worker
-    thread (where every stream steps: MLX keeps its streams per thread)."""
+    """Kyutai's STT websocket; the model is loaded on the server's worker thread (where the
+    batch of every stream steps: MLX keeps its streams per thread)."""
     loaded: list[SttModel] = []
 
-    def warm_up() -> None:
+    def load() -> None:
         loaded.append(_load(args))
-        stt = loaded[0].speech_to_text(sampling=_sampling(args))
-        for _ in range(2):
-            stt.step(np.zeros(FRAME_SIZE, np.float32))
 
-    return serve_streams(args, lambda: loaded[0].speech_to_text(sampling=_sampling(args)), warm_up)
+    return serve_streams(args, lambda rows: SttBatch(loaded[0], rows, _sampling(args)), load)
 
 
 def _run(argv: Sequence[str] | None) -> int:

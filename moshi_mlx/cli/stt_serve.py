@@ -1,8 +1,9 @@
 """The flags and the run of the speech-to-text server (`python -m moshi_mlx.stt --serve`).
 
 The command that owns the model adds `add_server_args` to its parser and calls
-`serve(args, stream_factory)` inside `moshi_mlx.cli.common.run_cli` (which prints a `MoshiError` as
-one line and handles Ctrl-C); `stream_factory` and `warm_up` run on the worker thread.
+`serve(args, batch_factory)` inside `moshi_mlx.cli.common.run_cli` (which prints a `MoshiError` as
+one line and handles Ctrl-C); `warm_up` and `batch_factory` (rows -> an `SttBatch`) run on
+the worker thread.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from moshi_mlx.serve.http import is_loopback
 from moshi_mlx.serve.limits import fitted_limits
 from moshi_mlx.serve.sessions import stop_on_sigterm
 from moshi_mlx.serve.stt.server import ASR_PATH, SttServerConfig, create_app, log
-from moshi_mlx.serve.stt.worker import StreamFactory, SttWorker
+from moshi_mlx.serve.stt.worker import BatchFactory, SttWorker
 
 DEFAULT_PORT = 8080  # Kyutai's STT clients connect to ws://127.0.0.1:8080 by default
 WORKER_STOP_SECONDS = 5.0
@@ -78,14 +79,15 @@ def server_config(args: argparse.Namespace) -> SttServerConfig:
 
 def serve(
     args: argparse.Namespace,
-    stream_factory: StreamFactory,
+    batch_factory: BatchFactory,
     warm_up: Callable[[], None] | None = None,
 ) -> int:
-    """Serve `ASR_PATH` until Ctrl-C or SIGTERM; `warm_up` (load, compile) runs first on the
-    worker thread, while clients may already connect and wait for their Ready."""
+    """Serve `ASR_PATH` until Ctrl-C or SIGTERM, every stream a row of one batch of
+    `--max-streams` rows; `warm_up` (load) runs first on the worker thread, then the batch is
+    made and its step compiled, while clients may already connect and wait for their Ready."""
     config = server_config(args)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    asyncio.run(_serve(args, config, SttWorker(stream_factory, warm_up)))
+    asyncio.run(_serve(args, config, SttWorker(batch_factory, config.max_streams, warm_up)))
     return 0
 
 

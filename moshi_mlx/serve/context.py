@@ -36,7 +36,8 @@ class ServeContext:
     llm: LlmModel | None = None
     # The name each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id.
     model_names: dict[str, str] = field(default_factory=dict)
-    max_streams: int = 8  # live streams per real-time model (STT, TTS)
+    max_streams: int = 8  # live STT streams (the rows of the STT batch)
+    max_tts_streams: int = 2  # live TTS streams (the rows of each TTS batch)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
     voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one
     # One entry per mounted moshi-server module for `/api/modules_info`: a function giving its

@@ -3,7 +3,8 @@
 - `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
   `broken_reason` says why one broke.
 - `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
-  `close_going_away`) stops each; `send_and_close` and `close_ended` end one.
+  `close_going_away`) stops each; `first_to_end` races a session's tasks (the client's
+  messages, the model's results, watchdogs); `send_and_close` and `close_ended` end one.
 - `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
 """
 
@@ -115,7 +116,7 @@ class Sessions:
     at once (`SessionSlots`), each logged as it starts and ends, all stopped by `close_all`."""
 
     def __init__(self, limit: int, tally: EventTally, logger: logging.Logger, noun: str):
-        self._slots = SessionSlots(limit)
+        self.slots = SessionSlots(limit)
         self._tally = tally
         self._log = logger
         self._noun = noun
@@ -129,7 +130,7 @@ class Sessions:
     ) -> None:
         """Run the session `start` makes once a slot is free; without one, `refuse` (tell the
         client the server is busy)."""
-        if not await self._slots.take():
+        if not await self.slots.take():
             self._tally.count("websockets told the server is busy", peer)
             await refuse()
             return
@@ -146,7 +147,7 @@ class Sessions:
             reason = await connection.run()
         finally:
             self._running.discard(connection)
-            await self._slots.release()
+            await self.slots.release()
             started.cancel()
             if time.monotonic() - began < CHURN_SECONDS:
                 self._tally.count(f"{self._noun}s that opened and closed at once", peer)
@@ -156,11 +157,23 @@ class Sessions:
     @property
     def active(self) -> int:
         """Sessions running now."""
-        return self._slots.active
+        return self.slots.active
 
     async def close_all(self, _app: web.Application) -> None:
         """Server shutdown: stop every session (its websocket closes with 1001)."""
         await asyncio.gather(*(connection.stop() for connection in self._running))
+
+
+async def first_to_end(*work: Awaitable[str]) -> str:
+    """Run `work` (coroutines or tasks) until the first ends: its result, or its exception;
+    the others are cancelled (also when the caller is)."""
+    tasks = [asyncio.ensure_future(item) for item in work]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return next(iter(done)).result()
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def send_and_close(ws: web.WebSocketResponse, message: bytes) -> None:

@@ -84,6 +84,8 @@ class SttBatch:
         timing = lm.cfg.stt_config
         seconds = timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
         self.flush_steps = int(np.ceil(seconds / FRAME_SECONDS))  # as `SpeechToText`'s
+        # Steps between a frame's audio and the words it yields (as `SpeechToText`'s).
+        self.delay_steps = int(np.ceil(timing.audio_delay_seconds / FRAME_SECONDS))
         self._busy: dict[int, _Row] = {}
         self._reset()
 

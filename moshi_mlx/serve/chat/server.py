@@ -35,6 +35,7 @@ from moshi_mlx.serve.sessions import (
     broken_reason,
     close_ended,
     close_going_away,
+    first_to_end,
     live_websocket,
     send_and_close,
 )
@@ -222,13 +223,8 @@ class _Connection:
             receiving.cancel()
             raise
         self._worker.open(self._session)
-        tasks = (receiving, asyncio.create_task(self._reply()), asyncio.create_task(self._watch()))
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        # result() raises a ProtocolError or _ConversationEnded: the reason goes to the client.
-        reasons = [task.result() for task in done]
-        return reasons[0]
+        # A ProtocolError or _ConversationEnded propagates: the reason goes to the client.
+        return await first_to_end(receiving, self._reply(), self._watch())
 
     async def _receive(self) -> str:
         """Client messages until it leaves; audio before the handshake is kept for the model."""

@@ -1,8 +1,9 @@
 """`/api/asr-streaming`: Kyutai's streaming speech-to-text websocket (`stt.protocol`), one
-stream per connection.
+stream per connection, every stream a row of one batch stepped once per frame.
 
 Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
-the `SttWorker` (a real-time job of the model thread) through each connection's `Channel`,
+the `SttWorker` (a real-time job of the model thread; its pacing is in its module) through
+each connection's `Channel`,
 and the worker's results come back through an `asyncio.Queue` per connection, so a client
 that stops reading stalls only its own connection. Caps, deadlines and liveness checks come
 from `moshi_mlx.serve.guard`.
@@ -33,12 +34,14 @@ from moshi_mlx.serve.sessions import (
     broken_reason,
     close_ended,
     close_going_away,
+    first_to_end,
     live_websocket,
     send_and_close,
 )
 from moshi_mlx.serve.stt import protocol
 from moshi_mlx.serve.stt.protocol import ProtocolError
 from moshi_mlx.serve.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
+from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import WordEnded, WordStarted
 
 ASR_PATH = "/api/asr-streaming"
@@ -49,6 +52,7 @@ MAX_UNSENT_MESSAGES = 1000
 _WEBSOCKET_MAX_BYTES = 2 * protocol.MAX_MESSAGE_BYTES
 
 log = logging.getLogger("moshi_mlx.stt")
+STT_WORKER = web.AppKey("stt_worker", SttWorker)  # the app's worker, for its counts
 
 
 @dataclass(frozen=True)
@@ -72,14 +76,16 @@ def create_app(
     if config.loopback_only:
         middlewares.append(loopback_only(guard.tally))
     app = web.Application(middlewares=middlewares)
+    app[STT_WORKER] = worker
     app.router.add_get(ASR_PATH, handler.handle)
     app.on_shutdown.append(handler.sessions.close_all)
     return app
 
 
 def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
-    """Mount `ASR_PATH` on `app` for `context.stt`, its streams a real-time job of
-    `context.thread` (started here: the model is loaded); returns the worker."""
+    """Mount `ASR_PATH` on `app` for `context.stt`, its streams rows of one batch of
+    `context.max_streams`, a real-time job of `context.thread` (started here: the model is
+    loaded; the batch's step compiles before the first Ready); returns the worker."""
     model = context.stt
     config = SttServerConfig(
         max_streams=context.max_streams,
@@ -87,8 +93,11 @@ def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
         loopback_only=context.loopback_only,
         limits=context.limits,
     )
-    worker = SttWorker(model.speech_to_text, thread=context.thread)
+    worker = SttWorker(
+        lambda rows: SttBatch(model, rows), config.max_streams, thread=context.thread
+    )
     handler = _SttHandler(worker, config, context.tally)
+    app[STT_WORKER] = worker
     app.router.add_get(ASR_PATH, handler.handle)
     app.on_shutdown.append(handler.sessions.close_all)
     app.on_cleanup.append(lambda _app: _stopped(worker))
@@ -172,29 +181,26 @@ class _Connection:
         """Transcribe until the client leaves or something ends it; returns why, for the log."""
         loop = asyncio.get_running_loop()
         self._channel = Channel(lambda event: loop.call_soon_threadsafe(self._on_event, event))
-        tasks = [
-            asyncio.create_task(self._receive()),
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._watch_silence()),
-            asyncio.create_task(self._watch_stall()),
-        ]
         failure = None
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            reason = next(iter(done)).result()
+        try:  # nothing else goes out after an Error: the other tasks are cancelled
+            reason = await first_to_end(
+                self._receive(), self._send(), self._watch_silence(), self._watch_stall()
+            )
         except (ProtocolError, _StreamEnded) as exc:
             reason = failure = str(exc)
         except ConnectionError:
             reason = "the client left"
         finally:
-            for task in tasks:  # nothing else goes out after an Error
-                task.cancel()
             self._worker.release(self._channel)
         if failure is not None:
             await _fail(self._ws, failure)
         else:
             await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
+        if self._stopping:
+            reason = "the server is stopping"
+        if silent := self._channel.silent_steps:
+            reason += f" ({silent} steps heard silence: its audio came late)"
+        return reason
 
     async def stop(self) -> None:
         """Close with 1001 (going away): the server is shutting down."""

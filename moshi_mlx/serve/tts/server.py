@@ -1,12 +1,17 @@
 """`/api/tts_streaming`: moshi-server's streaming text-to-speech, on the model thread.
 
+Every stream, websocket or POST, is a row of a batch of `TtsStreams` (one compiled step
+per 80 ms frame for all streams of one sampling; see `moshi_mlx.serve.tts.streams`), at most
+`context.max_tts_streams` at once.
+
 `GET` upgrades to the websocket of `moshi_mlx.serve.tts.protocol`: a key (header
 `kyutai-api-key` or `?auth_id=`), `?format=` (default `PcmMessagePack`), `?voice=` (a voice
 of the voice repo without its embedding suffix, e.g. `unmute-prod-website/p329_022.wav`;
 an unknown one falls back to the default voice, with a log line), `?cfg_alpha=`,
 `?temperature=`, `?top_k=`, `?seed=`. `Ready` goes out at once (or `Error "no free
 channels"` and a close); the stream starts with the first text (after a `Voice` sent
-before it, as Unmute does). `POST` with JSON `{text, voice}` answers a streamed WAV.
+before it, as Unmute does). `POST` with JSON `{text, voice}` answers a streamed WAV (or 503
+when every stream is taken).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+from dataclasses import replace
 
 import aiohttp
 import numpy as np
@@ -25,7 +31,13 @@ from moshi_mlx.errors import MoshiError
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.logtext import capped
-from moshi_mlx.serve.sessions import Sessions, close_ended, close_going_away, live_websocket
+from moshi_mlx.serve.sessions import (
+    Sessions,
+    close_ended,
+    close_going_away,
+    first_to_end,
+    live_websocket,
+)
 from moshi_mlx.serve.tts import protocol
 from moshi_mlx.serve.tts.protocol import ProtocolError
 from moshi_mlx.serve.tts.session import (
@@ -36,6 +48,7 @@ from moshi_mlx.serve.tts.session import (
     SessionOptions,
     TtsSession,
 )
+from moshi_mlx.serve.tts.streams import TtsStreams
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
@@ -50,29 +63,41 @@ _DECODE_OFF_LOOP_BYTES = 64 * 1024  # larger messages are decoded on a worker th
 _WEBSOCKET_MAX_BYTES = protocol.MAX_MESSAGE_BYTES
 
 log = logging.getLogger("moshi_mlx.serve.tts")
+TTS_STREAMS = web.AppKey("tts_streams", TtsStreams)  # the app's streams, for their counts
 
 
 def add_routes(app: web.Application, context: ServeContext) -> None:
-    """Mount `TTS_PATH` (websocket and POST) for `context.tts`."""
-    handler = _TtsHandler(context)
+    """Mount `TTS_PATH` (websocket and POST) for `context.tts`, its streams a real-time job
+    of `context.thread`; returns the job."""
+    streams = TtsStreams(context.tts, context.max_tts_streams)
+    handler = _TtsHandler(context, streams)
+    app[TTS_STREAMS] = streams
     app.router.add_get(TTS_PATH, handler.websocket)
     app.router.add_post(TTS_PATH, handler.post)
     app.on_shutdown.append(handler.sessions.close_all)
+    app.on_cleanup.append(lambda _app: _removed(context, streams))
+    context.thread.add_realtime(streams)
     context.modules.append(
         lambda: {
             "type": "py",
             "path": TTS_PATH,
             "script": "tts.py",
             "used_slots": str(handler.sessions.active),
-            "total_slots": str(context.max_streams),
+            "total_slots": str(context.max_tts_streams),
         }
     )
+    return streams
+
+
+async def _removed(context: ServeContext, streams: TtsStreams) -> None:
+    context.thread.remove_realtime(streams)
 
 
 class _TtsHandler:
-    def __init__(self, context: ServeContext):
+    def __init__(self, context: ServeContext, streams: TtsStreams):
         self.context = context
-        self.sessions = Sessions(context.max_streams, context.tally, log, "speech stream")
+        self.streams = streams
+        self.sessions = Sessions(context.max_tts_streams, context.tally, log, "speech stream")
 
     def _check_key(self, request: web.Request) -> None:
         key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
@@ -105,7 +130,9 @@ class _TtsHandler:
             await ws.close()
 
         await self.sessions.run(
-            request.remote, lambda: _Connection(ws, self.context, options, encoder), refuse
+            request.remote,
+            lambda: _Connection(ws, self.context, self.streams, options, encoder),
+            refuse,
         )
         return ws
 
@@ -121,14 +148,26 @@ class _TtsHandler:
             raise web.HTTPBadRequest(text='"text" must be a non-empty string (64 k chars at most)')
         voice = body.get("voice")
         options = await self._options(voice if isinstance(voice, str) else None, request.query)
+        if not await self.sessions.slots.take():
+            self.context.tally.count("requests told the server is busy", request.remote)
+            raise web.HTTPServiceUnavailable(text="no free channels; try again later")
+        try:
+            return await self._speak(request, text, options)
+        finally:
+            await self.sessions.slots.release()
+
+    async def _speak(
+        self, request: web.Request, text: str, options: SessionOptions
+    ) -> web.StreamResponse:
         events: asyncio.Queue[SessionEvent] = asyncio.Queue()
-        session = _session(self.context, options, events)
+        session = _session(options, events)
         session.push_text(text)
         session.end()
         response = web.StreamResponse(headers={"Content-Type": "audio/wav"})
         await response.prepare(request)
         await response.write(_wav_header())
-        self.context.thread.add_realtime(session)
+        self.streams.start(session)
+        self.context.thread.wake()
         try:
             while True:
                 event = await events.get()
@@ -138,7 +177,8 @@ class _TtsHandler:
                 elif isinstance(event, Failed | Finished):
                     break
         finally:
-            self.context.thread.remove_realtime(session)
+            self.streams.stop(session)
+            self.context.thread.wake()
         await response.write_eof()
         return response
 
@@ -182,14 +222,14 @@ def _bounded(text: str, low: float, high: float) -> float:
     return value
 
 
-def _session(context: ServeContext, options: SessionOptions, events: asyncio.Queue) -> TtsSession:
+def _session(options: SessionOptions, events: asyncio.Queue) -> TtsSession:
     loop = asyncio.get_running_loop()
 
     def deliver(event: SessionEvent) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-    return TtsSession(context.tts, options, deliver)
+    return TtsSession(options, deliver)
 
 
 def _wav_header() -> bytes:
@@ -238,11 +278,13 @@ class _Connection:
         self,
         ws: web.WebSocketResponse,
         context: ServeContext,
+        streams: TtsStreams,
         options: SessionOptions,
         encoder: _Encoder,
     ):
         self._ws = ws
         self._context = context
+        self._streams = streams
         self._options = options
         self._encoder = encoder
         self._events: asyncio.Queue[SessionEvent] = asyncio.Queue()
@@ -252,20 +294,17 @@ class _Connection:
     async def run(self) -> str:
         if ready := self._encoder.message(protocol.ready()):
             await self._ws.send_bytes(ready)
-        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._send())]
         failure = None
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            reason = next(iter(done)).result()
+            reason = await first_to_end(self._receive(), self._send())
         except (ProtocolError, _Ended) as exc:
             reason = failure = str(exc)
         except ConnectionError:
             reason = "the client left"
         finally:
-            for task in tasks:
-                task.cancel()
             if self._session is not None:
-                self._context.thread.remove_realtime(self._session)
+                self._streams.stop(self._session)
+                self._context.thread.wake()
         if failure is not None and (message := self._encoder.message(protocol.error(failure))):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._ws.send_bytes(message)
@@ -278,8 +317,8 @@ class _Connection:
 
     def _started(self) -> TtsSession:
         if self._session is None:
-            self._session = _session(self._context, self._options, self._events)
-            self._context.thread.add_realtime(self._session)
+            self._session = _session(self._options, self._events)
+            self._streams.start(self._session)
         return self._session
 
     async def _receive(self) -> str:
@@ -307,9 +346,7 @@ class _Connection:
             if isinstance(parsed, protocol.Voice):
                 if self._session is not None:
                     raise ProtocolError("send Voice before the first Text")
-                self._options = SessionOptions(
-                    parsed.embedding, self._options.cfg_coef, self._options.sampling
-                )
+                self._options = replace(self._options, voice=parsed.embedding)
             elif isinstance(parsed, protocol.Text):
                 self._started().push_text(parsed.text)
             else:

@@ -2,8 +2,9 @@
 a loopback port over tiny random STT, TTS and LLM models built in a temp folder: the first
 audio of `/api/tts_streaming` after the first word (one `Text` message per word, as Unmute
 sends), how far a live STT stream (80 ms frames in real time) and a TTS stream trail real
-time, alone and while a `/v1/chat/completions` stream runs beside them, and the requests per
-second of `POST /v1/audio/transcriptions` on a 10 s file."""
+time, alone and while a `/v1/chat/completions` stream runs beside them, the same for two STT
+and two TTS streams at once beside the LLM (batched: one step per frame for each kind), and
+the requests per second of `POST /v1/audio/transcriptions` on a 10 s file."""
 
 from __future__ import annotations
 
@@ -264,6 +265,28 @@ async def transcriptions(base: str, requests: int, seed: int) -> dict:
     return {"requests_per_s": len(times) / sum(times), "request_s": summarize(times)}
 
 
+async def two_and_two(base: str, frames: int, words: list[str], seed: int) -> dict:
+    """Two live STT streams and two TTS streams at once (the second of each 0.2 s after the
+    first), beside a chat answer: each kind's lag over its streams, and the LLM's chunks."""
+
+    async def later(stream, delay: float) -> dict:
+        await asyncio.sleep(delay)
+        return await stream
+
+    streams = asyncio.gather(
+        stt_stream(base, frames, seed),
+        later(stt_stream(base, frames, seed + 1), 0.2),
+        tts_stream(base, words, seed),
+        later(tts_stream(base, words[::-1], seed + 1), 0.2),
+    )
+    (stt_a, stt_b, tts_a, tts_b), chunks = await beside_llm(base, streams)
+    return {
+        "stt_lag_2x2_with_llm_ms": summarize(stt_a["lag_s"] + stt_b["lag_s"]),
+        "tts_lag_2x2_with_llm_ms": summarize(tts_a["lag_s"] + tts_b["lag_s"]),
+        "llm_chunks_beside_2x2": chunks,
+    }
+
+
 async def _measure(base: str, frames: int, runs: int, requests: int, seed: int) -> dict:
     words = SENTENCE.split()[: max(3, frames // 2)]  # speech about as long as the STT stream
     await tts_stream(base, words[:1], seed)  # warm-up: every path compiled once
@@ -286,6 +309,7 @@ async def _measure(base: str, frames: int, runs: int, requests: int, seed: int) 
         "llm_chunks_beside_stt": stt_chunks,
         "llm_chunks_beside_tts": tts_chunks,
     }
+    result.update(await two_and_two(base, frames, words, seed))
     for stream in ("stt", "tts"):
         alone, beside = result[f"{stream}_lag_ms"], result[f"{stream}_lag_with_llm_ms"]
         result[f"{stream}_lag_added_by_llm_ms"] = beside["p50"] - alone["p50"]
@@ -338,6 +362,8 @@ PART = Part(
         "stt_lag_with_llm_ms",
         "tts_lag_ms",
         "tts_lag_with_llm_ms",
+        "stt_lag_2x2_with_llm_ms",
+        "tts_lag_2x2_with_llm_ms",
     ),
     label=lambda data: data["backend"],
     notes=_notes,

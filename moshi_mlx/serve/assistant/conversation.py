@@ -33,6 +33,7 @@ from moshi_mlx.serve.sessions import (
     broken_reason,
     close_ended,
     close_going_away,
+    first_to_end,
     send_and_close,
 )
 
@@ -132,18 +133,8 @@ class Conversation:
         await self._ws.send_bytes(protocol.handshake())
         await self._ws.send_bytes(protocol.metadata(self._metadata()))
         await self._assistant.start(greeting=config.greeting)
-        tasks = [
-            asyncio.create_task(self._receive()),
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._watch_silence()),
-        ]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-        # result() raises a ProtocolError or ConversationEnded: the reason goes to the client.
-        return next(iter(done)).result()
+        # A ProtocolError or ConversationEnded raised here: the reason goes to the client.
+        return await first_to_end(self._receive(), self._send(), self._watch_silence())
 
     def _metadata(self) -> dict:
         return {

@@ -88,9 +88,11 @@ class Lm(nn.Module):
 
         Token -1 stands for "no input" and contributes a zero vector.
         """
-        clamped = mx.maximum(tokens, 0)
         tables = [self.text_emb, *self.audio_embs]
-        embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
+        # One split into (B, 1, T) streams, each looked up as (B, 1, T, dim), joined on the
+        # stream axis: per stream a lookup alone (no index, squeeze or stack of its own).
+        streams = mx.split(mx.maximum(tokens, 0), len(tables), axis=1)
+        embs = mx.concatenate([table(ids) for table, ids in zip(tables, streams)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
 
     def forward_text(

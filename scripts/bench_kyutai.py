@@ -202,7 +202,7 @@ def bench_listen(config: dict, weights: Path, steps: int, warmup: int, seed: int
         text, heads = gen.step_with_extra_heads(mx.array(frame[None]))
         mx.eval(text, heads)  # one evaluation, then both on the host
         text[0].item()
-        [np.array(head) for head in heads]
+        [head.tolist() for head in heads]  # bfloat16: no numpy buffer
         step_times.append(time.perf_counter() - t0)
     return {
         "impl": "kyutai",

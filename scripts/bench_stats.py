@@ -80,7 +80,13 @@ def _published(path: Path) -> dict:
     return {k: v for k, v in json.loads(path.read_text()).items() if not k.endswith("_name")}
 
 
-LM_SHAPES["stt-1b"] = _published(PUBLISHED_STT_CONFIG)
+# Its 4 voice-activity heads, as the -candle export's config names them (the MLX one's keys
+# we have do not: tests/fixtures/kyutai_configs/SOURCES.md).
+LM_SHAPES["stt-1b"] = {
+    **_published(PUBLISHED_STT_CONFIG),
+    "extra_heads_num_heads": 4,
+    "extra_heads_dim": 6,
+}
 # stt-1b's structure (16 layers and heads, 32 streams in, the 4 heads) at width 64: a step is
 # its overhead (operations, dispatch, syncs), as `7b-structure`. bf16 files only.
 LM_SHAPES["stt-1b-structure"] = {**LM_SHAPES["stt-1b"], "dim": 64}

@@ -194,7 +194,9 @@ class StepFunctions:
             return mx.concatenate([token, token]) if guided else token  # both rows go on
 
         prev = mx.concatenate([text, text]) if guided else text
-        audio = self.lm.depformer.sample_step(temporal_out, prev, sample_audio, forced)
+        audio = self.lm.depformer.sample_step(
+            temporal_out, prev, sample_audio, forced, text_sampled=True
+        )
         return mx.concatenate([text, audio[0]]), key, text_logits, audio_logits
 
     def step(

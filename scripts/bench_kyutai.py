@@ -4,6 +4,8 @@ Runs in Kyutai's virtual environment (it pins mlx 0.26.5), through its public cl
 
     /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py lm --shape tiny \
         --weights model.q4.safetensors --steps 50 --json kyutai_lm.json
+    /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py lm --shape stt-1b-structure \
+        --weights lm_stt.safetensors --steps 50 --json kyutai_stt.json
     /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py mimi \
         --weights mimi.safetensors --frames 30 --json kyutai_mimi.json
     /opt/venvs/kyutai/bin/python scripts/bench_kyutai.py tts --weights WEIGHTS/tts-small \
@@ -14,7 +16,8 @@ LM files are in the published MLX format (bf16, or q8/q4 packed by `mlx.nn.quant
 quantization is read from the file. The Mimi file is in the published PyTorch layout, which
 Kyutai's MLX Mimi converts with its own `load_pytorch_weights`. A TTS folder (`bench/weights.py`'s
 `tts_weights`: config.json, the LM in the published PyTorch layout, tokenizer, voices) is
-loaded as Kyutai's `run_tts` loads its files, and `TTSModel.generate` timed per step.
+loaded as Kyutai's `run_tts` loads its files, and `TTSModel.generate` timed per step. An LM shape without a depformer (`dep_q` 0, speech-to-text)
+is timed as Kyutai runs STT: `LmGen.step_with_extra_heads`, greedy.
 """
 
 from __future__ import annotations
@@ -165,6 +168,50 @@ def bench_lm(
         ),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak_gb,
+    }
+
+
+def bench_listen(config: dict, weights: Path, steps: int, warmup: int, seed: int) -> dict:
+    """Time Kyutai's STT step (a model without a depformer): `LmGen.step_with_extra_heads` on
+    one frame of audio codes, greedy text as its STT config asks (temperature 0), the text
+    token and the voice-activity heads read on the host."""
+    models, utils = _kyutai()
+    start = time.perf_counter()
+    model = models.Lm(models.LmConfig.from_config_dict(config))
+    model.set_dtype(mx.bfloat16)
+    bits, group_size = detect_quantization(weights, config["dim"])
+    if bits is not None:
+        nn.quantize(model, bits=bits, group_size=group_size)
+    model.load_weights(str(weights), strict=True)
+    mx.eval(model.parameters())
+    load_s = time.perf_counter() - start
+
+    total = warmup + steps
+    codes = np.random.default_rng(seed).integers(0, config["card"], (total, config["n_q"]))
+    mx.reset_peak_memory()
+    gen = models.LmGen(
+        model=model,
+        max_steps=total + 1,
+        text_sampler=utils.Sampler(temp=0.0),
+        audio_sampler=utils.Sampler(temp=0.0),
+        check=False,
+    )
+    step_times = []
+    for frame in codes.astype(np.int32):
+        t0 = time.perf_counter()
+        text, heads = gen.step_with_extra_heads(mx.array(frame[None]))
+        mx.eval(text, heads)  # one evaluation, then both on the host
+        text[0].item()
+        [head.tolist() for head in heads]  # bfloat16: no numpy buffer
+        step_times.append(time.perf_counter() - t0)
+    return {
+        "impl": "kyutai",
+        "mlx": mx.__version__,
+        "bits": bits,
+        "load_s": load_s,
+        **lm_result({"step_ms": step_times[warmup:]}),
+        "first_audio_step": None,
+        "peak_memory_gb": _memory_gb(),
     }
 
 
@@ -357,9 +404,12 @@ def main(argv: list[str] | None = None) -> None:
             config = LM_SHAPES[args.shape]
         else:
             parser.error("part lm needs --shape or --config")
-        result = bench_lm(
-            config, args.weights, args.steps, args.warmup, args.seed, args.split_steps
-        )
+        if config["dep_q"] == 0:  # speech-to-text
+            result = bench_listen(config, args.weights, args.steps, args.warmup, args.seed)
+        else:
+            result = bench_lm(
+                config, args.weights, args.steps, args.warmup, args.seed, args.split_steps
+            )
     elif args.part == "tts":
         if args.mimi is None:
             parser.error("part tts needs --mimi")

@@ -66,26 +66,30 @@ LM_SHAPES: dict[str, dict] = {
         "depformer_dim": 64,
         "depformer_dim_feedforward": 264,
     },
-    # Kyutai's stt-1b-en_fr: 16 layers 2048 wide, 32 audio streams in, no depformer, 4
-    # voice-activity heads, text 0.5 s behind the audio (tests/fixtures/kyutai_configs).
-    "stt-1b": {
-        "dim": 2048,
-        "num_heads": 16,
-        "num_layers": 16,
-        "hidden_scale": 4.125,
-        "context": 750,
-        "max_period": 100000,
-        "card": 2048,
-        "text_card": 8000,
-        "n_q": 32,
-        "dep_q": 0,
-        "delays": [0] * 33,
-        "model_type": "stt",
-        "extra_heads_num_heads": 4,
-        "stt_config": {"audio_delay_seconds": 0.5, "audio_silence_prefix_seconds": 0.0},
-    },
 }
 
+# Kyutai's stt-1b-en_fr as its published config.json (tests/fixtures/kyutai_configs/, every key
+# Kyutai's config reader wants): 16 layers 2048 wide, 32 audio streams in, no depformer, 4
+# voice-activity heads, text 0.5 s behind the audio.
+_CONFIGS = Path(__file__).resolve().parent.parent / "tests/fixtures/kyutai_configs"
+PUBLISHED_STT_CONFIG = _CONFIGS / "stt-1b-en_fr-mlx.json"
+
+
+def _published(path: Path) -> dict:
+    """A published config.json without its file names (the bench names its own files)."""
+    return {k: v for k, v in json.loads(path.read_text()).items() if not k.endswith("_name")}
+
+
+# Its 4 voice-activity heads, as the -candle export's config names them (the MLX one's keys
+# we have do not: tests/fixtures/kyutai_configs/SOURCES.md).
+LM_SHAPES["stt-1b"] = {
+    **_published(PUBLISHED_STT_CONFIG),
+    "extra_heads_num_heads": 4,
+    "extra_heads_dim": 6,
+}
+# stt-1b's structure (16 layers and heads, 32 streams in, the 4 heads) at width 64: a step is
+# its overhead (operations, dispatch, syncs), as `7b-structure`. bf16 files only.
+LM_SHAPES["stt-1b-structure"] = {**LM_SHAPES["stt-1b"], "dim": 64}
 # stt-1b's structure at 128 wide and 2 layers: the `stt` part's tests.
 LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num_layers": 2}
 
@@ -93,14 +97,8 @@ LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num
 # kyutai/tts-1.6b-en_fr config.json (tests/fixtures/kyutai_configs/): 32 audio streams
 # all generated (n_q = dep_q), a text stream carrying two tokens per step, summed "control" and
 # "cfg" conditions, voices by cross-attention, audio 1.28 s (16 steps) behind the text.
-PUBLISHED_TTS_CONFIG = (
-    Path(__file__).resolve().parent.parent / "tests/fixtures/kyutai_configs/tts-1.6b-en_fr.json"
-)
-_TTS_COMMON = {
-    key: value
-    for key, value in json.loads(PUBLISHED_TTS_CONFIG.read_text()).items()
-    if not key.endswith("_name")  # the bench names its own files
-}
+PUBLISHED_TTS_CONFIG = _CONFIGS / "tts-1.6b-en_fr.json"
+_TTS_COMMON = _published(PUBLISHED_TTS_CONFIG)
 
 TTS_SHAPES: dict[str, dict] = {
     # The published kyutai/tts-1.6b-en_fr: 16 layers 2048 wide, a depformer of 4 layers 1024

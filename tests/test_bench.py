@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MANIFESTS
+from conftest import MANIFESTS, needs_kyutai
 
 from moshi_mlx.models.lm import Lm, LmConfig
 
@@ -147,6 +147,23 @@ def test_lm_without_split_steps(tmp_path):
     ours = report["results"][0]["ours"]
     _check_timing(ours["step_ms"], 2)
     assert ours["temporal_ms"] is None and ours["syncs_per_step"] is None
+
+
+@needs_kyutai
+def test_stt_step_beside_kyutai(tmp_path):
+    """`--parts lm` on an STT shape times the STT step, ours (`ListenStepper`) and Kyutai's
+    (`LmGen.step_with_extra_heads`) round by round, with our compiled operations by kind."""
+    flags = "--shapes stt-tiny --quant bf16 --dtype bf16 --parts lm --steps 3 --warmup 1"
+    done, report = _run_bench(f"{flags} --rounds 2 --kyutai", tmp_path / "b.json", timeout=300)
+    (case,) = report["results"]
+    ours, theirs = case["ours"], case["kyutai"]
+    for result in (ours, theirs):
+        _check_timing(result["step_ms"], 6)
+        assert len(result["round_step_p50_ms"]) == 2
+    ops = ours["graph_ops"]
+    assert 0 < ops["compiled"] < ops["eager"]
+    assert sum(ops["compiled_by_kind"].values()) == ops["compiled"]
+    assert "compiled by kind" in done.stdout
 
 
 def test_kv_case(report):

@@ -174,12 +174,14 @@ class _EagerLmGen:
         """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
         s, depformer = self.sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
-        audio_keys = mx.random.split(audio_key, self.cfg.dep_q)
         text = sample(text_logits, s.text_temp, s.text_top_k, text_key)
+        noise = gumbel_noise((1, self.cfg.dep_q * self.cfg.card), audio_key)  # all codebooks'
+        noises = mx.split(noise, self.cfg.dep_q, axis=-1)
         caches, tokens = depformer.make_caches(), [text]
         for k, depformer_slice in enumerate(depformer.slices):
             logits = depformer_slice(temporal_out, tokens[-1], caches)
-            tokens.append(sample(logits, s.audio_temp, s.audio_top_k, audio_keys[k]))
+            noise = noises[k] if s.audio_temp > 0 else None
+            tokens.append(sample_with_noise(logits, s.audio_temp, s.audio_top_k, noise))
         return mx.concatenate(tokens)
 
 

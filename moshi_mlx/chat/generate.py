@@ -49,7 +49,7 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_with_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.token_ring import TokenRing
 
@@ -172,10 +172,14 @@ class StepFunctions:
         """`sample_tokens`, also giving the (guided) text and each codebook's logits."""
         sampling, cfg, guided = self.sampling, self.lm.cfg, self.guided
         key, text_key, audio_key = mx.random.split(key, 3)
-        audio_keys = mx.random.split(audio_key, cfg.moshi_codebooks)
         if guided:
             text_logits = self._guide(text_logits)
         text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
+        # Every codebook's noise in one draw, split once: (B, card) each.
+        noises = [None] * cfg.moshi_codebooks
+        if sampling.audio_temp > 0:
+            shape = (text_logits.shape[0], cfg.moshi_codebooks * cfg.card)
+            noises = mx.split(gumbel_noise(shape, audio_key), cfg.moshi_codebooks, axis=-1)
         forced = None
         if given is not None:
             text = mx.where(given[0], given_tokens[0], text)
@@ -186,11 +190,13 @@ class StepFunctions:
             if guided:
                 logits = self._guide(logits)
             audio_logits.append(logits)
-            token = sample(logits, sampling.audio_temp, sampling.audio_top_k, audio_keys[k])
+            token = sample_with_noise(logits, sampling.audio_temp, sampling.audio_top_k, noises[k])
             return mx.concatenate([token, token]) if guided else token  # both rows go on
 
         prev = mx.concatenate([text, text]) if guided else text
-        audio = self.lm.depformer.sample_step(temporal_out, prev, sample_audio, forced)
+        audio = self.lm.depformer.sample_step(
+            temporal_out, prev, sample_audio, forced, text_sampled=True
+        )
         return mx.concatenate([text, audio[0]]), key, text_logits, audio_logits
 
     def step(

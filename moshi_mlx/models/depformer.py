@@ -119,19 +119,22 @@ class Depformer(nn.Module):
         sample_fn: SampleFn,
         given: tuple[mx.array, mx.array] | None = None,
         codebooks: int | None = None,
+        text_sampled: bool = False,
     ) -> mx.array:
         """Sample one step's codebooks, in `mx.compile`-able form: temporal_out (B, lm_dim),
         text_token (B,) -> (B, codebooks) (default: moshi_codebooks; fewer: the later slices
         do not run). Each token feeds the next slice in one graph; the slices share a `StepKV`
         made for the step (slice k at position k). `given`, tokens and a mask (B, slices),
         forces codebooks (a prompt's): a given token is returned, and fed to the next slice,
-        in place of the sampled one."""
+        in place of the sampled one. `text_sampled`: the text token was sampled, so never
+        `ZERO_TOKEN` (slice 0's embedding of it needs no test either)."""
         ring = StepKV(len(self.slices[0].transformer.layers), temporal_out.dtype)
         prev = text_token
         tokens = []
         sampled = self.sampled_slices if codebooks is None else codebooks
         for k, depformer_slice in enumerate(self.slices[:sampled]):
-            prev_sampled = k > 0 and given is None  # else a text or given token: maybe -1
+            # Else a text token not sampled, or a given token: maybe -1.
+            prev_sampled = (k > 0 or text_sampled) and given is None
             prev = sample_fn(depformer_slice.step(temporal_out, prev, ring, prev_sampled), k)
             if given is not None:
                 prev = mx.where(given[1][:, k], given[0][:, k], prev)

@@ -21,7 +21,7 @@ from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.conditioners import ConditionProvider
 from moshi_mlx.models.config import NORM_EPS, LmConfig
 from moshi_mlx.models.depformer import Depformer, zero_no_input
-from moshi_mlx.modules.embeddings import make_embedding
+from moshi_mlx.modules.embeddings import StackedTables, make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import Linear
@@ -42,6 +42,8 @@ class Lm(nn.Module):
         # id text_card: the start token
         self.text_emb = make_embedding(cfg.text_card + 1, cfg.dim, demux=cfg.demux_second_stream)
         self.audio_embs = [nn.Embedding(cfg.card + 1, cfg.dim) for _ in range(cfg.n_q)]
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.stacked_audio: StackedTables | None = None
         self.transformer = Transformer(cfg.temporal_config())
         self.out_norm = RMSNorm(cfg.dim, NORM_EPS[cfg.norm])
         self.text_linear = Linear(cfg.dim, cfg.text_card, bias=False)
@@ -89,9 +91,23 @@ class Lm(nn.Module):
         Token -1 stands for "no input" and contributes a zero vector.
         """
         clamped = mx.maximum(tokens, 0)
-        tables = [self.text_emb, *self.audio_embs]
-        embs = mx.stack([table(clamped[:, k]) for k, table in enumerate(tables)], axis=1)
+        stacked = self.stacked_audio
+        if stacked is not None and stacked.holds(self.audio_embs):  # one audio lookup
+            text, audio = mx.split(clamped, [1], axis=1)
+            embs = mx.concatenate([self.text_emb(text), stacked(audio)], axis=1)
+        else:  # one split into (B, 1, T) streams, each looked up as (B, 1, T, dim)
+            tables = [self.text_emb, *self.audio_embs]
+            streams = mx.split(clamped, len(tables), axis=1)
+            embs = mx.concatenate([table(ids) for table, ids in zip(tables, streams)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
+
+    def transpose_weight(self) -> mx.array | None:
+        """`transpose_weights`' hook for the LM itself: stack the audio tables
+        (`stacked_audio`, `StackedTables`) unless they still are; the stack, for the caller
+        to evaluate (None: quantized tables, looked up one by one)."""
+        if self.stacked_audio is None or not self.stacked_audio.holds(self.audio_embs):
+            self.stacked_audio = StackedTables.of(self.audio_embs)
+        return None if self.stacked_audio is None else self.stacked_audio.flat
 
     def forward_text(
         self,

@@ -8,11 +8,16 @@ carries the word being spoken and a word ahead. Parameter names equal Kyutai's
 (`weight`, `low_rank.weight`, `out1.weight`, `out2.weight`). Token -1 ("no input") is zeroed
 by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
 `nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
+Plain tables of one shape stack (`StackedTables`): one lookup then embeds a token of each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 
 from moshi_mlx.modules.linear import Linear
@@ -73,3 +78,42 @@ def make_embedding(
     if low_rank is None and not demux:
         return nn.Embedding(rows, dim)
     return TokenEmbedding(rows, dim, low_rank, demux)
+
+
+@dataclass(frozen=True)
+class StackedTables:
+    """Plain tables of one shape (`nn.Embedding`s, e.g. the LM's audio streams) as one
+    (count * rows, dim) array whose row ranges the tables' weights are views of (no memory
+    added once evaluated): a step looks up a token of every table in one gather, not one
+    lookup (gather, squeeze) per table."""
+
+    flat: mx.array
+    views: tuple[mx.array, ...]
+    offsets: mx.array  # (count, 1) int32: table k's first row in `flat`
+
+    @classmethod
+    def of(cls, tables: Sequence[nn.Module]) -> StackedTables | None:
+        """Stack `tables`, their weights replaced by views of the stack (lazy: the caller
+        evaluates `flat`); None unless they are plain `nn.Embedding`s of one shape."""
+        if not tables or any(type(table) is not nn.Embedding for table in tables):
+            return None
+        weights = [table.weight for table in tables]
+        if len({weight.shape for weight in weights}) != 1:
+            return None
+        rows = weights[0].shape[0]
+        flat = mx.concatenate(weights)
+        views = tuple(flat[k * rows : (k + 1) * rows] for k in range(len(tables)))
+        for table, view in zip(tables, views):
+            table.weight = view
+        offsets = mx.array(np.arange(len(tables), dtype=np.int32)[:, None] * rows)
+        return cls(flat, views, offsets)
+
+    def holds(self, tables: Sequence[nn.Module]) -> bool:
+        """Whether `tables`' weights are still this stack's views (none was replaced)."""
+        return len(tables) == len(self.views) and all(
+            table.get("weight") is view for table, view in zip(tables, self.views)
+        )
+
+    def __call__(self, tokens: mx.array) -> mx.array:
+        """tokens (B, count, T) >= 0, a token of each table -> vectors (B, count, T, dim)."""
+        return self.flat[tokens + self.offsets]

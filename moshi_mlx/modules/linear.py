@@ -57,8 +57,9 @@ class Linear(nn.Linear):
 
 def transpose_weights(model: nn.Module) -> list[mx.array]:
     """Each `Linear` of `model`, and each module with a `transpose_weight` method of its
-    own (the cross-attention's queries), reads its weight through a transposed view from now
-    on (the views returned, to be evaluated before a step is traced; shared layers once)."""
+    own (the cross-attention's queries; the LM's stacked audio tables), reads its weight
+    through a view made for the step from now on (the views returned, to be evaluated before
+    a step is traced; shared layers once)."""
     views = {}
     for _, module in model.named_modules():
         if isinstance(module, Linear) or callable(getattr(module, "transpose_weight", None)):

@@ -135,14 +135,26 @@ class ListenStepper:
         """Whether the last step returned text (the delays are filled)."""
         return self.step_index > self.lm.cfg.max_delay
 
-    def step(self, codes: np.ndarray | mx.array) -> ListenStep:
-        """Advance all streams by one frame of audio codes (B, n_q), lazily."""
+    def _codes(self, codes: np.ndarray | mx.array) -> mx.array:
         codes = mx.array(codes).astype(mx.int32) if not isinstance(codes, mx.array) else codes
         expected = (self.batch, self.lm.cfg.n_q)
         if codes.shape != expected:
             raise MoshiError(f"expected audio codes of shape {expected}, got {codes.shape}")
+        return codes.astype(mx.int32)
+
+    def step_graph(self, codes: np.ndarray | mx.array, compiled: bool = True) -> StepOutput:
+        """The lazy output (text and next state) of the next step, without taking it: its
+        graph as the compiled function replays it, or as Python builds it without `mx.compile`
+        (to inspect, e.g. with `mx.export_to_dot`)."""
+        function = self._function.compiled if compiled else self._function.step
+        state = self._state.with_ring(self.ring.grown(self.step_index))
+        return function(state, self._codes(codes))
+
+    def step(self, codes: np.ndarray | mx.array) -> ListenStep:
+        """Advance all streams by one frame of audio codes (B, n_q), lazily."""
+        codes = self._codes(codes)
         self._state = self._state.with_ring(self.ring.grown(self.step_index))
-        out = self._function.compiled(self._state, codes.astype(mx.int32))
+        out = self._function.compiled(self._state, codes)
         # No reference to the old state's KV buffers may outlive this line: MLX then writes
         # the new position into them in place instead of copying the whole ring each step.
         self._state = out.state

@@ -17,7 +17,7 @@ def _metric_rows(case: dict, names: tuple[str, ...]) -> list[tuple[str, float, f
 
 def format_table(results: list[dict]) -> str:
     """One row per (case, metric): p50, p95, and ours/Kyutai's p50 where both ran."""
-    header = f"{'part':<9}{'shape':<13}{'quant':<6}{'impl':<18}{'metric':<14}"
+    header = f"{'part':<9}{'shape':<19}{'quant':<6}{'impl':<18}{'metric':<14}"
     header += f"{'p50 ms':>10}{'p95 ms':>10}{'ratio':>8}{'peak GB':>9}"
     lines = [header, "-" * len(header)]
     shown: set[int] = set()  # Kyutai's result is shared by the cases of each dtype of ours
@@ -35,7 +35,7 @@ def format_table(results: list[dict]) -> str:
                     ratio = f"{p50 / theirs[name]['p50']:.2f}"
                 else:
                     ratio = part.ratio(name, data)
-                row = f"{case['part']:<9}{case.get('shape', '-'):<13}{case.get('quant', '-'):<6}"
+                row = f"{case['part']:<9}{case.get('shape', '-'):<19}{case.get('quant', '-'):<6}"
                 row += f"{label:<18}{name:<14}{_ms(p50)}{_ms(p95)}{ratio:>8}"
                 row += f"{peak:>9.2f}" if (i == 0 and peak is not None) else f"{'':>9}"
                 lines.append(row)

@@ -1,7 +1,9 @@
 """The `lm` part: ms per LM step, the whole step as `LmGen.step` runs it, and its split into
 temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone; the
 step's anatomy (host time, evaluation, syncs, graph operations); with `--kyutai`, Kyutai's
-`moshi_mlx` on the same file, alternating with ours, `--rounds` times."""
+`moshi_mlx` on the same file, alternating with ours, `--rounds` times. A shape without a
+depformer (`stt-*`) times the STT step instead: ours `ListenStepper.step`, Kyutai's
+`LmGen.step_with_extra_heads`."""
 
 from __future__ import annotations
 
@@ -19,11 +21,19 @@ from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
+from moshi_mlx.stt.stepper import ListenStepper
 
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
-from ..timing import SyncMeter, compiled_temporal_step, count_graph_ops, fresh_memory, peak_gb
+from ..timing import (
+    SyncMeter,
+    compiled_temporal_step,
+    count_graph_ops,
+    fresh_memory,
+    ops_by_primitive,
+    peak_gb,
+)
 from ..weights import lm_weights
 
 
@@ -98,9 +108,11 @@ def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> di
             wait.append(meter.wait_s - wait_before)
             host.append(elapsed - wait[-1])
             syncs.append(meter.syncs - syncs_before)
+    compiled = gen.step_graph(user[0], compiled=True)
     graph_ops = {
         "eager": count_graph_ops(gen.step_graph(user[0], compiled=False)),
-        "compiled": count_graph_ops(gen.step_graph(user[0], compiled=True)),
+        "compiled": count_graph_ops(compiled),
+        "compiled_by_kind": ops_by_primitive(compiled),
     }
     return {"host": host, "eval": wait, "syncs": syncs, "graph_ops": graph_ops}
 
@@ -164,6 +176,57 @@ def bench_lm(
     }
 
 
+def bench_listen(
+    weights: Path, shape: str, steps: int, warmup: int, seed: int, dtype: mx.Dtype | None = None
+) -> dict:
+    """Our STT step (a shape without a depformer) as `SttModel` takes it: `ListenStepper.step`
+    on one frame of audio codes, then its text token and heads' probabilities on the host;
+    per step (p50/p95), peak memory and the step's graph operations (eager, compiled, and
+    compiled by kind)."""
+    fresh_memory()
+    config = LmConfig.from_dict(LM_SHAPES[shape])
+    start = time.perf_counter()
+    lm = load_lm(weights, config, dtype=dtype)
+    load_s = time.perf_counter() - start
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, config.card, (warmup + steps, 1, config.n_q)).astype(np.int32)
+    mx.reset_peak_memory()
+    stepper = ListenStepper(lm)
+    step_times = []
+    for frame in codes:
+        t0 = time.perf_counter()
+        out = stepper.step(frame)
+        _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
+        step_times.append(time.perf_counter() - t0)
+    peak = peak_gb()
+    compiled = stepper.step_graph(codes[0])
+    graph_ops = {
+        "eager": count_graph_ops(stepper.step_graph(codes[0], compiled=False)),
+        "compiled": count_graph_ops(compiled),
+        "compiled_by_kind": ops_by_primitive(compiled),
+    }
+    return {
+        "impl": "ours",
+        "dtype": dtype_label(dtype, lm),
+        "mlx": mx.__version__,
+        "load_s": load_s,
+        **lm_result({"step_ms": step_times[warmup:]}),
+        "syncs_per_step": None,
+        "graph_ops": graph_ops,
+        "first_audio_step": None,
+        "peak_memory_gb": peak,
+    }
+
+
+def _bench_ours(args: argparse.Namespace, weights: Path, shape: str, dtype: str) -> dict:
+    """Ours on one case: the STT step for a shape without a depformer, else `bench_lm`."""
+    if LM_SHAPES[shape]["dep_q"] == 0:
+        return bench_listen(weights, shape, args.steps, args.warmup, args.seed, DTYPES[dtype])
+    return bench_lm(
+        weights, shape, args.steps, args.warmup, args.seed, args.split_steps, DTYPES[dtype]
+    )
+
+
 def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
     """Per LM shape, quant and dtype of ours: `--rounds` rounds of ours (and Kyutai's first in
     each round, with `--kyutai`), statistics over the rounds' samples."""
@@ -178,17 +241,7 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
                 if args.kyutai:
                     theirs_runs.append(run_kyutai(args.kyutai_python, "lm", weights, extra))
                 for dtype in args.dtype:
-                    ours_runs[dtype].append(
-                        bench_lm(
-                            weights,
-                            shape,
-                            args.steps,
-                            args.warmup,
-                            args.seed,
-                            args.split_steps,
-                            DTYPES[dtype],
-                        )
-                    )
+                    ours_runs[dtype].append(_bench_ours(args, weights, shape, dtype))
             theirs = pool_rounds(theirs_runs) if theirs_runs else None
             for dtype in args.dtype:
                 case = {"part": "lm", "shape": shape, "quant": quant, "kyutai": theirs}
@@ -197,11 +250,15 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
 
 
 def _anatomy_notes(label: str, data: dict, case: dict) -> list[str]:
-    if data.get("syncs_per_step") is None:
+    """Syncs per step where measured; the step's graph operations, the compiled ones by kind."""
+    ops = data.get("graph_ops")
+    if ops is None:
         return []
-    ops = data["graph_ops"]
-    syncs = f"  syncs per step {data['syncs_per_step']:.2f}, graph ops per step "
-    return [syncs + f"{ops['eager']} eager, {ops['compiled']} compiled"]
+    line = f"graph ops per step {ops['eager']} eager, {ops['compiled']} compiled"
+    if data.get("syncs_per_step") is not None:
+        line = f"syncs per step {data['syncs_per_step']:.2f}, {line}"
+    kinds = ", ".join(f"{name} {count}" for name, count in ops.get("compiled_by_kind", {}).items())
+    return [f"  {line}"] + ([f"  compiled by kind: {kinds}"] if kinds else [])
 
 
 PART = Part("lm", cases, metrics=lambda case: LM_METRICS, notes=_anatomy_notes)

@@ -30,7 +30,6 @@ ends it with exit code 0, the transcript complete and the `--stats` latency line
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -40,8 +39,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from assistant_cli import DEVICES, ROOT, WAIT, WORD, cli_env, wait_for, write_model_flags
 from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
-from tiny_moshi import espeak_speech, write_tokenizer
+from tiny_moshi import espeak_speech
 
 from moshi_mlx.audio.wav import read_audio
 
@@ -51,13 +51,8 @@ pytestmark = [
         pulseaudio_missing_reason() is not None, reason=str(pulseaudio_missing_reason())
     ),
 ]
-ROOT = Path(__file__).resolve().parents[1]
-TTS_FIXTURES = ROOT / "tests" / "fixtures" / "tts"
-WORD = "weather"  # one piece of the tiny tokenizer: what the built STT hears
 FIRST = "Hello there. Can you tell me what the weather is like today?"
 SECOND = "Wait, stop. Tell me about tomorrow instead."
-DEVICES = ["--input-device", "pulse", "--output-device", "pulse"]
-WAIT = 60.0  # seconds any one milestone may take on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -69,32 +64,7 @@ def pulse(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model_flags(tmp_path_factory) -> list[str]:
     """The CLI's model flags for the tiny STT, TTS and LLM (see the module docstring)."""
-    from moshi_mlx.testing.llm import write_tiny_llm
-    from moshi_mlx.testing.turn_stt import write_short_memory_mimi, write_turn_taking_stt
-
-    root = tmp_path_factory.mktemp("assistant_models")
-    mimi = write_short_memory_mimi(root / "tiny_mimi.safetensors")
-    tokenizer = write_tokenizer(root / "tokenizer.model")
-    stt = write_turn_taking_stt(root / "stt", mimi, tokenizer, WORD)
-    tts = root / "tts"
-    tts.mkdir()
-    config = json.loads((TTS_FIXTURES / "config.json").read_text())
-    config["mimi_name"] = mimi.name
-    (tts / "config.json").write_text(json.dumps(config))
-    for source in (TTS_FIXTURES / config["moshi_name"], TTS_FIXTURES / config["tokenizer_name"]):
-        (tts / source.name).symlink_to(source)
-    (tts / mimi.name).symlink_to(mimi)
-    llm = write_tiny_llm(root / "llm")
-    voice = TTS_FIXTURES / "voices" / "alice.safetensors"
-    return ["--stt", str(stt), "--tts", str(tts), "--llm", str(llm), "--voice", str(voice)]
-
-
-def _env(pulse: PulseServer, root: Path) -> dict[str, str]:
-    env = pulse.env()
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
-    env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return write_model_flags(tmp_path_factory.mktemp("assistant_models"))
 
 
 def _speech(path: Path, text: str) -> np.ndarray:
@@ -102,18 +72,6 @@ def _speech(path: Path, text: str) -> np.ndarray:
     if made is None:
         pytest.skip("espeak-ng and sox are not installed (Debian: apt install espeak-ng sox)")
     return read_audio(made)
-
-
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, after: int = 0) -> int:
-    """Wait until `text` is in the file `path` past character `after`; where it starts."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        content = path.read_text(errors="replace") if path.exists() else ""
-        if (at := content.find(text, after)) >= 0:
-            return at
-        assert proc.poll() is None, content
-        time.sleep(0.05)
-    raise AssertionError(f"no {text!r} after character {after} of {path}: {content!r}")
 
 
 def _loud_blocks(speaker: Path) -> int:
@@ -137,7 +95,7 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
         proc = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=_env(pulse, tmp_path),
+            env=cli_env(pulse, tmp_path),
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
@@ -145,18 +103,18 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
         try:
             wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=WAIT)
             # the greeting plays out first (its line ends)
-            _wait_for(transcript, "\n", proc, _wait_for(transcript, "assistant: ", proc))
+            wait_for(transcript, "\n", proc, wait_for(transcript, "assistant: ", proc))
             pulse.feed_mic(first)  # real-time paced, then silence
             # (a) the turn ends by the pause head; the answer's words are played
-            heard = _wait_for(transcript, f"you: {WORD}", proc)
-            answer = _wait_for(transcript, "assistant: ", proc, heard)
-            _wait_for(stderr_path, " ms (detection ", proc)  # its first audio is at the speaker
+            heard = wait_for(transcript, f"you: {WORD}", proc)
+            answer = wait_for(transcript, "assistant: ", proc, heard)
+            wait_for(stderr_path, " ms (detection ", proc)  # its first audio is at the speaker
             # (b) the user speaks over the answer: it stops
             pulse.feed_mic(second)
-            cut = _wait_for(transcript, " —[cut off]", proc, answer)
-            again = _wait_for(transcript, f"you: {WORD}", proc, cut)
-            second_answer = _wait_for(transcript, "assistant: ", proc, again)
-            _wait_for(transcript, "\n", proc, second_answer)  # played out: its line ends
+            cut = wait_for(transcript, " —[cut off]", proc, answer)
+            again = wait_for(transcript, f"you: {WORD}", proc, cut)
+            second_answer = wait_for(transcript, "assistant: ", proc, again)
+            wait_for(transcript, "\n", proc, second_answer)  # played out: its line ends
             # (c) Ctrl-C
             interrupted = time.monotonic()
             proc.send_signal(signal.SIGINT)

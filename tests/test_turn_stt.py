@@ -46,3 +46,16 @@ def test_a_word_of_several_pieces_is_refused(tmp_path):
         write_turn_taking_stt(
             tmp_path / "stt", mimi, write_tokenizer(tmp_path / "t.model"), "hello"
         )
+
+
+def test_a_voice_30_db_down_is_silence(model, tmp_path):
+    """The level gate of the tiny Mimi's quantizer (see the module docstring of
+    `moshi_mlx.testing.turn_stt`): the same voice 30 dB quieter gives no word and no "speaking"
+    from the pause head, as an echo canceller's residual must not."""
+    voice = read_audio(write_voice(tmp_path / "voice.wav", seconds=2.0)) * 10 ** (-30 / 20)
+    silence = np.zeros(24000, np.float32)
+    pcm = np.concatenate([silence, voice, silence])
+    stt = model.speech_to_text()
+    steps = [stt.step(frame) for frame in pcm[: len(pcm) // 1920 * 1920].reshape(-1, 1920)]
+    assert not [e for s in steps for e in s.events if isinstance(e, WordStarted)]
+    assert min(step.pause_probabilities[2] for step in steps[13:]) > 0.6

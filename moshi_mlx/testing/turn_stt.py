@@ -9,7 +9,12 @@ residual stream:
   `mimi` gives digital silence (from a stream's start on: `silence_codes`) add 1/8 to dim 0,
   every other row 1/8 to dim 1; so a frame whose codes all are silence codes is (1, 0), a
   voiced frame mostly (0, 1). (`write_short_memory_mimi` makes a Mimi whose silence after
-  speech encodes as the silence before it.)
+  speech encodes as the silence before it.) "Speech" therefore means speech-level audio:
+  quiet audio encodes to the silence codes too, a level gate of the tiny Mimi's quantizer,
+  measured, not built: `write_voice`'s voice (-22 dBFS RMS) gives words at 10 dB down,
+  fewer at 15 dB down, none from 20 dB down (about -42 dBFS) on; espeak-ng's speech
+  (peaks at full scale) gives only silence codes from 30 dB down. So an echo canceller's residual (20-40 dB down) is silence to this STT,
+  as Kyutai's STT would hear no words in it (tests/test_turn_stt.py checks 30 dB down).
 - 2 / 3: the text token written at the previous step was the end-of-padding token 0 / any
   other one (set by the text embedding), 4: a constant 4 (the text embedding too).
 - 5: how much of the last second was speech: the first layer's attention has zero queries
@@ -57,11 +62,14 @@ def turn_taking_stt_config() -> LmConfig:
     )  # fmt: skip
 
 
-def write_short_memory_mimi(path: Path, seed: int = 3) -> Path:
+def write_short_memory_mimi(path: Path, seed: int = 3, decoder_gain: float = 1.0) -> Path:
     """A random tiny Mimi (`MimiConfig.tiny()`) whose encoder forgets: its transformer's layer
     scales are zero, so the encoder is convolutions alone, and silence a few frames after any
     sound encodes to the same codes as the silence at the start (with the transformer, whose
-    window is 20 s, it settles on codes that depend on what was said). Returns `path`."""
+    window is 20 s, it settles on codes that depend on what was said). The decoder's last
+    convolution (linear) is scaled by `decoder_gain`: the random decoder's audio is about
+    -48 dBFS (RMS), 27 dB under espeak-ng's speech; 25 makes a tiny TTS speak as loud as
+    that. Returns `path`."""
     from safetensors.numpy import load_file, save_file
 
     from moshi_mlx.checkpoints.io import read_header
@@ -70,9 +78,13 @@ def write_short_memory_mimi(path: Path, seed: int = 3) -> Path:
 
     write_random_mimi_checkpoint(path, MimiConfig.tiny(), seed)
     tensors = load_file(str(path))
+    layers = [int(name.split(".")[2]) for name in tensors if name.startswith("decoder.model.")]
+    output = f"decoder.model.{max(layers)}."  # the output convolution, to 1 channel
     for name, tensor in tensors.items():
         if name.startswith("encoder_transformer.") and ".layer_scale_" in name:
             tensor[:] = 0.0
+        if name.startswith(output):
+            tensor *= decoder_gain
     save_file(tensors, str(path), metadata=read_header(path).metadata)
     return path
 

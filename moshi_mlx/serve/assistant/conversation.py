@@ -26,7 +26,7 @@ from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.assistant.messages import event_message
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
-from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.chat.protocol import ConversationEnded, Kind, ProtocolError, refuse
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
     SilenceWatchdog,
@@ -34,7 +34,6 @@ from moshi_mlx.serve.sessions import (
     close_ended,
     close_going_away,
     first_to_end,
-    send_and_close,
 )
 
 # Messages waiting for a client that does not read (a few seconds of audio and words); past
@@ -65,15 +64,6 @@ class AssistantConfig:
     sampling: ReplySampling = field(default_factory=ReplySampling)
     limits: Limits = field(default_factory=Limits)
     models: Mapping[str, str] = field(default_factory=dict)  # "stt", "tts", "llm" -> name
-
-
-class ConversationEnded(Exception):
-    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
-
-
-async def refuse(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send the protocol's error with the reason, and close."""
-    await send_and_close(ws, protocol.error(reason))
 
 
 class Conversation:

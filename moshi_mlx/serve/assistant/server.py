@@ -21,8 +21,8 @@ from moshi_mlx.serve.assistant.conversation import (
     Conversation,
     ConversationParts,
     MakeParts,
-    refuse,
 )
+from moshi_mlx.serve.chat.protocol import refuse
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.sessions import Sessions, live_websocket

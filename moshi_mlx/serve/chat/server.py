@@ -24,7 +24,7 @@ from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
 from moshi_mlx.serve.chat.persona import prompt_choice
-from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.chat.protocol import ConversationEnded, Kind, ProtocolError, refuse
 from moshi_mlx.serve.chat.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
@@ -37,7 +37,6 @@ from moshi_mlx.serve.sessions import (
     close_going_away,
     first_to_end,
     live_websocket,
-    send_and_close,
 )
 
 PAGE_DIR = Path(__file__).parent / "static"
@@ -120,18 +119,9 @@ class _ChatHandler:
         await self.sessions.run(
             request.remote,
             lambda: _Connection(ws, self._worker, self._config, request.query),
-            lambda: _fail(ws, "busy: Moshi is talking with someone else; try again later"),
+            lambda: refuse(ws, "busy: Moshi is talking with someone else; try again later"),
         )
         return ws
-
-
-class _ConversationEnded(Exception):
-    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
-
-
-async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send the protocol's error with the reason, and close."""
-    await send_and_close(ws, protocol.error(reason))
 
 
 class _Connection:
@@ -165,9 +155,9 @@ class _Connection:
         keepalive = asyncio.create_task(self._keep_alive())
         try:
             reason = await self._converse()
-        except (ProtocolError, _ConversationEnded) as exc:
+        except (ProtocolError, ConversationEnded) as exc:
             reason = str(exc)
-            await _fail(self._ws, reason)
+            await refuse(self._ws, reason)
         except ConnectionError:
             reason = "the client left"
         finally:
@@ -214,7 +204,7 @@ class _Connection:
             raise
         if self._worker.error is not None:
             receiving.cancel()
-            raise _ConversationEnded("the server could not load the model")
+            raise ConversationEnded("the server could not load the model")
         try:
             self._session.voice, self._session.role = prompt_choice(
                 self._query, self._worker.persona
@@ -223,7 +213,7 @@ class _Connection:
             receiving.cancel()
             raise
         self._worker.open(self._session)
-        # A ProtocolError or _ConversationEnded propagates: the reason goes to the client.
+        # A ProtocolError or ConversationEnded propagates: the reason goes to the client.
         return await first_to_end(receiving, self._reply(), self._watch())
 
     async def _receive(self) -> str:
@@ -249,7 +239,7 @@ class _Connection:
         await self._conversing.wait()
         self._silence.heard()
         await self._silence.expired()
-        raise _ConversationEnded(
+        raise ConversationEnded(
             f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
         )
 
@@ -273,7 +263,7 @@ class _Connection:
                 self._total_dropped = event.total
                 await self._report_lag()
             elif isinstance(event, Failed):
-                raise _ConversationEnded(event.reason)
+                raise ConversationEnded(event.reason)
 
     async def _report_lag(self) -> None:
         """Tell the client about dropped mic audio, at most once a second."""

@@ -34,7 +34,7 @@ SOCKET_PATH = "/api/assistant"
 PAGE_DIR = Path(__file__).parent / "static"
 # The chat page's files the assistant's page uses as they are.
 SHARED_DIR = Path(__file__).parent.parent / "chat" / "static"
-SHARED_FILES = ("ogg.js", "audio-worklet.js", "style.css")
+SHARED_FILES = ("ogg.js", "voice-link.js", "audio-worklet.js", "style.css")
 BUSY = "busy: the assistant is talking with someone else (one conversation at a time)"
 _WEBSOCKET_MAX_BYTES = 1 << 20
 

@@ -2,7 +2,7 @@
 // -> Ogg -> websocket /api/assistant; its answer's Ogg Opus -> decoder -> AudioWorklet
 // player; both sides' words as they come. Kyutai's chat protocol (first byte = kind), with
 // the assistant's events as 0x04 metadata: see moshi_mlx/serve/assistant/messages.py.
-import { $, KIND, VoiceLink, missingFeature, statusDisplay } from "./voice-link.js";
+import { $, VoiceLink, VoiceSession, missingFeature, statusDisplay } from "./voice-link.js";
 
 // Everything measured and shown, readable from outside (the browser test reads it).
 const stats = (window.assistantStats = {
@@ -22,7 +22,8 @@ const stats = (window.assistantStats = {
 
 let session = null;
 
-const { setState, showMessage } = statusDisplay(stats);
+const display = statusDisplay(stats);
+const { setState, showMessage } = display;
 
 const MISSING = {
   insecure:
@@ -105,10 +106,10 @@ function render() {
   box.scrollTop = box.scrollHeight;
 }
 
-// --- the websocket ---
-class Session {
+// --- the conversation's connection ---
+class Session extends VoiceSession {
   constructor() {
-    this.handshake = false;
+    super(stats, display);
   }
 
   async start() {
@@ -136,84 +137,42 @@ class Session {
     });
     setState("waiting", "asking for the microphone…");
     await this.link.open();
-    this.connect();
+    const protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    // The page's own query (?auth_id=KEY) goes to the server.
+    const url = `${protocol}//${location.host}/api/assistant${location.search}`;
+    this.connect(url, "waiting for the assistant…");
     this.timer = setInterval(() => {
       $("mic").textContent = stats.micSoundSamples > 0 ? "on (echo cancellation)" : "silent";
     }, 250);
   }
 
-  connect() {
-    setState("waiting", "connecting…");
-    const protocol = location.protocol === "https:" ? "wss:" : "ws:";
-    // The page's own query (?auth_id=KEY) goes to the server.
-    this.ws = new WebSocket(`${protocol}//${location.host}/api/assistant${location.search}`);
-    this.ws.binaryType = "arraybuffer";
-    this.ws.onopen = () => setState("waiting", "waiting for the assistant…");
-    this.ws.onmessage = (event) => this.onMessage(new Uint8Array(event.data));
-    this.ws.onclose = (event) => this.onClose(event);
+  onLive() {
+    setState("live", "connected: talk to the assistant");
   }
 
-  onMessage(message) {
-    if (message.length === 0) return;
-    const payload = message.subarray(1);
-    switch (message[0]) {
-      case KIND.handshake:
-        this.handshake = true;
-        this.link.sending = true;
-        setState("live", "connected: talk to the assistant");
-        break;
-      case KIND.audio:
-        stats.receivedAudioMessages++;
-        this.link.play(payload);
-        break;
-      case KIND.text:
-        onWords("assistant", new TextDecoder().decode(payload).trim());
-        break;
-      case KIND.metadata:
-        onEvent(JSON.parse(new TextDecoder().decode(payload)));
-        break;
-      case KIND.error:
-        this.serverError = new TextDecoder().decode(payload);
-        break;
-      default: // ping, control: nothing to do
-    }
+  onText(text) {
+    onWords("assistant", text.trim());
   }
 
-  fail(text) {
-    this.failed = true;
-    showMessage(text);
-    this.stop(false);
+  onMetadata(data) {
+    onEvent(data);
   }
 
-  onClose(event) {
-    const wasLive = this.handshake;
-    this.stop(false);
-    if (this.closedByUser || this.failed) return;
-    let text;
+  closeText(wasLive, code) {
     if (this.serverError && this.serverError.startsWith("busy")) {
-      text = "The assistant is talking with someone else (one conversation at a time). Try again later.";
-    } else if (this.serverError) {
-      text = `The server closed the connection: ${this.serverError}`;
-    } else if (wasLive) {
-      text = "The connection was closed. Press Start to talk again.";
-    } else {
-      text = `Could not reach the assistant at ${location.host} (code ${event.code}). Is the server running with --stt, --tts and --llm?`;
+      return "The assistant is talking with someone else (one conversation at a time). Try again later.";
     }
-    showMessage(text);
-    setState("closed", "connection closed");
+    if (this.serverError) return `The server closed the connection: ${this.serverError}`;
+    if (wasLive) return "The connection was closed. Press Start to talk again.";
+    return `Could not reach the assistant at ${location.host} (code ${code}). Is the server running with --stt, --tts and --llm?`;
   }
 
-  stop(byUser) {
-    if (byUser) this.closedByUser = true;
-    clearInterval(this.timer);
-    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close();
-    if (this.link) this.link.close();
+  onStopped() {
     if (session === this) {
       session = null;
       $("start").textContent = "Start";
       $("start").classList.remove("stop");
     }
-    if (byUser) setState("idle", "stopped");
   }
 }
 

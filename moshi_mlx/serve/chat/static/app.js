@@ -1,6 +1,6 @@
 // The page: microphone -> Opus (WebCodecs) -> Ogg -> websocket; websocket -> Ogg -> Opus
 // decoder -> AudioWorklet player. Kyutai's chat protocol, see moshi_mlx/web/protocol.py.
-import { $, KIND, VoiceLink, missingFeature, statusDisplay } from "./voice-link.js";
+import { $, VoiceLink, VoiceSession, missingFeature, statusDisplay } from "./voice-link.js";
 
 const LAG_MEMORY_MS = 5000; // "falling behind" stays on this long after the server drops audio
 
@@ -30,7 +30,8 @@ let session = null;
 // PersonaPlex: what the server lets us choose (GET /api/persona); null for Moshi.
 let persona = null;
 
-const { setState, showMessage } = statusDisplay(stats);
+const display = statusDisplay(stats);
+const { setState, showMessage } = display;
 
 const MISSING = {
   insecure:
@@ -110,10 +111,9 @@ function showPersona(data) {
   $("persona").hidden = false;
 }
 
-class Session {
+class Session extends VoiceSession {
   constructor() {
-    this.closedByUser = false;
-    this.handshake = false;
+    super(stats, display);
     this.lastLagAt = -Infinity;
   }
 
@@ -136,48 +136,19 @@ class Session {
     });
     setState("waiting", "asking for the microphone…");
     await this.link.open();
-    this.connect();
+    stats.chatUrl = chatUrl();
+    this.connect(stats.chatUrl, "waiting for Moshi…");
     this.timer = setInterval(() => this.showStats(), 250);
   }
 
-  connect() {
-    setState("waiting", "connecting…");
-    stats.chatUrl = chatUrl();
-    this.ws = new WebSocket(stats.chatUrl);
-    this.ws.binaryType = "arraybuffer";
-    this.ws.onopen = () => setState("waiting", "waiting for Moshi…");
-    this.ws.onmessage = (event) => this.onMessage(new Uint8Array(event.data));
-    this.ws.onclose = (event) => this.onClose(event);
+  onLive() {
+    setState("live", "connected: talk to Moshi");
   }
 
-  onMessage(message) {
-    if (message.length === 0) return;
-    const payload = message.subarray(1);
-    switch (message[0]) {
-      case KIND.handshake:
-        this.handshake = true;
-        this.link.sending = true;
-        setState("live", "connected: talk to Moshi");
-        break;
-      case KIND.audio:
-        stats.receivedAudioMessages++;
-        this.link.play(payload);
-        break;
-      case KIND.text: {
-        const piece = new TextDecoder().decode(payload);
-        stats.text += piece;
-        $("text").textContent = stats.text;
-        $("text").scrollTop = $("text").scrollHeight;
-        break;
-      }
-      case KIND.metadata:
-        this.onMetadata(JSON.parse(new TextDecoder().decode(payload)));
-        break;
-      case KIND.error:
-        this.serverError = new TextDecoder().decode(payload);
-        break;
-      default: // ping, control: nothing to do
-    }
+  onText(piece) {
+    stats.text += piece;
+    $("text").textContent = stats.text;
+    $("text").scrollTop = $("text").scrollHeight;
   }
 
   onMetadata(data) {
@@ -218,40 +189,20 @@ class Session {
     $("mic").textContent = stats.micSoundSamples > 0 ? "on (echo cancellation)" : "silent";
   }
 
-  fail(text) {
-    this.failed = true;
-    showMessage(text);
-    this.stop(false);
-  }
-
-  onClose(event) {
-    const wasLive = this.handshake;
-    this.stop(false);
-    if (this.closedByUser || this.failed) return;
-    let text;
+  closeText(wasLive, code) {
     if (this.serverError && this.serverError.startsWith("busy")) {
-      text = "Moshi is busy talking with someone else (one conversation at a time). Try again later.";
-    } else if (this.serverError) {
-      text = `The server closed the connection: ${this.serverError}`;
-    } else if (wasLive) {
-      text = "The connection to Moshi was closed. Press Start to talk again.";
-    } else {
-      text = `Could not reach Moshi's server at ${location.host} (code ${event.code}). Is it running?`;
+      return "Moshi is busy talking with someone else (one conversation at a time). Try again later.";
     }
-    showMessage(text);
-    setState("closed", "connection closed");
+    if (this.serverError) return `The server closed the connection: ${this.serverError}`;
+    if (wasLive) return "The connection to Moshi was closed. Press Start to talk again.";
+    return `Could not reach Moshi's server at ${location.host} (code ${code}). Is it running?`;
   }
 
-  stop(byUser) {
-    if (byUser) this.closedByUser = true;
-    clearInterval(this.timer);
-    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close();
-    if (this.link) this.link.close();
+  onStopped() {
     if (session === this) {
       session = null;
       setButton(false);
     }
-    if (byUser) setState("idle", "stopped");
   }
 }
 

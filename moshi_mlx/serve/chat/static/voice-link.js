@@ -202,3 +202,74 @@ function startsWith(bytes, text) {
   for (let i = 0; i < text.length; i++) if (bytes[i] !== text.charCodeAt(i)) return false;
   return true;
 }
+
+// One conversation: the websocket and its `VoiceLink`. A page subclasses it for what it
+// shows: `onLive()`, `onText(text)`, `onMetadata(data)`, `closeText(wasLive, code)` (why the
+// connection closed, for the user), `onStopped()`. `stats.receivedAudioMessages` counts the
+// server's audio messages.
+export class VoiceSession {
+  constructor(stats, display) {
+    this.stats = stats;
+    this.display = display;
+    this.closedByUser = false;
+    this.handshake = false;
+  }
+
+  connect(url, waitingLabel) {
+    this.display.setState("waiting", "connecting…");
+    this.ws = new WebSocket(url);
+    this.ws.binaryType = "arraybuffer";
+    this.ws.onopen = () => this.display.setState("waiting", waitingLabel);
+    this.ws.onmessage = (event) => this.onMessage(new Uint8Array(event.data));
+    this.ws.onclose = (event) => this.onClose(event);
+  }
+
+  onMessage(message) {
+    if (message.length === 0) return;
+    const payload = message.subarray(1);
+    switch (message[0]) {
+      case KIND.handshake:
+        this.handshake = true;
+        this.link.sending = true;
+        this.onLive();
+        break;
+      case KIND.audio:
+        this.stats.receivedAudioMessages++;
+        this.link.play(payload);
+        break;
+      case KIND.text:
+        this.onText(new TextDecoder().decode(payload));
+        break;
+      case KIND.metadata:
+        this.onMetadata(JSON.parse(new TextDecoder().decode(payload)));
+        break;
+      case KIND.error:
+        this.serverError = new TextDecoder().decode(payload);
+        break;
+      default: // ping, control: nothing to do
+    }
+  }
+
+  fail(text) {
+    this.failed = true;
+    this.display.showMessage(text);
+    this.stop(false);
+  }
+
+  onClose(event) {
+    const wasLive = this.handshake;
+    this.stop(false);
+    if (this.closedByUser || this.failed) return;
+    this.display.showMessage(this.closeText(wasLive, event.code));
+    this.display.setState("closed", "connection closed");
+  }
+
+  stop(byUser) {
+    if (byUser) this.closedByUser = true;
+    clearInterval(this.timer);
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close();
+    if (this.link) this.link.close();
+    this.onStopped();
+    if (byUser) this.display.setState("idle", "stopped");
+  }
+}

@@ -2,7 +2,7 @@
 // -> Ogg -> websocket /api/assistant; its answer's Ogg Opus -> decoder -> AudioWorklet
 // player; both sides' words as they come. Kyutai's chat protocol (first byte = kind), with
 // the assistant's events as 0x04 metadata: see moshi_mlx/serve/assistant/messages.py.
-import { $, VoiceLink, VoiceSession, missingFeature, statusDisplay } from "./voice-link.js";
+import { $, StartStop, VoiceLink, VoiceSession, statusDisplay } from "./voice-link.js";
 
 // Everything measured and shown, readable from outside (the browser test reads it).
 const stats = (window.assistantStats = {
@@ -20,7 +20,6 @@ const stats = (window.assistantStats = {
   error: null,
 });
 
-let session = null;
 
 const display = statusDisplay(stats);
 const { setState, showMessage } = display;
@@ -113,11 +112,7 @@ class Session extends VoiceSession {
   }
 
   async start() {
-    this.link = new VoiceLink({
-      onMicFrame: (soundSamples) => {
-        stats.micFrames++;
-        stats.micSoundSamples = soundSamples;
-      },
+    this.link = new VoiceLink(stats, {
       onPages: (bytes, seconds) => {
         if (this.ws && this.ws.readyState === WebSocket.OPEN) {
           this.ws.send(bytes);
@@ -127,9 +122,6 @@ class Session extends VoiceSession {
       onPlayer: (data) => {
         stats.playedSoundSamples = data.soundSamples;
         stats.underruns = data.underruns;
-      },
-      onDecoded: (seconds) => {
-        stats.receivedSeconds += seconds;
       },
       onError: (text) => this.fail(text),
       microphoneProblem: (error) =>
@@ -166,38 +158,17 @@ class Session extends VoiceSession {
     if (wasLive) return "The connection was closed. Press Start to talk again.";
     return `Could not reach the assistant at ${location.host} (code ${code}). Is the server running with --stt, --tts and --llm?`;
   }
-
-  onStopped() {
-    if (session === this) {
-      session = null;
-      $("start").textContent = "Start";
-      $("start").classList.remove("stop");
-    }
-  }
 }
 
-async function toggle() {
-  if (session) {
-    session.stop(true);
-    return;
-  }
-  showMessage(null);
-  stats.error = null;
-  const missing = missingFeature(MISSING);
-  if (missing) {
-    showMessage(missing);
-    return;
-  }
-  session = new Session();
-  $("start").textContent = "Stop";
-  $("start").classList.add("stop");
-  try {
-    await session.start();
-  } catch (error) {
-    if (session) session.stop(false);
-    showMessage(error.message);
-    setState("closed", "not connected");
-  }
-}
+const startStop = new StartStop({
+  stats,
+  display,
+  missing: MISSING,
+  makeSession: () => new Session(),
+  showRunning: (running) => {
+    $("start").textContent = running ? "Stop" : "Start";
+    $("start").classList.toggle("stop", running);
+  },
+});
 
-$("start").addEventListener("click", toggle);
+$("start").addEventListener("click", () => startStop.toggle());

@@ -1,6 +1,6 @@
 // The page: microphone -> Opus (WebCodecs) -> Ogg -> websocket; websocket -> Ogg -> Opus
 // decoder -> AudioWorklet player. Kyutai's chat protocol, see moshi_mlx/web/protocol.py.
-import { $, VoiceLink, VoiceSession, missingFeature, statusDisplay } from "./voice-link.js";
+import { $, StartStop, VoiceLink, VoiceSession, statusDisplay } from "./voice-link.js";
 
 const LAG_MEMORY_MS = 5000; // "falling behind" stays on this long after the server drops audio
 
@@ -26,12 +26,11 @@ const stats = (window.moshiStats = {
   chatUrl: null, // the last connection's URL
 });
 
-let session = null;
 // PersonaPlex: what the server lets us choose (GET /api/persona); null for Moshi.
 let persona = null;
 
 const display = statusDisplay(stats);
-const { setState, showMessage } = display;
+const { setState } = display;
 
 const MISSING = {
   insecure:
@@ -118,19 +117,12 @@ class Session extends VoiceSession {
   }
 
   async start() {
-    this.link = new VoiceLink({
-      onMicFrame: (soundSamples) => {
-        stats.micFrames++;
-        stats.micSoundSamples = soundSamples;
-      },
+    this.link = new VoiceLink(stats, {
       onPages: (bytes, seconds) => {
         this.send(bytes);
         stats.sentSeconds += seconds;
       },
       onPlayer: (data) => Object.assign(stats, playerStats(data)),
-      onDecoded: (seconds) => {
-        stats.receivedSeconds += seconds;
-      },
       onError: (text) => this.fail(text),
       microphoneProblem,
     });
@@ -197,13 +189,6 @@ class Session extends VoiceSession {
     if (wasLive) return "The connection to Moshi was closed. Press Start to talk again.";
     return `Could not reach Moshi's server at ${location.host} (code ${code}). Is it running?`;
   }
-
-  onStopped() {
-    if (session === this) {
-      session = null;
-      setButton(false);
-    }
-  }
 }
 
 function playerStats(data) {
@@ -240,29 +225,13 @@ function setButton(running) {
   for (const id of ["voice", "role", "examples"]) $(id).disabled = running; // set at connect
 }
 
-async function toggle() {
-  if (session) {
-    session.stop(true);
-    return;
-  }
-  showMessage(null);
-  stats.error = null;
-  const missing = missingFeature(MISSING);
-  if (missing) {
-    showMessage(missing);
-    return;
-  }
-  session = new Session();
-  setButton(true);
-  try {
-    await session.start();
-  } catch (error) {
-    const failed = session;
-    if (failed) failed.stop(false);
-    showMessage(error.message);
-    setState("closed", "not connected");
-  }
-}
+const startStop = new StartStop({
+  stats,
+  display,
+  missing: MISSING,
+  makeSession: () => new Session(),
+  showRunning: setButton,
+});
 
-$("start").addEventListener("click", toggle);
+$("start").addEventListener("click", () => startStop.toggle());
 loadPersona();

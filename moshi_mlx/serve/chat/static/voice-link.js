@@ -1,7 +1,8 @@
-// The audio both pages (chat and assistant) share: microphone -> Opus (WebCodecs) -> Ogg
-// pages for the websocket, and the server's Ogg Opus -> decoder -> AudioWorklet player; plus
-// Kyutai's chat protocol kinds and the state and message display. What a page shows and
-// sends stays in the page: `VoiceLink` reports through callbacks.
+// What both pages (chat and assistant) share: the audio (`VoiceLink`: microphone -> Opus
+// (WebCodecs) -> Ogg pages for the websocket, the server's Ogg Opus -> decoder -> AudioWorklet
+// player), the websocket side of a conversation (`VoiceSession`), the Start/Stop button
+// (`StartStop`), Kyutai's chat protocol kinds and the state and message display. What a page
+// shows and sends stays in the page, through callbacks and a `VoiceSession` subclass.
 import { OggOpusWriter, OggPacketReader, concat, opusHead } from "./ogg.js";
 
 export const KIND = { handshake: 0, audio: 1, text: 2, control: 3, metadata: 4, error: 5, ping: 6 };
@@ -57,14 +58,15 @@ async function encoderConfig() {
   throw new Error("this browser cannot encode Opus at 24 kHz");
 }
 
-// One conversation's audio. Callbacks (all optional but `onPages` and `onError`):
-// onMicFrame(soundSamples): each mic frame; onPages(bytes, seconds): an audio message (kind
-// byte and Ogg pages) to send; onPlayer(data): the player's stats; onDecoded(seconds): audio
-// handed to the player; onError(text): the codecs or the server's Ogg failed;
-// microphoneProblem(error): the text for a refused microphone.
+// One conversation's audio. It counts in `stats` the mic frames (micFrames), the sound in the
+// last one (micSoundSamples) and the seconds handed to the player (receivedSeconds); the rest
+// goes through callbacks: onPages(bytes, seconds): an audio message (kind byte and Ogg pages)
+// to send; onPlayer(data): the player's stats; onError(text): the codecs or the server's Ogg
+// failed; microphoneProblem(error): the text for a refused microphone.
 // Mic frames are encoded only while `sending` is true (set it on the server's handshake).
 export class VoiceLink {
-  constructor(callbacks) {
+  constructor(stats, callbacks) {
+    this.stats = stats;
     this.callbacks = callbacks;
     this.sending = false;
     this.decoder = null;
@@ -91,7 +93,7 @@ export class VoiceLink {
       outputChannelCount: [1],
       processorOptions: { startSeconds: 0.08, maxSeconds: 0.4 },
     });
-    this.player.port.onmessage = (event) => this.callbacks.onPlayer?.(event.data);
+    this.player.port.onmessage = (event) => this.callbacks.onPlayer(event.data);
     this.player.connect(this.context.destination);
     this.mic = new AudioWorkletNode(this.context, "moshi-mic", { numberOfOutputs: 0 });
     this.mic.port.onmessage = (event) => this.onMicFrame(event.data);
@@ -105,7 +107,8 @@ export class VoiceLink {
   }
 
   onMicFrame({ frame, soundSamples }) {
-    this.callbacks.onMicFrame?.(soundSamples);
+    this.stats.micFrames++;
+    this.stats.micSoundSamples = soundSamples;
     if (!this.sending || this.encoder.state !== "configured") return;
     const data = new AudioData({
       format: "f32-planar",
@@ -171,7 +174,7 @@ export class VoiceLink {
   onDecodedAudio(audio) {
     const samples = new Float32Array(audio.numberOfFrames);
     audio.copyTo(samples, { planeIndex: 0, format: "f32-planar" });
-    this.callbacks.onDecoded?.(audio.numberOfFrames / audio.sampleRate);
+    this.stats.receivedSeconds += audio.numberOfFrames / audio.sampleRate;
     this.player.port.postMessage({ samples, rate: audio.sampleRate }, [samples.buffer]);
     audio.close();
   }
@@ -203,16 +206,17 @@ function startsWith(bytes, text) {
   return true;
 }
 
-// One conversation: the websocket and its `VoiceLink`. A page subclasses it for what it
-// shows: `onLive()`, `onText(text)`, `onMetadata(data)`, `closeText(wasLive, code)` (why the
-// connection closed, for the user), `onStopped()`. `stats.receivedAudioMessages` counts the
-// server's audio messages.
+// One conversation: the websocket and its `VoiceLink` (`this.link`, made by `start()`). A page
+// subclasses it for what it shows: `start()`, `onLive()`, `onText(text)`, `onMetadata(data)`,
+// `closeText(wasLive, code)` (why the connection closed, for the user). `StartStop` sets
+// `onStopped`. `stats.receivedAudioMessages` counts the server's audio messages.
 export class VoiceSession {
   constructor(stats, display) {
     this.stats = stats;
     this.display = display;
     this.closedByUser = false;
     this.handshake = false;
+    this.onStopped = () => {};
   }
 
   connect(url, waitingLabel) {
@@ -271,5 +275,44 @@ export class VoiceSession {
     if (this.link) this.link.close();
     this.onStopped();
     if (byUser) this.display.setState("idle", "stopped");
+  }
+}
+
+// The Start/Stop button's click (`toggle`): stop the running session, or check the browser
+// (`missing`: the page's words, see `missingFeature`) and start one that `makeSession()`
+// makes; `showRunning(running)` shows which on the page.
+export class StartStop {
+  constructor({ stats, display, missing, makeSession, showRunning }) {
+    Object.assign(this, { stats, display, missing, makeSession, showRunning });
+    this.session = null;
+  }
+
+  async toggle() {
+    if (this.session) {
+      this.session.stop(true);
+      return;
+    }
+    this.display.showMessage(null);
+    this.stats.error = null;
+    const missing = missingFeature(this.missing);
+    if (missing) {
+      this.display.showMessage(missing);
+      return;
+    }
+    const session = this.makeSession();
+    session.onStopped = () => {
+      if (this.session !== session) return;
+      this.session = null;
+      this.showRunning(false);
+    };
+    this.session = session;
+    this.showRunning(true);
+    try {
+      await session.start();
+    } catch (error) {
+      if (this.session) this.session.stop(false);
+      this.display.showMessage(error.message);
+      this.display.setState("closed", "not connected");
+    }
   }
 }

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
@@ -30,9 +29,9 @@ from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
+    BinaryMessages,
     Sessions,
     SilenceWatchdog,
-    broken_reason,
     close_ended,
     close_going_away,
     first_to_end,
@@ -218,21 +217,17 @@ class _Connection:
 
     async def _receive(self) -> str:
         """Client messages until it leaves; audio before the handshake is kept for the model."""
-        async for message in self._ws:
-            if message.type == aiohttp.WSMsgType.ERROR:
-                return broken_reason(self._ws, self._config.limits)
-            if message.type != aiohttp.WSMsgType.BINARY:
-                raise ProtocolError(
-                    f"{message.type.name.lower()} messages are not part of the protocol; "
-                    "send binary messages"
-                )
-            kind, payload = protocol.parse(message.data)
+        messages = BinaryMessages(
+            self._ws, self._config.limits, ProtocolError, "send binary messages"
+        )
+        async for data in messages:
+            kind, payload = protocol.parse(data)
             if kind == Kind.AUDIO:
                 self._silence.heard()
                 for frame in self._opus_in.feed(payload):
                     self._worker.submit(self._session, frame)
             # Other known kinds (handshake, ping, control, ...) carry nothing for us.
-        return "the client left"
+        return messages.ended
 
     async def _watch(self) -> None:
         """End a conversation whose client sends no audio (from the handshake on)."""

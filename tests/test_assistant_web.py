@@ -280,7 +280,8 @@ def test_the_page_and_its_scripts_are_served(address):
             async with session.get(f"http://{address}/assistant", allow_redirects=False) as r:
                 redirect = r.status, r.headers["Location"]
             bodies = {}
-            for name in ("", "assistant.js", "ogg.js", "audio-worklet.js", "style.css"):
+            names = ("", "assistant.js", "voice-link.js", "ogg.js", "audio-worklet.js", "style.css")
+            for name in names:
                 async with session.get(f"http://{address}/assistant/{name}") as response:
                     bodies[name] = response.status, await response.text()
             return redirect, bodies
@@ -289,7 +290,8 @@ def test_the_page_and_its_scripts_are_served(address):
     assert redirect == (302, "/assistant/")
     assert all(status == 200 for status, _ in bodies.values())
     assert "assistant.js" in bodies[""][1]
-    assert "echoCancellation: true" in bodies["assistant.js"][1]
+    assert '"./voice-link.js"' in bodies["assistant.js"][1]
+    assert "echoCancellation: true" in bodies["voice-link.js"][1]
     assert "registerProcessor" in bodies["audio-worklet.js"][1]
 
 

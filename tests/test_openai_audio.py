@@ -14,7 +14,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -28,9 +27,8 @@ from moshi_mlx.serve.openai.audio import AudioLimits
 from moshi_mlx.serve.openai.voices import OPENAI_VOICES
 from moshi_mlx.stt.transcriber import transcribe
 from moshi_mlx.stt.words import finished_words
-from moshi_mlx.tts.synthesizer import TtsModel
 from moshi_mlx.tts.voices import DEFAULT_VOICE, voice_file_name
-from tests.tiny_moshi import cached_tiny_stt, espeak_speech, load_tiny_stt
+from tests.tiny_moshi import cached_tiny_stt, espeak_speech, load_tiny_stt, load_tiny_tts
 
 openai = pytest.importorskip("openai")
 
@@ -84,17 +82,8 @@ def server(tmp_path_factory):
     thread.start()
     context = ServeContext(thread, EventTally(__import__("logging").getLogger("test")))
 
-    def load_tts() -> TtsModel:
-        return TtsModel.load(
-            moshi_weight=TTS_FIXTURES / "weights.safetensors",
-            mimi_weight=files["mimi"],
-            tokenizer=TTS_FIXTURES / "tokenizer.model",
-            lm_config=TTS_FIXTURES / "config.json",
-            dtype=mx.float32,
-        )
-
     context.stt = thread.call_soon(lambda: load_tiny_stt(files)).result(300)
-    context.tts = thread.call_soon(load_tts).result(300)
+    context.tts = thread.call_soon(lambda: load_tiny_tts(files["mimi"])).result(300)
     context.voice_repo = str(_voice_folder(tmp_path_factory.mktemp("voices"), context.tts.config))
     server = Server(context)
     yield server

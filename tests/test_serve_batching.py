@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import aiohttp
-import mlx.core as mx
 import msgpack
 import numpy as np
 import pytest
@@ -22,8 +21,7 @@ from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.stt.server import ASR_PATH, STT_WORKER
 from moshi_mlx.serve.tts.server import TTS_PATH, TTS_STREAMS
-from moshi_mlx.tts.synthesizer import TtsModel
-from tests.tiny_moshi import cached_tiny_stt, load_tiny_stt
+from tests.tiny_moshi import cached_tiny_stt, load_tiny_stt, load_tiny_tts
 
 TTS_FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = TTS_FIXTURES / "voices" / "alice.safetensors"
@@ -66,17 +64,8 @@ def server(tmp_path_factory):
         thread, EventTally(logging.getLogger("test")), max_streams=3, max_tts_streams=2
     )
 
-    def load_tts() -> TtsModel:
-        return TtsModel.load(
-            moshi_weight=TTS_FIXTURES / "weights.safetensors",
-            mimi_weight=files["mimi"],
-            tokenizer=TTS_FIXTURES / "tokenizer.model",
-            lm_config=TTS_FIXTURES / "config.json",
-            dtype=mx.float32,
-        )
-
     context.stt = thread.call_soon(lambda: load_tiny_stt(files)).result(300)
-    context.tts = thread.call_soon(load_tts).result(300)
+    context.tts = thread.call_soon(lambda: load_tiny_tts(files["mimi"])).result(300)
     server = Server(context)
     server.run(_ready(server))
     yield server

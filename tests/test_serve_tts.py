@@ -11,7 +11,6 @@ import tracemalloc
 from pathlib import Path
 
 import aiohttp
-import mlx.core as mx
 import msgpack
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.stt import protocol as stt_protocol
 from moshi_mlx.serve.tts import protocol
 from moshi_mlx.serve.tts.server import TTS_PATH, log
-from moshi_mlx.tts.synthesizer import TtsModel
+from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
@@ -35,15 +34,7 @@ ALICE = FIXTURES / "voices" / "alice.safetensors"
 def server(full_mimi_checkpoint):
     thread = ModelThread("test-model")
     thread.start()
-    model = thread.call_soon(
-        lambda: TtsModel.load(
-            moshi_weight=FIXTURES / "weights.safetensors",
-            mimi_weight=full_mimi_checkpoint,
-            tokenizer=FIXTURES / "tokenizer.model",
-            lm_config=FIXTURES / "config.json",
-            dtype=mx.float32,
-        )
-    ).result(120)
+    model = thread.call_soon(lambda: load_tiny_tts(full_mimi_checkpoint)).result(120)
     context = ServeContext(thread, EventTally(log), tts=model, api_keys=frozenset({"secret"}))
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, daemon=True)

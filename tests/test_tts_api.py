@@ -24,6 +24,7 @@ from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun, TtsStream
 from moshi_mlx.tts.voices import DEFAULT_VOICE, voice_file_name
+from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
@@ -35,13 +36,7 @@ GOLDEN = json.loads((FIXTURES / "golden_generate.json").read_text())["runs"]["ba
 
 @pytest.fixture(scope="module")
 def model(full_mimi_checkpoint) -> TtsModel:
-    return TtsModel.load(
-        moshi_weight=FIXTURES / "weights.safetensors",
-        mimi_weight=full_mimi_checkpoint,
-        tokenizer=FIXTURES / "tokenizer.model",
-        lm_config=FIXTURES / "config.json",
-        dtype=mx.float32,
-    )
+    return load_tiny_tts(full_mimi_checkpoint)
 
 
 def _first_audio_step(model: TtsModel) -> int:

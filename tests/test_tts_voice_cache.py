@@ -9,7 +9,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ import moshi_mlx.tts.voices as voices_module
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest
 from moshi_mlx.tts.voices import VOICES_KEPT
+from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
@@ -26,13 +26,7 @@ TEXT = "Hi there."
 
 @pytest.fixture(scope="module")
 def loaded(full_mimi_checkpoint) -> TtsModel:
-    return TtsModel.load(
-        moshi_weight=FIXTURES / "weights.safetensors",
-        mimi_weight=full_mimi_checkpoint,
-        tokenizer=FIXTURES / "tokenizer.model",
-        lm_config=FIXTURES / "config.json",
-        dtype=mx.float32,
-    )
+    return load_tiny_tts(full_mimi_checkpoint)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 from moshi_mlx.tts.batch import TtsBatch
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun
+from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
@@ -19,13 +20,7 @@ TEXT = "Hello there, how are you?"
 
 @pytest.fixture(scope="module")
 def model(full_mimi_checkpoint) -> TtsModel:
-    return TtsModel.load(
-        moshi_weight=FIXTURES / "weights.safetensors",
-        mimi_weight=full_mimi_checkpoint,
-        tokenizer=FIXTURES / "tokenizer.model",
-        lm_config=FIXTURES / "config.json",
-        dtype=mx.float32,
-    )
+    return load_tiny_tts(full_mimi_checkpoint)
 
 
 @pytest.fixture

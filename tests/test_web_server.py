@@ -348,7 +348,7 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
 
     status, page = get(ours, "/")
     assert status == 200 and "Moshi" in page and "app.js" in page
-    for name in ("app.js", "ogg.js", "audio-worklet.js", "style.css"):
+    for name in ("app.js", "voice-link.js", "ogg.js", "audio-worklet.js", "style.css"):
         assert get(ours, f"/{name}")[0] == 200
     assert get(theirs, "/") == (200, "<p>their client</p>")
     assert get(theirs, "/assets/app.js")[0] == 200

@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from moshi_mlx.models.config import LmConfig
+    from moshi_mlx.tts.synthesizer import TtsModel
+
+# The tiny random TTS checkpoint (with its tokenizer and voices), see tests/fixtures/tts.
+TINY_TTS = Path(__file__).parent / "fixtures" / "tts"
 
 SENTENCES = [
     "hello there how are you today",
@@ -278,6 +282,22 @@ def load_tiny_stt(files: dict[str, Path]):
     from moshi_mlx.stt.transcriber import SttModel
 
     return SttModel.load(**_load_arguments(files))
+
+
+def load_tiny_tts(mimi_weight: Path) -> TtsModel:
+    """`TtsModel.load` of the tiny random TTS in tests/fixtures/tts, in float32, with the Mimi
+    at `mimi_weight`."""
+    import mlx.core as mx
+
+    from moshi_mlx.tts.synthesizer import TtsModel
+
+    return TtsModel.load(
+        moshi_weight=TINY_TTS / "weights.safetensors",
+        mimi_weight=mimi_weight,
+        tokenizer=TINY_TTS / "tokenizer.model",
+        lm_config=TINY_TTS / "config.json",
+        dtype=mx.float32,
+    )
 
 
 def fast_codec() -> str:

@@ -3,7 +3,8 @@
 - `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
   `broken_reason` says why one broke.
 - `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
-  `close_going_away`) stops each; `first_to_end` races a session's tasks (the client's
+  `close_going_away`) stops each; `BinaryMessages` reads a session's client messages;
+  `first_to_end` races a session's tasks (the client's
   messages, the model's results, watchdogs); `send_and_close` and `close_ended` end one.
 - `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
 """
@@ -15,7 +16,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
@@ -200,6 +201,38 @@ async def close_ended(ws: web.WebSocketResponse) -> None:
     if not ws.closed:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(ws.close(), CLOSE_SECONDS)
+
+
+class BinaryMessages:
+    """The data of a websocket's binary messages, as `async for` gives them, until the client
+    leaves or the connection breaks; `ended` then says which, for the log. A message of another
+    type raises `not_binary` (the protocol's error) with its type's name and `hint`."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        limits: Limits,
+        not_binary: Callable[[str], Exception],
+        hint: str,
+    ):
+        self._ws = ws
+        self._limits = limits
+        self._not_binary = not_binary
+        self._hint = hint
+        self.ended = ""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for message in self._ws:
+            if message.type == aiohttp.WSMsgType.ERROR:
+                self.ended = broken_reason(self._ws, self._limits)
+                return
+            if message.type != aiohttp.WSMsgType.BINARY:
+                raise self._not_binary(
+                    f"{message.type.name.lower()} messages are not part of the protocol; "
+                    f"{self._hint}"
+                )
+            yield message.data
+        self.ended = "the client left"
 
 
 def broken_reason(ws: web.WebSocketResponse, limits: Limits) -> str:

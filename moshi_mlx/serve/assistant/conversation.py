@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from moshi_mlx.assistant import Assistant, History, ReplySampling, TurnRules
@@ -26,15 +25,14 @@ from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.assistant.messages import event_message
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
-from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.chat.protocol import ConversationEnded, Kind, ProtocolError, refuse
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
+    BinaryMessages,
     SilenceWatchdog,
-    broken_reason,
     close_ended,
     close_going_away,
     first_to_end,
-    send_and_close,
 )
 
 # Messages waiting for a client that does not read (a few seconds of audio and words); past
@@ -65,15 +63,6 @@ class AssistantConfig:
     sampling: ReplySampling = field(default_factory=ReplySampling)
     limits: Limits = field(default_factory=Limits)
     models: Mapping[str, str] = field(default_factory=dict)  # "stt", "tts", "llm" -> name
-
-
-class ConversationEnded(Exception):
-    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
-
-
-async def refuse(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send the protocol's error with the reason, and close."""
-    await send_and_close(ws, protocol.error(reason))
 
 
 class Conversation:
@@ -152,15 +141,11 @@ class Conversation:
 
     async def _receive(self) -> str:
         """The client's audio through the assistant, frame by frame; its answer frames out."""
-        async for message in self._ws:
-            if message.type == aiohttp.WSMsgType.ERROR:
-                return broken_reason(self._ws, self._config.limits)
-            if message.type != aiohttp.WSMsgType.BINARY:
-                raise ProtocolError(
-                    f"{message.type.name.lower()} messages are not part of the protocol; "
-                    "send binary messages"
-                )
-            kind, payload = protocol.parse(message.data)
+        messages = BinaryMessages(
+            self._ws, self._config.limits, ProtocolError, "send binary messages"
+        )
+        async for data in messages:
+            kind, payload = protocol.parse(data)
             if kind != Kind.AUDIO:
                 continue  # handshake, ping, control: nothing for us
             self._silence.heard()
@@ -173,7 +158,7 @@ class Conversation:
                     f"over {MAX_UNSENT_MESSAGES} messages wait for the client; it does not "
                     "read them"
                 )
-        return "the client left"
+        return messages.ended
 
     async def _send(self) -> None:
         while True:

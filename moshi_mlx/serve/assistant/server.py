@@ -21,8 +21,8 @@ from moshi_mlx.serve.assistant.conversation import (
     Conversation,
     ConversationParts,
     MakeParts,
-    refuse,
 )
+from moshi_mlx.serve.chat.protocol import refuse
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.sessions import Sessions, live_websocket
@@ -34,7 +34,7 @@ SOCKET_PATH = "/api/assistant"
 PAGE_DIR = Path(__file__).parent / "static"
 # The chat page's files the assistant's page uses as they are.
 SHARED_DIR = Path(__file__).parent.parent / "chat" / "static"
-SHARED_FILES = ("ogg.js", "audio-worklet.js", "style.css")
+SHARED_FILES = ("ogg.js", "voice-link.js", "audio-worklet.js", "style.css")
 BUSY = "busy: the assistant is talking with someone else (one conversation at a time)"
 _WEBSOCKET_MAX_BYTES = 1 << 20
 

@@ -24,9 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
+from aiohttp import web
+
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.logtext import capped
+from moshi_mlx.serve.sessions import send_and_close
 
 MAX_MESSAGE_BYTES = 64 * 1024  # an 80 ms Ogg Opus page is a few hundred bytes
 _MAX_SEED = 2**63 - 1
@@ -46,6 +49,15 @@ class Kind(IntEnum):
 
 class ProtocolError(MoshiError):
     """A client sent something the protocol does not allow; the reason goes back as 0x05."""
+
+
+class ConversationEnded(Exception):
+    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
+
+
+async def refuse(ws: web.WebSocketResponse, reason: str) -> None:
+    """Send the 0x05 error with the reason, and close."""
+    await send_and_close(ws, error(reason))
 
 
 def handshake() -> bytes:

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
@@ -24,20 +23,19 @@ from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
 from moshi_mlx.serve.chat.persona import prompt_choice
-from moshi_mlx.serve.chat.protocol import Kind, ProtocolError
+from moshi_mlx.serve.chat.protocol import ConversationEnded, Kind, ProtocolError, refuse
 from moshi_mlx.serve.chat.worker import Failed, Lag, ModelWorker, Ready, Reply, Session
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
+    BinaryMessages,
     Sessions,
     SilenceWatchdog,
-    broken_reason,
     close_ended,
     close_going_away,
     first_to_end,
     live_websocket,
-    send_and_close,
 )
 
 PAGE_DIR = Path(__file__).parent / "static"
@@ -120,18 +118,9 @@ class _ChatHandler:
         await self.sessions.run(
             request.remote,
             lambda: _Connection(ws, self._worker, self._config, request.query),
-            lambda: _fail(ws, "busy: Moshi is talking with someone else; try again later"),
+            lambda: refuse(ws, "busy: Moshi is talking with someone else; try again later"),
         )
         return ws
-
-
-class _ConversationEnded(Exception):
-    """The server cannot go on with a conversation; the reason goes to the client as 0x05."""
-
-
-async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
-    """Send the protocol's error with the reason, and close."""
-    await send_and_close(ws, protocol.error(reason))
 
 
 class _Connection:
@@ -165,9 +154,9 @@ class _Connection:
         keepalive = asyncio.create_task(self._keep_alive())
         try:
             reason = await self._converse()
-        except (ProtocolError, _ConversationEnded) as exc:
+        except (ProtocolError, ConversationEnded) as exc:
             reason = str(exc)
-            await _fail(self._ws, reason)
+            await refuse(self._ws, reason)
         except ConnectionError:
             reason = "the client left"
         finally:
@@ -214,7 +203,7 @@ class _Connection:
             raise
         if self._worker.error is not None:
             receiving.cancel()
-            raise _ConversationEnded("the server could not load the model")
+            raise ConversationEnded("the server could not load the model")
         try:
             self._session.voice, self._session.role = prompt_choice(
                 self._query, self._worker.persona
@@ -223,33 +212,29 @@ class _Connection:
             receiving.cancel()
             raise
         self._worker.open(self._session)
-        # A ProtocolError or _ConversationEnded propagates: the reason goes to the client.
+        # A ProtocolError or ConversationEnded propagates: the reason goes to the client.
         return await first_to_end(receiving, self._reply(), self._watch())
 
     async def _receive(self) -> str:
         """Client messages until it leaves; audio before the handshake is kept for the model."""
-        async for message in self._ws:
-            if message.type == aiohttp.WSMsgType.ERROR:
-                return broken_reason(self._ws, self._config.limits)
-            if message.type != aiohttp.WSMsgType.BINARY:
-                raise ProtocolError(
-                    f"{message.type.name.lower()} messages are not part of the protocol; "
-                    "send binary messages"
-                )
-            kind, payload = protocol.parse(message.data)
+        messages = BinaryMessages(
+            self._ws, self._config.limits, ProtocolError, "send binary messages"
+        )
+        async for data in messages:
+            kind, payload = protocol.parse(data)
             if kind == Kind.AUDIO:
                 self._silence.heard()
                 for frame in self._opus_in.feed(payload):
                     self._worker.submit(self._session, frame)
             # Other known kinds (handshake, ping, control, ...) carry nothing for us.
-        return "the client left"
+        return messages.ended
 
     async def _watch(self) -> None:
         """End a conversation whose client sends no audio (from the handshake on)."""
         await self._conversing.wait()
         self._silence.heard()
         await self._silence.expired()
-        raise _ConversationEnded(
+        raise ConversationEnded(
             f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
         )
 
@@ -273,7 +258,7 @@ class _Connection:
                 self._total_dropped = event.total
                 await self._report_lag()
             elif isinstance(event, Failed):
-                raise _ConversationEnded(event.reason)
+                raise ConversationEnded(event.reason)
 
     async def _report_lag(self) -> None:
         """Tell the client about dropped mic audio, at most once a second."""

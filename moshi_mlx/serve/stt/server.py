@@ -21,7 +21,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
@@ -29,9 +28,9 @@ from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
+    BinaryMessages,
     Sessions,
     SilenceWatchdog,
-    broken_reason,
     close_ended,
     close_going_away,
     first_to_end,
@@ -226,15 +225,11 @@ class _Connection:
 
     async def _receive(self) -> str:
         """Client messages until it leaves; audio before Ready waits for the stream."""
-        async for message in self._ws:
-            if message.type == aiohttp.WSMsgType.ERROR:
-                return broken_reason(self._ws, self._config.limits)
-            if message.type != aiohttp.WSMsgType.BINARY:
-                raise ProtocolError(
-                    f"{message.type.name.lower()} messages are not part of the protocol; "
-                    "send binary msgpack messages"
-                )
-            parsed = protocol.parse(message.data)
+        messages = BinaryMessages(
+            self._ws, self._config.limits, ProtocolError, "send binary msgpack messages"
+        )
+        async for data in messages:
+            parsed = protocol.parse(data)
             if isinstance(parsed, protocol.Audio):
                 self._silence.heard()
                 self._channel.push_audio(parsed.pcm)
@@ -247,7 +242,7 @@ class _Connection:
             elif isinstance(parsed, protocol.Marker):
                 self._channel.push_marker(parsed.id)
                 self._worker.notify()
-        return "the client left"
+        return messages.ended
 
     def _ahead_of_real_time(self) -> float:
         """Seconds of audio the client sent beyond the time since it connected."""

@@ -1,19 +1,8 @@
 // The page: microphone -> Opus (WebCodecs) -> Ogg -> websocket; websocket -> Ogg -> Opus
 // decoder -> AudioWorklet player. Kyutai's chat protocol, see moshi_mlx/web/protocol.py.
-import { OggOpusWriter, OggPacketReader, concat, opusHead } from "./ogg.js";
+import { $, StartStop, VoiceLink, VoiceSession, statusDisplay } from "./voice-link.js";
 
-const KIND = { handshake: 0, audio: 1, text: 2, control: 3, metadata: 4, error: 5, ping: 6 };
-const MODEL_RATE = 24000;
-const MIC_FRAME = 480; // 20 ms: browsers send 20 ms Opus frames
-const MIC_CONSTRAINTS = {
-  echoCancellation: true,
-  noiseSuppression: true,
-  autoGainControl: true,
-  channelCount: 1,
-};
 const LAG_MEMORY_MS = 5000; // "falling behind" stays on this long after the server drops audio
-
-const $ = (id) => document.getElementById(id);
 
 // Everything measured, readable from outside (the end-to-end test reads it over DevTools).
 const stats = (window.moshiStats = {
@@ -37,44 +26,21 @@ const stats = (window.moshiStats = {
   chatUrl: null, // the last connection's URL
 });
 
-let session = null;
 // PersonaPlex: what the server lets us choose (GET /api/persona); null for Moshi.
 let persona = null;
 
-function setState(state, label) {
-  stats.state = state;
-  const element = $("state");
-  element.textContent = label;
-  element.className = `state ${state}`;
-}
+const display = statusDisplay(stats);
+const { setState } = display;
 
-function showMessage(text) {
-  const element = $("message");
-  element.hidden = !text;
-  element.textContent = text || "";
-  if (text) stats.error = text;
-}
-
-function missingFeature() {
-  if (!window.isSecureContext) {
-    return (
-      "This page is not a secure context, so the browser withholds the microphone. Open it as " +
-      "http://localhost:PORT on the computer running Moshi, or start the server with --ssl DIR " +
-      "and use https:// from other devices."
-    );
-  }
-  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
-    return "This browser gives no access to a microphone.";
-  }
-  if (!window.AudioWorkletNode) return "This browser lacks AudioWorklet (needed for playback).";
-  if (!window.AudioEncoder || !window.AudioDecoder) {
-    return (
-      "This browser lacks WebCodecs audio (AudioEncoder/AudioDecoder), which the page uses for " +
-      "Opus: use Chrome or Edge 94+, Firefox 130+ or Safari 26+."
-    );
-  }
-  return null;
-}
+const MISSING = {
+  insecure:
+    "This page is not a secure context, so the browser withholds the microphone. Open it as " +
+    "http://localhost:PORT on the computer running Moshi, or start the server with --ssl DIR " +
+    "and use https:// from other devices.",
+  noWebCodecs:
+    "This browser lacks WebCodecs audio (AudioEncoder/AudioDecoder), which the page uses for " +
+    "Opus: use Chrome or Edge 94+, Firefox 130+ or Safari 26+.",
+};
 
 function chatUrl() {
   const protocol = location.protocol === "https:" ? "wss:" : "ws:";
@@ -144,105 +110,37 @@ function showPersona(data) {
   $("persona").hidden = false;
 }
 
-async function encoderConfig() {
-  const base = { codec: "opus", sampleRate: MODEL_RATE, numberOfChannels: 1, bitrate: 32000 };
-  const withFrames = { ...base, opus: { frameDuration: 20000, application: "voip" } };
-  for (const config of [withFrames, base]) {
-    try {
-      if ((await AudioEncoder.isConfigSupported(config)).supported) return config;
-    } catch (_) {
-      // an unknown member is a TypeError in some browsers: try the plainer config
-    }
-  }
-  throw new Error("this browser cannot encode Opus at 24 kHz");
-}
-
-class Session {
+class Session extends VoiceSession {
   constructor() {
-    this.closedByUser = false;
-    this.handshake = false;
+    super(stats, display);
     this.lastLagAt = -Infinity;
-    this.decoder = null;
-    this.oggIn = new OggPacketReader();
-    this.lastGranule = 0;
   }
 
   async start() {
-    // Made before the first await, while the click still counts as a user gesture (Safari
-    // lets audio start only then).
-    this.context = new AudioContext();
-    setState("waiting", "asking for the microphone…");
-    try {
-      this.stream = await navigator.mediaDevices.getUserMedia({ audio: MIC_CONSTRAINTS });
-    } catch (error) {
-      throw new Error(microphoneProblem(error));
-    }
-    await this.context.audioWorklet.addModule("audio-worklet.js");
-    await this.context.resume();
-    this.player = new AudioWorkletNode(this.context, "moshi-player", {
-      numberOfInputs: 0,
-      outputChannelCount: [1],
-      processorOptions: { startSeconds: 0.08, maxSeconds: 0.4 },
+    this.link = new VoiceLink(stats, {
+      onPages: (bytes, seconds) => {
+        this.send(bytes);
+        stats.sentSeconds += seconds;
+      },
+      onPlayer: (data) => Object.assign(stats, playerStats(data)),
+      onError: (text) => this.fail(text),
+      microphoneProblem,
     });
-    this.player.port.onmessage = (event) => Object.assign(stats, playerStats(event.data));
-    this.player.connect(this.context.destination);
-    this.mic = new AudioWorkletNode(this.context, "moshi-mic", { numberOfOutputs: 0 });
-    this.mic.port.onmessage = (event) => this.onMicFrame(event.data);
-    this.source = this.context.createMediaStreamSource(this.stream);
-    this.source.connect(this.mic);
-    await this.startEncoder();
-    this.connect();
+    setState("waiting", "asking for the microphone…");
+    await this.link.open();
+    stats.chatUrl = chatUrl();
+    this.connect(stats.chatUrl, "waiting for Moshi…");
     this.timer = setInterval(() => this.showStats(), 250);
   }
 
-  async startEncoder() {
-    const config = await encoderConfig();
-    this.oggOut = null;
-    this.encoder = new AudioEncoder({
-      output: (chunk, metadata) => this.onOpusPacket(chunk, metadata),
-      error: (error) => this.fail(`The Opus encoder failed: ${error.message}`),
-    });
-    this.encoder.configure(config);
-    this.micTimestamp = 0;
+  onLive() {
+    setState("live", "connected: talk to Moshi");
   }
 
-  connect() {
-    setState("waiting", "connecting…");
-    stats.chatUrl = chatUrl();
-    this.ws = new WebSocket(stats.chatUrl);
-    this.ws.binaryType = "arraybuffer";
-    this.ws.onopen = () => setState("waiting", "waiting for Moshi…");
-    this.ws.onmessage = (event) => this.onMessage(new Uint8Array(event.data));
-    this.ws.onclose = (event) => this.onClose(event);
-  }
-
-  onMessage(message) {
-    if (message.length === 0) return;
-    const payload = message.subarray(1);
-    switch (message[0]) {
-      case KIND.handshake:
-        this.handshake = true;
-        setState("live", "connected: talk to Moshi");
-        break;
-      case KIND.audio:
-        stats.receivedAudioMessages++;
-        this.onServerAudio(payload);
-        break;
-      case KIND.text: {
-        const piece = new TextDecoder().decode(payload);
-        stats.text += piece;
-        $("text").textContent = stats.text;
-        $("text").scrollTop = $("text").scrollHeight;
-        break;
-      }
-      case KIND.metadata:
-        this.onMetadata(JSON.parse(new TextDecoder().decode(payload)));
-        break;
-      case KIND.error:
-        this.serverError = new TextDecoder().decode(payload);
-        break;
-      default: // ping, control: nothing to do
-    }
+  onText(piece) {
+    stats.text += piece;
+    $("text").textContent = stats.text;
+    $("text").scrollTop = $("text").scrollHeight;
   }
 
   onMetadata(data) {
@@ -254,38 +152,6 @@ class Session {
     }
   }
 
-  onMicFrame({ frame, soundSamples }) {
-    stats.micFrames++;
-    stats.micSoundSamples = soundSamples;
-    if (!this.handshake || this.encoder.state !== "configured") return;
-    const data = new AudioData({
-      format: "f32-planar",
-      sampleRate: MODEL_RATE,
-      numberOfFrames: frame.length,
-      numberOfChannels: 1,
-      timestamp: Math.round((this.micTimestamp * 1e6) / MODEL_RATE),
-      data: frame,
-    });
-    this.micTimestamp += frame.length;
-    this.encoder.encode(data);
-    data.close();
-  }
-
-  onOpusPacket(chunk, metadata) {
-    const packet = new Uint8Array(chunk.byteLength);
-    chunk.copyTo(packet);
-    const pages = [];
-    if (!this.oggOut) {
-      const description = metadata && metadata.decoderConfig && metadata.decoderConfig.description;
-      this.oggOut = new OggOpusWriter(encoderHead(description));
-      pages.push(this.oggOut.headers());
-    }
-    const seconds = chunk.duration ? chunk.duration / 1e6 : MIC_FRAME / MODEL_RATE;
-    pages.push(this.oggOut.packet(packet, Math.round(seconds * 48000)));
-    this.send(concat([new Uint8Array([KIND.audio]), ...pages]));
-    stats.sentSeconds += seconds;
-  }
-
   send(bytes) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) {
       this.ws.send(bytes);
@@ -293,49 +159,8 @@ class Session {
     }
   }
 
-  onServerAudio(bytes) {
-    let packets;
-    try {
-      packets = this.oggIn.push(bytes);
-    } catch (error) {
-      this.fail(error.message);
-      return;
-    }
-    for (const { packet, granule } of packets) {
-      if (startsWith(packet, "OpusHead")) {
-        this.startDecoder(packet);
-      } else if (!startsWith(packet, "OpusTags") && this.decoder) {
-        const timestamp = Math.round((this.lastGranule * 1e6) / 48000);
-        if (granule >= 0) this.lastGranule = granule;
-        this.decoder.decode(new EncodedAudioChunk({ type: "key", timestamp, data: packet }));
-      }
-    }
-  }
-
-  startDecoder(head) {
-    this.decoder = new AudioDecoder({
-      output: (audio) => this.onDecodedAudio(audio),
-      error: (error) => this.fail(`The Opus decoder failed: ${error.message}`),
-    });
-    const view = new DataView(head.buffer, head.byteOffset);
-    this.decoder.configure({
-      codec: "opus",
-      sampleRate: view.getUint32(12, true) || MODEL_RATE,
-      numberOfChannels: 1,
-      description: head,
-    });
-  }
-
-  onDecodedAudio(audio) {
-    const samples = new Float32Array(audio.numberOfFrames);
-    audio.copyTo(samples, { planeIndex: 0, format: "f32-planar" });
-    stats.receivedSeconds += audio.numberOfFrames / audio.sampleRate;
-    this.player.port.postMessage({ samples, rate: audio.sampleRate }, [samples.buffer]);
-    audio.close();
-  }
-
   showStats() {
-    const context = this.context;
+    const context = this.link.context;
     const skippedSeconds = stats.droppedByServer * stats.frameSeconds;
     if (this.handshake && stats.receivedSeconds > 0) {
       // Mic audio still on its way through the server, plus what waits in the player.
@@ -356,62 +181,14 @@ class Session {
     $("mic").textContent = stats.micSoundSamples > 0 ? "on (echo cancellation)" : "silent";
   }
 
-  fail(text) {
-    this.failed = true;
-    showMessage(text);
-    this.stop(false);
-  }
-
-  onClose(event) {
-    const wasLive = this.handshake;
-    this.stop(false);
-    if (this.closedByUser || this.failed) return;
-    let text;
+  closeText(wasLive, code) {
     if (this.serverError && this.serverError.startsWith("busy")) {
-      text = "Moshi is busy talking with someone else (one conversation at a time). Try again later.";
-    } else if (this.serverError) {
-      text = `The server closed the connection: ${this.serverError}`;
-    } else if (wasLive) {
-      text = "The connection to Moshi was closed. Press Start to talk again.";
-    } else {
-      text = `Could not reach Moshi's server at ${location.host} (code ${event.code}). Is it running?`;
+      return "Moshi is busy talking with someone else (one conversation at a time). Try again later.";
     }
-    showMessage(text);
-    setState("closed", "connection closed");
+    if (this.serverError) return `The server closed the connection: ${this.serverError}`;
+    if (wasLive) return "The connection to Moshi was closed. Press Start to talk again.";
+    return `Could not reach Moshi's server at ${location.host} (code ${code}). Is it running?`;
   }
-
-  stop(byUser) {
-    if (byUser) this.closedByUser = true;
-    clearInterval(this.timer);
-    if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close();
-    if (this.stream) this.stream.getTracks().forEach((track) => track.stop());
-    for (const codec of [this.encoder, this.decoder]) {
-      if (codec && codec.state !== "closed") codec.close();
-    }
-    if (this.mic) this.mic.port.postMessage("stop");
-    if (this.context && this.context.state !== "closed") this.context.close();
-    if (session === this) {
-      session = null;
-      setButton(false);
-    }
-    if (byUser) setState("idle", "stopped");
-  }
-}
-
-function encoderHead(description) {
-  if (description) {
-    const bytes = ArrayBuffer.isView(description)
-      ? new Uint8Array(description.buffer, description.byteOffset, description.byteLength)
-      : new Uint8Array(description);
-    if (startsWith(bytes, "OpusHead")) return bytes;
-  }
-  return opusHead(MODEL_RATE, 312);
-}
-
-function startsWith(bytes, text) {
-  if (bytes.length < text.length) return false;
-  for (let i = 0; i < text.length; i++) if (bytes[i] !== text.charCodeAt(i)) return false;
-  return true;
 }
 
 function playerStats(data) {
@@ -448,29 +225,13 @@ function setButton(running) {
   for (const id of ["voice", "role", "examples"]) $(id).disabled = running; // set at connect
 }
 
-async function toggle() {
-  if (session) {
-    session.stop(true);
-    return;
-  }
-  showMessage(null);
-  stats.error = null;
-  const missing = missingFeature();
-  if (missing) {
-    showMessage(missing);
-    return;
-  }
-  session = new Session();
-  setButton(true);
-  try {
-    await session.start();
-  } catch (error) {
-    const failed = session;
-    if (failed) failed.stop(false);
-    showMessage(error.message);
-    setState("closed", "not connected");
-  }
-}
+const startStop = new StartStop({
+  stats,
+  display,
+  missing: MISSING,
+  makeSession: () => new Session(),
+  showRunning: setButton,
+});
 
-$("start").addEventListener("click", toggle);
+$("start").addEventListener("click", () => startStop.toggle());
 loadPersona();

@@ -8,10 +8,10 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from assistant_fakes import FRAMES_PER_WORD, FrameSpeech, ScriptedStt
 
 from moshi_mlx.assistant import Assistant, History, TurnRules
 from moshi_mlx.assistant.history import CUT_OFF_MARK
@@ -25,32 +25,7 @@ from moshi_mlx.stt.events import SttStep, WordStarted
 
 LOUD = np.full(FRAME_SIZE, 0.3, np.float32)
 QUIET = np.zeros(FRAME_SIZE, np.float32)
-FRAMES_PER_WORD = 3
 ANSWER_LEVEL = 0.5
-
-
-class ScriptedStt:
-    """A word (`u0`, `u1`, ...) for each loud frame, pause head 2 "done" on silence."""
-
-    delay_steps = 2
-
-    def __init__(self):
-        self.index = 0
-        self.words = 0
-        self.threads: set[int] = set()
-
-    def step(self, pcm: np.ndarray) -> SttStep:
-        self.threads.add(threading.get_ident())
-        self.index += 1
-        if pcm.any():
-            self.words += 1
-            word = WordStarted(f"u{self.words - 1}", self.index * 0.08)
-            return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
-        return SttStep(self.index, (), (0.0, 0.0, 0.95))
-
-    def finish_stream(self, stream: int) -> tuple:
-        """Each word is reported at once: none is left open at the end of a flush."""
-        return ()
 
 
 class HeldWordStt(ScriptedStt):
@@ -103,47 +78,6 @@ class ScriptedLlm:
             self.closed += 1
 
 
-@dataclass
-class _Step:
-    pcm: list
-
-
-class CountingSpeech:
-    """Three frames of ANSWER_LEVEL per pushed word; counts the frames it made."""
-
-    def __init__(self):
-        self.queue: list[str] = []
-        self.words: list[tuple[str, float]] = []
-        self.frames = 0
-        self.closed = False
-        self.waiting = False
-        self.threads: set[int] = set()
-
-    def push(self, text: str) -> None:
-        self.queue += text.split()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def steps(self):
-        left = 0
-        while True:
-            self.threads.add(threading.get_ident())
-            if left == 0 and self.queue:
-                self.words.append((self.queue.pop(0), self.frames * 0.08))
-                left = FRAMES_PER_WORD
-            if left:
-                left -= 1
-                self.frames += 1
-                self.waiting = False
-                yield _Step([np.full(FRAME_SIZE, ANSWER_LEVEL, np.float32)])
-            elif self.closed:
-                return
-            else:
-                self.waiting = True
-                yield _Step([None])
-
-
 @pytest.fixture
 def thread():
     model_thread = ModelThread("test-assistant")
@@ -156,7 +90,7 @@ class Harness:
     def __init__(self, thread: ModelThread, answer: list[str]):
         self.stt = ScriptedStt()
         self.llm = ScriptedLlm(answer)
-        self.speeches: list[CountingSpeech] = []
+        self.speeches: list[FrameSpeech] = []
         self.events: list = []
         self.assistant = Assistant(
             thread,
@@ -168,8 +102,8 @@ class Harness:
             on_event=self.events.append,
         )
 
-    def _speech(self) -> CountingSpeech:
-        self.speeches.append(CountingSpeech())
+    def _speech(self) -> FrameSpeech:
+        self.speeches.append(FrameSpeech(np.full(FRAME_SIZE, ANSWER_LEVEL, np.float32)))
         return self.speeches[-1]
 
     async def feed(self, frame: np.ndarray, count: int) -> list[np.ndarray]:
@@ -310,7 +244,7 @@ class FailingSpeechHarness(Harness):
         super().__init__(thread, answer)
         self.opened = 0
 
-    def _speech(self) -> CountingSpeech:
+    def _speech(self) -> FrameSpeech:
         self.opened += 1
         if self.opened == 1:
             raise FileNotFoundError("no voice file\nat /voices/alice.safetensors")

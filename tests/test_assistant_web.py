@@ -21,6 +21,7 @@ import pytest
 import soundfile as sf
 import sphn
 from aiohttp import web
+from assistant_fakes import FRAMES_PER_WORD, FrameSpeech, ScriptedStt
 from chromium import Chromium, chromium_binary
 
 from moshi_mlx.assistant import TurnRules
@@ -32,38 +33,14 @@ from moshi_mlx.serve.assistant.conversation import AssistantConfig, Conversation
 from moshi_mlx.serve.chat.protocol import Kind
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
-from moshi_mlx.stt.events import SttStep, WordStarted
 
-FRAMES_PER_WORD = 3
 _TIME = np.arange(FRAME_SIZE) / SAMPLE_RATE
 LOUD = (0.3 * np.sin(2 * np.pi * 440 * _TIME)).astype(np.float32)
 QUIET = np.zeros(FRAME_SIZE, np.float32)
+LOUD_RMS = 0.05  # the scripted STT hears a word in a frame louder than this
 ANSWER = (0.5 * np.sin(2 * np.pi * 330 * _TIME)).astype(np.float32)
 GREETING = ["Hello", "there!"]
 ANSWER_WORDS = ["Paris", "is", "**lovely**."]
-
-
-class ScriptedStt:
-    """A word (`u0`, `u1`, ...) for each loud frame, pause head 2 "done" on quiet ones."""
-
-    delay_steps = 2
-
-    def __init__(self, hears: bool = True):
-        self.index = 0
-        self.words = 0
-        self.hears = hears
-
-    def step(self, pcm: np.ndarray) -> SttStep:
-        self.index += 1
-        if self.hears and np.sqrt(np.mean(np.square(pcm))) > 0.05:
-            self.words += 1
-            word = WordStarted(f"u{self.words - 1}", self.index * 0.08)
-            return SttStep(self.index, (word,), (0.0, 0.0, 0.01))
-        return SttStep(self.index, (), (0.0, 0.0, 0.95))
-
-    def finish_stream(self, stream: int) -> tuple:
-        """Each word is reported at once: none is left open at the end of a flush."""
-        return ()
 
 
 class ScriptedLlm:
@@ -83,40 +60,6 @@ class ScriptedLlm:
         return iter([*(TextPiece(f"{word} ") for word in words), TextPiece("", "stop")])
 
 
-class ToneSpeech:
-    """`FRAMES_PER_WORD` frames of a tone per pushed word."""
-
-    def __init__(self):
-        self.queue: list[str] = []
-        self.words: list[tuple[str, float]] = []
-        self.frames = 0
-        self.closed = False
-        self.waiting = False
-
-    def push(self, text: str) -> None:
-        self.queue += text.split()
-
-    def close(self) -> None:
-        self.closed = True
-
-    def steps(self):
-        left = 0
-        while True:
-            if left == 0 and self.queue:
-                self.words.append((self.queue.pop(0), self.frames * 0.08))
-                left = FRAMES_PER_WORD
-            if left:
-                left -= 1
-                self.frames += 1
-                self.waiting = False
-                yield type("Step", (), {"pcm": [ANSWER]})
-            elif self.closed:
-                return
-            else:
-                self.waiting = True
-                yield type("Step", (), {"pcm": [None]})
-
-
 @contextlib.contextmanager
 def serving(hears: bool = True):
     """The assistant's routes on a guarded server in a thread of its own: yields host:port."""
@@ -126,7 +69,9 @@ def serving(hears: bool = True):
     config = AssistantConfig(rules=TurnRules(ignore_start=0.0), limits=context.limits)
 
     async def make_parts() -> ConversationParts:
-        return ConversationParts(ScriptedStt(hears), ScriptedLlm(), ToneSpeech)
+        return ConversationParts(
+            ScriptedStt(hears, LOUD_RMS), ScriptedLlm(), lambda: FrameSpeech(ANSWER)
+        )
 
     loop = asyncio.new_event_loop()
     loop_thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -1,16 +1,19 @@
 """Helpers of the assistant's end-to-end tests (tests/test_assistant_e2e.py,
-tests/test_assistant_echo.py): the tiny models as CLI flags, the environment, and waiting
-on the transcript."""
+tests/test_assistant_echo.py): the tiny models as CLI flags, the environment, the running
+command, and waiting on the transcript."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from pulse import PulseServer
+from pulse import PulseServer, wait_for_text
 from tiny_moshi import write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +53,30 @@ def cli_env(pulse: PulseServer, root: Path) -> dict[str, str]:
     env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+@contextlib.contextmanager
+def running_assistant(
+    flags: list[str], pulse: PulseServer, root: Path, stderr_path: Path
+) -> Iterator[subprocess.Popen]:
+    """`python -m moshi_mlx assistant FLAGS` on `pulse`'s devices (stdout a text pipe, stderr
+    to `stderr_path`), yielded once it listens; killed if it still runs at the end."""
+    command = [sys.executable, "-m", "moshi_mlx", "assistant", *flags, *DEVICES]
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=cli_env(pulse, root),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=WAIT)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def wait_for(path: Path, text: str, proc: subprocess.Popen, after: int = 0) -> int:

@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from assistant_cli import DEVICES, ROOT, WAIT, WORD, cli_env, wait_for, write_model_flags
-from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
+from assistant_cli import WORD, running_assistant, wait_for, write_model_flags
+from pulse import PulseServer, pulseaudio_missing_reason
 from tiny_moshi import espeak_speech
 
 from moshi_mlx.audio.wav import read_audio
@@ -86,43 +84,30 @@ def test_a_conversation_with_a_barge_in(pulse, model_flags, tmp_path):
     transcript, stats_path = tmp_path / "transcript.txt", tmp_path / "stats.json"
     stderr_path, speaker = tmp_path / "stderr.txt", tmp_path / "speaker.raw"
     record = str(tmp_path / "both.wav")
-    command = [sys.executable, "-m", "moshi_mlx", "assistant", *model_flags, *DEVICES]
-    command += ["--max-tokens", "60", "--system", "You are a test."]  # --greeting: default
-    command += ["--transcript", str(transcript), "--stats", str(stats_path), "--record", record]
+    # --greeting: the default
+    flags = [*model_flags, "--max-tokens", "60", "--system", "You are a test."]
+    flags += ["--transcript", str(transcript), "--stats", str(stats_path), "--record", record]
     pulse.start_recording(speaker)
     pulse.feed_mic(np.zeros(0, np.float32))  # a live microphone: silence until the user speaks
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=cli_env(pulse, tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=WAIT)
-            # the greeting plays out first (its line ends)
-            wait_for(transcript, "\n", proc, wait_for(transcript, "assistant: ", proc))
-            pulse.feed_mic(first)  # real-time paced, then silence
-            # (a) the turn ends by the pause head; the answer's words are played
-            heard = wait_for(transcript, f"you: {WORD}", proc)
-            answer = wait_for(transcript, "assistant: ", proc, heard)
-            wait_for(stderr_path, " ms (detection ", proc)  # its first audio is at the speaker
-            # (b) the user speaks over the answer: it stops
-            pulse.feed_mic(second)
-            cut = wait_for(transcript, " —[cut off]", proc, answer)
-            again = wait_for(transcript, f"you: {WORD}", proc, cut)
-            second_answer = wait_for(transcript, "assistant: ", proc, again)
-            wait_for(transcript, "\n", proc, second_answer)  # played out: its line ends
-            # (c) Ctrl-C
-            interrupted = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=30)
-            exit_seconds = time.monotonic() - interrupted
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with running_assistant(flags, pulse, tmp_path, stderr_path) as proc:
+        # the greeting plays out first (its line ends)
+        wait_for(transcript, "\n", proc, wait_for(transcript, "assistant: ", proc))
+        pulse.feed_mic(first)  # real-time paced, then silence
+        # (a) the turn ends by the pause head; the answer's words are played
+        heard = wait_for(transcript, f"you: {WORD}", proc)
+        answer = wait_for(transcript, "assistant: ", proc, heard)
+        wait_for(stderr_path, " ms (detection ", proc)  # its first audio is at the speaker
+        # (b) the user speaks over the answer: it stops
+        pulse.feed_mic(second)
+        cut = wait_for(transcript, " —[cut off]", proc, answer)
+        again = wait_for(transcript, f"you: {WORD}", proc, cut)
+        second_answer = wait_for(transcript, "assistant: ", proc, again)
+        wait_for(transcript, "\n", proc, second_answer)  # played out: its line ends
+        # (c) Ctrl-C
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        exit_seconds = time.monotonic() - interrupted
     pulse.stop_recording()
     err = stderr_path.read_text()
     print(f"\n{out}\n{err[err.find('talking:') :]}\nexit after SIGINT in {exit_seconds:.2f} s")

@@ -27,16 +27,14 @@ it off.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from assistant_cli import DEVICES, ROOT, WAIT, WORD, cli_env, wait_for, write_model_flags
-from pulse import PulseServer, pulseaudio_missing_reason, wait_for_text
+from assistant_cli import WORD, running_assistant, wait_for, write_model_flags
+from pulse import PulseServer, pulseaudio_missing_reason
 
 pytestmark = [
     pytest.mark.audio,
@@ -67,33 +65,13 @@ def _greet_in_the_room(pulse, flags, folder: Path, *extra) -> tuple[str, np.ndar
     on for `AFTER_SECONDS`, then gets Ctrl-C; what it printed and its `--record` file."""
     folder.mkdir()
     transcript, stderr_path, record = folder / "said.txt", folder / "err", folder / "both.wav"
-    command = [sys.executable, "-m", "moshi_mlx", "assistant", *flags, *DEVICES, *extra]
-    command += [
-        "--max-tokens",
-        str(GREETING_TOKENS),
-        "--transcript",
-        str(transcript),
-        "--record",
-        str(record),
-    ]
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=cli_env(pulse, folder),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=WAIT)
-            wait_for(transcript, "\n", proc, wait_for(transcript, "assistant: ", proc))
-            time.sleep(AFTER_SECONDS)
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    flags = [*flags, *extra, "--max-tokens", str(GREETING_TOKENS)]
+    flags += ["--transcript", str(transcript), "--record", str(record)]
+    with running_assistant(flags, pulse, folder, stderr_path) as proc:
+        wait_for(transcript, "\n", proc, wait_for(transcript, "assistant: ", proc))
+        time.sleep(AFTER_SECONDS)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
     err = stderr_path.read_text()
     assert proc.returncode == 0 and "Traceback" not in err, err
     return out, sf.read(record)[0]

@@ -129,6 +129,16 @@ def test_bandwidth_floor_from_manifests():
     assert "| M1 | 68 |" in table and "67.8" in table
 
 
+def test_op_costs_per_kind():
+    """`op_costs_us` times one operation of each kind a step's graph counts, on this backend."""
+    floor = _bench_module("floor")
+    costs = floor.op_costs_us(count=20, repeats=1)
+    assert {"Reshape", "AsType", "Compiled", "Sum", "Softmax", "Matmul"} <= set(costs)
+    assert all(0 < us < 10_000 for us in costs.values())
+    # The output head's product (64 x 2049) is work, not just dispatch.
+    assert costs["Matmul 64x2049"] > costs["Reshape"]
+
+
 def test_web_server_overhead(tmp_path):
     """The web server's own work per 80 ms frame (Opus both ways, a websocket round trip)."""
     _, report = _run_bench("--parts web --frames 10 --warmup 2", tmp_path / "web.json", 120)
@@ -263,6 +273,9 @@ def test_tts_case(tmp_path):
     assert ours["real_time_factor_b1"] == ours["audio_per_s_b1"]
     assert 0 < ours["peak_memory_gb"] < 2
     assert "ttfa_ms_b2" in done.stdout and "real-time factor" in done.stdout
+    anatomy = ours["frame_anatomy"]
+    assert 0 < anatomy["temporal_ops"] < anatomy["ops"] and anatomy["syncs"] == 1
+    assert "us per op here" in done.stdout
 
 
 def test_tts_layout_is_the_published_one():

@@ -32,6 +32,7 @@ from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
+from ..floor import op_costs_us
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, dtype_label, tts_shapes
@@ -110,10 +111,11 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
 def frame_anatomy(lm, steps: int = 8) -> dict:
     """One TTS frame's LM step as the stepper runs it, on zero conditions and voices: the
     operations of its compiled graph by primitive (`ops_by_primitive`: the temporal step, the
-    text sampling and schedule choice, the depformer's slices with their sampling) and the
+    text sampling and schedule choice, the depformer's slices with their sampling), those of
+    the step without the depformer (`temporal_ops`: the first `delay_steps` frames' step), the
     host syncs per frame (`SyncMeter`) of a caller reading the predicted token and the frame
-    in one evaluation,
-    over `steps` steps past the audio delay."""
+    in one evaluation, over `steps` steps past the audio delay, and what one operation of each
+    kind costs on this backend (`op_costs_us`)."""
     cfg = lm.cfg
     dtype = lm.out_norm.weight.dtype
     condition = mx.zeros((1, cfg.dim), dtype)
@@ -121,10 +123,15 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
     mx.eval(condition, cross)
     stepper = TtsStepper(lm, condition, cross, delay_steps=0)
     functions = stepper._functions
-    graph = functions.full(
-        stepper._state, condition, cross, mx.array([0], mx.int32), mx.array([3], mx.int32)
+    mx.eval(stepper._state)  # a step's state is evaluated: its zeros are no operations
+    choices = (mx.array([0], mx.int32), mx.array([3], mx.int32))
+    graphs = {
+        name: function(stepper._state, condition, cross, *choices)
+        for name, function in (("full", functions.full), ("temporal", functions.text_only))
+    }
+    ops, temporal = (
+        ops_by_primitive([graph.state, graph.text, graph.frame]) for graph in graphs.values()
     )
-    ops = ops_by_primitive([graph.state, graph.text, graph.frame])
     syncs = []
     with SyncMeter() as meter:
         for _ in range(steps):
@@ -134,7 +141,14 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
             mx.eval(out.predicted, out.frame)  # both in one wait
             _ = np.array(out.predicted), np.array(out.frame)
             syncs.append(meter.syncs - before)
-    return {"ops": sum(ops.values()), "ops_by_kind": ops, "syncs": float(np.mean(syncs))}
+    return {
+        "ops": sum(ops.values()),
+        "ops_by_kind": ops,
+        "temporal_ops": sum(temporal.values()),
+        "slices": functions.n_q,
+        "syncs": float(np.mean(syncs)),
+        "op_costs_us": op_costs_us(),
+    }
 
 
 def bench_tts(
@@ -218,15 +232,26 @@ TTS_METRICS = ("ttfa_ms", "ttfa_new_voice_ms", "ttfd_ms", "frame_ms", "step_ms",
 
 
 def _anatomy_line(label: str, data: dict) -> str | None:
-    """The LM step's compiled operations per frame, the main kinds, and its host syncs."""
+    """The LM step's compiled operations per frame, the main kinds, where they come from, its
+    host syncs, and the cost of one operation of each kind here."""
     anatomy = data.get("frame_anatomy")
     if anatomy is None:
         return None
     kinds = ", ".join(f"{name} {count}" for name, count in list(anatomy["ops_by_kind"].items())[:8])
-    return (
+    line = (
         f"  {label}: LM step {anatomy['ops']} compiled ops per frame ({kinds}, ...), "
         f"{anatomy['syncs']:.2f} host syncs per frame"
     )
+    if "temporal_ops" in anatomy:
+        slices, temporal = anatomy["slices"], anatomy["temporal_ops"]
+        per_slice = (anatomy["ops"] - temporal) / slices
+        line += (
+            f"; temporal step and text {temporal}, {slices} depformer slices {per_slice:.0f} each"
+        )
+    if "op_costs_us" in anatomy:
+        costs = ", ".join(f"{kind} {us:.1f}" for kind, us in anatomy["op_costs_us"].items())
+        line += f"\n  {label}: us per op here: {costs}"
+    return line
 
 
 def _tts_line(label: str, data: dict, batches: list[int]) -> str:

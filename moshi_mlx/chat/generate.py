@@ -49,7 +49,7 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_with_noise
+from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_column
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.token_ring import TokenRing
 
@@ -190,7 +190,7 @@ class StepFunctions:
             if guided:
                 logits = self._guide(logits)
             audio_logits.append(logits)
-            token = sample_with_noise(logits, sampling.audio_temp, sampling.audio_top_k, noises[k])
+            token = sample_column(logits, sampling.audio_temp, sampling.audio_top_k, noises[k])
             return mx.concatenate([token, token]) if guided else token  # both rows go on
 
         prev = mx.concatenate([text, text]) if guided else text

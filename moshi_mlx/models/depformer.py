@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.embeddings import make_embedding
+from moshi_mlx.modules.embeddings import lookup_column, make_embedding
 from moshi_mlx.modules.kv_cache import KVCache, KVRing, StepKV
 from moshi_mlx.modules.linear import Linear
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 ZERO_TOKEN = -1  # "no input": embeds to a zero vector
 
-# (logits (B, card), slice index) -> tokens (B,)
+# (logits (B, card), slice index) -> tokens (B, 1), a column (`sampling.sample_column`)
 SampleFn = Callable[[mx.array, int], mx.array]
 
 
@@ -68,9 +68,16 @@ class DepformerSlice(nn.Module):
         sampled: bool = False,
     ) -> mx.array:
         """`__call__` in `mx.compile`-able form: temporal_out (B, lm_dim), prev_token (B,)
-        -> logits (B, card), through the step's `StepKV` (or a `KVRing`). `sampled`: the
-        previous token was sampled, so never `ZERO_TOKEN` (its embedding needs no test)."""
-        token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
+        or a column (B, 1) -> logits (B, card), through the step's `StepKV` (or a `KVRing`).
+        `sampled`: the previous token was sampled, so never `ZERO_TOKEN` (its embedding needs
+        no test; a sampled column is looked up as one, `lookup_column`)."""
+        if prev_token.ndim == 2:
+            if sampled:
+                token = lookup_column(self.emb, prev_token)
+            else:
+                token = embed(self.emb, prev_token[:, 0])
+        else:
+            token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
         x = self.linear_in(temporal_out) + token
         return self.linear_out(self.transformer.step(x, ring))
 
@@ -130,17 +137,17 @@ class Depformer(nn.Module):
         `ZERO_TOKEN` (slice 0's embedding of it needs no test either)."""
         ring = StepKV(len(self.slices[0].transformer.layers), temporal_out.dtype)
         prev = text_token
-        tokens = []
+        columns = []  # (B, 1) each: concatenated and cast once, not stacked
         sampled = self.sampled_slices if codebooks is None else codebooks
         for k, depformer_slice in enumerate(self.slices[:sampled]):
             # Else a text token not sampled, or a given token: maybe -1.
             prev_sampled = (k > 0 or text_sampled) and given is None
             prev = sample_fn(depformer_slice.step(temporal_out, prev, ring, prev_sampled), k)
             if given is not None:
-                prev = mx.where(given[1][:, k], given[0][:, k], prev)
-            tokens.append(prev)
+                prev = mx.where(given[1][:, k : k + 1], given[0][:, k : k + 1], prev)
+            columns.append(prev)
             ring = ring.advanced()
-        return mx.stack(tokens, axis=1)
+        return mx.concatenate(columns, axis=1).astype(mx.int32)
 
     def logits(
         self, temporal_out: mx.array, prev_tokens: mx.array, caches: list[KVCache]

@@ -9,6 +9,7 @@ carries the word being spoken and a word ahead. Parameter names equal Kyutai's
 by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
 `nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
 Plain tables of one shape stack (`StackedTables`): one lookup then embeds a token of each.
+A column of sampled tokens (B, 1) is looked up without squeezes (`lookup_column`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,18 @@ def make_embedding(
     if low_rank is None and not demux:
         return nn.Embedding(rows, dim)
     return TokenEmbedding(rows, dim, low_rank, demux)
+
+
+def lookup_column(table: nn.Module, column: mx.array) -> mx.array:
+    """The vectors (B, dim) of a column of tokens (B, 1) >= 0 (as `sample_column` leaves
+    them): of a plain table (an `nn.Embedding`, an unquantized `TokenEmbedding` of one
+    stream) one gather along its rows, no squeezes; of any other its lookup of the tokens."""
+    if type(table) is nn.Embedding:
+        return mx.take_along_axis(table.weight, column, axis=0)
+    if isinstance(table, TokenEmbedding) and not table.demux and table.quantization is None:
+        rows = mx.take_along_axis(table.weight, column, axis=0)
+        return table.low_rank(rows) if "low_rank" in table else rows
+    return table(column[:, 0])
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,25 @@ def sample_with_noise(
 ) -> mx.array:
     """`sample` with its Gumbel noise given, of the logits' shape (B, V) (`gumbel_noise`;
     None when temp <= 0)."""
+    return mx.argmax(_scores(logits, temp, top_k, noise), axis=-1).astype(mx.int32)
+
+
+def sample_column(logits: mx.array, temp: float, top_k: int, noise: mx.array | None) -> mx.array:
+    """`sample_with_noise` as argmax leaves it: a (B, 1) uint32 column, no squeeze and no cast
+    (a depformer slice's token, looked up by the next slice as a column and cast once per
+    step with the others: `Depformer.sample_step`)."""
+    return mx.argmax(_scores(logits, temp, top_k, noise), axis=-1, keepdims=True)
+
+
+def _scores(logits: mx.array, temp: float, top_k: int, noise: mx.array | None) -> mx.array:
+    """What the sample is the argmax of: the logits at temp <= 0, else logits / temp plus the
+    noise, -inf outside the top k."""
     if temp <= 0:
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
+        return logits
     scores = logits.astype(mx.float32) / temp + noise
     vocab = logits.shape[-1]
     if 0 < top_k < vocab:
         kth = vocab - top_k  # the k-th largest logit, in ascending order
         threshold = mx.partition(logits, kth=kth, axis=-1)[..., kth : kth + 1]
         scores = mx.where(logits >= threshold, scores, -mx.inf)
-    return mx.argmax(scores, axis=-1).astype(mx.int32)
+    return scores

@@ -28,7 +28,7 @@ from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_with_noise
+from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_column
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.token_ring import TokenRing
 
@@ -118,7 +118,7 @@ class TtsStepFunctions:
                 noises = mx.split(noise, cfg.dep_q, axis=-1)
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
-                return sample_with_noise(logits, sampling.temp, sampling.audio_top_k, noises[k])
+                return sample_column(logits, sampling.temp, sampling.audio_top_k, noises[k])
 
             audio = self.lm.depformer.sample_step(
                 temporal_out, text, sample_audio, codebooks=self.n_q

@@ -119,11 +119,20 @@ class Attention(nn.Module):
         else:
             queries, keys, values = self._project(x, cache.offset if rope is None else rope)
         keys, values, mask = cache.update_and_fetch(keys, values)
-        out = scaled_dot_product_attention(queries, keys, values, cache, self.scale, mask)
+        # One RoPE'd position's queries come scaled (`rope_tables`' query scale).
+        scale = None if x.ndim == 2 and self.use_rope else self.scale
+        out = scaled_dot_product_attention(queries, keys, values, cache, scale, mask)
         if x.ndim == 2:
             return self.out_proj(out.reshape(x.shape[0], -1))
         batch, _, steps, _ = queries.shape
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, steps, -1))
+
+
+def fused_kernels() -> bool:
+    """Whether MLX runs `mx.fast`'s attention as one kernel (Metal), not as the operations it
+    decomposes it into (its CPU backend: the queries' scaling, the keys' transpose, two
+    products and a softmax): the one place the model picks a form per backend."""
+    return mx.default_device() == mx.gpu
 
 
 def scaled_dot_product_attention(
@@ -131,14 +140,23 @@ def scaled_dot_product_attention(
     keys: Buffer,
     values: Buffer,
     cache: Cache,
-    scale: float,
+    scale: float | None,
     mask: mx.array | str | None,
 ) -> mx.array:
     """Attention over what a cache returned: packed through its quantization's attention
-    when the buffers are a quantized ring's, else MLX's fused attention."""
+    when the buffers are a quantized ring's, else MLX's fused attention. `scale` None: the
+    queries come scaled, and where the backend decomposes attention (`fused_kernels`) it is
+    MLX's decomposition less the scaling, the same operations on the same values."""
     if isinstance(keys, tuple):
-        return cache.quantization.attention(queries, keys, values, scale, mask)
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+        return cache.quantization.attention(queries, keys, values, scale or 1.0, mask)
+    if scale is None and not fused_kernels() and not isinstance(mask, str):
+        scores = queries @ keys.swapaxes(-1, -2)
+        if mask is not None:
+            scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
+        return mx.softmax(scores, axis=-1, precise=True) @ values
+    return mx.fast.scaled_dot_product_attention(
+        queries, keys, values, scale=scale or 1.0, mask=mask
+    )
 
 
 def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:
@@ -213,27 +231,25 @@ class CrossAttention(nn.Module):
 
 
 def rope_tables(
-    position: mx.array, head_dim: int, base: float, dtype: mx.Dtype
+    position: mx.array, head_dim: int, base: float, dtype: mx.Dtype, query_scale: float = 1.0
 ) -> tuple[mx.array, mx.array]:
     """Interleaved RoPE at `position` as (3, 1, head_dim / 2, 2) cos and sin tables over a
-    fused q/k/v projection viewed as (B, 3, H, head_dim / 2, 2): the q and k thirds rotate,
-    v is multiplied by 1 and 0. The angles are computed as `mx.fast.rope` computes them, so
-    the rotated values are the same."""
+    fused q/k/v projection viewed as (B, 3, H, head_dim / 2, 2): the q and k thirds rotate
+    (the q third also scaled by `query_scale`: attention's scale, in the rotation's one
+    fused operation rather than one of its own), v is multiplied by 1 and 0. The angles are
+    computed as `mx.fast.rope` computes them, so the rotated values are the same."""
     half = head_dim // 2
     log_step = mx.array(math.log(base) / half, mx.float32)
     inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * log_step)
-    theta = position.astype(mx.float32) * inv_freqs
-    cos, sin = mx.cos(theta).astype(dtype), mx.sin(theta).astype(dtype)
-    pair_cos = mx.broadcast_to(cos[:, None], (half, 2))
-    pair_sin = mx.stack([-sin, sin], axis=-1)
-    q_and_k = (2, 1, half, 2)
-    cos_table = mx.concatenate(
-        [mx.broadcast_to(pair_cos, q_and_k), mx.ones((1, 1, half, 2), dtype)]
-    )
-    sin_table = mx.concatenate(
-        [mx.broadcast_to(pair_sin, q_and_k), mx.zeros((1, 1, half, 2), dtype)]
-    )
-    return cos_table, sin_table
+    theta = (position.astype(mx.float32) * inv_freqs)[:, None]  # (half, 1)
+    # Per third (q, k, v) a factor and, for cos, an offset; per pair member the sine's sign.
+    factors = mx.array([[[[query_scale]]], [[[1.0]]], [[[0.0]]]], mx.float32)  # (3, 1, 1, 1)
+    offsets = mx.array([[[[0.0]]], [[[0.0]]], [[[1.0]]]], mx.float32)
+    signs = mx.array([-1.0, 1.0], mx.float32)
+    cos_table = (mx.cos(theta) * factors + offsets).astype(dtype)
+    sin_table = (mx.sin(theta) * signs * factors).astype(dtype)
+    shape = (3, 1, half, 2)
+    return mx.broadcast_to(cos_table, shape), mx.broadcast_to(sin_table, shape)
 
 
 class GatedFeedForward(nn.Module):
@@ -353,7 +369,9 @@ class Transformer(nn.Module):
         cfg = self.cfg
         rope = None
         if cfg.positional_embedding == "rope":
-            rope = rope_tables(ring.position, cfg.head_dim, cfg.max_period, ring.dtype)
+            rope = rope_tables(
+                ring.position, cfg.head_dim, cfg.max_period, ring.dtype, cfg.head_dim**-0.5
+            )
         for index, layer in enumerate(self.layers):
             x = layer(x, ring.layer(index), None if cross is None else cross[index], rope)
         return x

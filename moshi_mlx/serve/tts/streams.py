@@ -26,6 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.errors import one_line
 from moshi_mlx.runtime.model_thread import RealTimeClock
 from moshi_mlx.serve.tts.session import AHEAD_SECONDS, TtsSession
 from moshi_mlx.tts.batch import TtsBatch
@@ -107,7 +108,7 @@ class TtsStreams(RealTimeClock):
                 try:
                     self._feed(group.batch, row, session)
                 except Exception as exc:  # noqa: BLE001 - ends this stream, not the others
-                    session.fail(f"cannot speak this text: {_one_line(exc)}")
+                    session.fail(f"cannot speak this text: {one_line(exc)}")
                     self._leave(session)
             if key not in self._groups:
                 continue
@@ -131,7 +132,7 @@ class TtsStreams(RealTimeClock):
         try:
             self._add(session)
         except Exception as exc:  # noqa: BLE001 - reported to this client only
-            session.fail(f"the model failed: {_one_line(exc)}")
+            session.fail(f"the model failed: {one_line(exc)}")
 
     def _add(self, session: TtsSession) -> None:
         voice = session.options.voice
@@ -173,7 +174,7 @@ class TtsStreams(RealTimeClock):
         except Exception as exc:  # noqa: BLE001 - ends this batch's streams, not the server
             del self._groups[key]
             for session in group.sessions.values():
-                session.fail(f"the model failed: {_one_line(exc)}")
+                session.fail(f"the model failed: {one_line(exc)}")
             return
         self.batch_steps += 1
         for output in outputs:
@@ -192,7 +193,3 @@ class TtsStreams(RealTimeClock):
 
 def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -127,30 +127,19 @@ class TtsModel:
     def load(
         cls,
         hf_repo: str | None = None,
-        moshi_weight: str | Path | None = None,
-        mimi_weight: str | Path | None = None,
-        tokenizer: str | Path | None = None,
-        lm_config: str | Path | None = None,
+        *,
         voice_repo: str = DEFAULT_VOICE_REPO,
-        dtype: mx.Dtype | str | None = None,
-        context: int | None = None,
         n_q: int | None = None,
+        **options: object,
     ) -> TtsModel:
         """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
         (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
         voices come from `voice_repo` (a hub repo id or a folder); `n_q`: the codebooks to
-        generate (`TtsModel.n_q`); the other options are
-        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path). Files made by
+        generate (`TtsModel.n_q`); the other options, by name, are the fields of
+        `moshi_mlx.runtime.loading.LoadOptions` (the one load path). Files made by
         `moshi_mlx.quantize` load as they are (their header says the bits)."""
-        options = LoadOptions(
-            moshi_weight=moshi_weight,
-            mimi_weight=mimi_weight,
-            tokenizer=tokenizer,
-            lm_config=lm_config,
-            dtype=dtype,
-            context=context,
-        )
-        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo, n_q)
+        parts = load_parts(hf_repo, LoadOptions.named(**options), "tts")
+        return cls.from_parts(parts, voice_repo, n_q)
 
     @classmethod
     def from_parts(

@@ -148,12 +148,13 @@ def test_the_same_embedding_given_again_is_projected_once(model, reads):
     assert reads["projections"] > after_first["projections"]
 
 
-def test_an_embedding_is_a_copy_the_caller_may_change():
+def test_an_embedding_is_a_copy_the_caller_may_change_known_by_its_values():
     array = _embedding_of(ALICE)
     voice = VoiceEmbedding(array)
     array[:] = 0
     assert voice.key != VoiceEmbedding(array).key
     assert voice.key == VoiceEmbedding(_embedding_of(ALICE)).key
+    assert voice.key == VoiceEmbedding(np.asfortranarray(_embedding_of(ALICE))).key
 
 
 WRONG_WIDTH = r"has shape \[1, 3, 4\], this model needs \[1, 16, frames\] with at least one frame"

@@ -48,7 +48,7 @@ class VoiceEmbedding:
     key: str = field(init=False)
 
     def __post_init__(self):
-        array = np.array(self.array)  # a copy: the caller's array may change, this may not
+        array = np.array(self.array, order="C")  # a copy: the caller's may change, not this
         if not np.issubdtype(array.dtype, np.floating):
             raise TtsError(f"a voice embedding holds floats, not {array.dtype}")
         array.flags.writeable = False

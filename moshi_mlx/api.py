@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlx.core as mx
-
 from moshi_mlx.chat.model import MoshiModel
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import ConfigError
-from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.loading import LoadOptions, load_parts
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel
@@ -27,32 +24,19 @@ from moshi_mlx.tts.synthesizer import TtsModel
 def load(
     repo_or_folder: str | Path | None = None,
     *,
-    quantize: int | None = None,
-    moshi_weight: str | Path | None = None,
-    mimi_weight: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    lm_config: str | Path | LmConfig | None = None,
-    codec_backend: str = "mlx",
-    dtype: mx.Dtype | str | None = None,
-    context: int | None = None,
-    kv_bits: int | None = None,
-    kv_group_size: int | None = None,
-    check_memory: bool = True,
     voice_repo: str = DEFAULT_VOICE_REPO,
     n_q: int | None = None,
+    **options: object,
 ) -> MoshiModel | SttModel | TtsModel:
     """Load the model of `repo_or_folder`, a Hugging Face repo id or a local folder laid out
     like one (default kyutai/moshiko-mlx-q4): a `MoshiModel` for the config's model type
     "moshi" (PersonaPlex included) or "hibiki", an `SttModel` for "stt", a `TtsModel` for
-    "tts". The options are those of `moshi_mlx.runtime.loading.LoadOptions`; `voice_repo`
-    is where a TTS model finds its voices (a hub repo id or a folder), `n_q` how many audio
-    codebooks it generates (`TtsModel.n_q`; a TTS option only)."""
-    options = LoadOptions(
-        quantize, moshi_weight, mimi_weight, tokenizer, lm_config, codec_backend, dtype,
-        context, kv_bits, kv_group_size, check_memory,
-    )  # fmt: skip
+    "tts". The options, by name, are the fields of `moshi_mlx.runtime.loading.LoadOptions`;
+    `voice_repo` is where a TTS model finds its voices (a hub repo id or a folder), `n_q` how
+    many audio codebooks it generates (`TtsModel.n_q`; a TTS option only)."""
+    chosen = LoadOptions.named(**options)
     repo = None if repo_or_folder is None else str(repo_or_folder)
-    parts = load_parts(repo, options)
+    parts = load_parts(repo, chosen)
     model_type = parts.lm.cfg.model_type
     if model_type == "stt":
         return SttModel.from_parts(parts)
@@ -60,4 +44,4 @@ def load(
         return TtsModel.from_parts(parts, voice_repo, n_q)
     if n_q is not None:
         raise ConfigError(f"n_q is a TTS option; this is a {parts.lm.cfg.model_name} model")
-    return MoshiModel.from_parts(parts, codec_backend)
+    return MoshiModel.from_parts(parts, chosen.codec_backend)

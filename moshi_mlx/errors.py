@@ -27,3 +27,13 @@ class WeightsMismatchError(WeightsError):
 
 class TtsError(MoshiError):
     """A text-to-speech request that cannot be run: a bad voice, script, entry or option."""
+
+
+ONE_LINE_CHARS = 200  # the most of an error's message a client or a log line gets
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc`'s message on one line (each run of whitespace a single space), at most
+    `ONE_LINE_CHARS` characters (an exception may carry a client's data: it never reaches a
+    log or a client whole), or its type's name when it has no message."""
+    return " ".join(str(exc).split())[:ONE_LINE_CHARS] or type(exc).__name__

@@ -254,11 +254,17 @@ def test_partly_prefilled_prompt_state_has_the_whole_prompts_layout():
 
 def test_tts_case(tmp_path):
     """The TTS part on the tiny TTS shape (the published streams, 64 wide, audio 4 steps
-    behind the text), batches of 1 and 2 requests: our figures, Kyutai's not asked for."""
-    flags = "--parts tts --shapes tts-tiny --streams 2 --steps 2 --warmup 1"
-    done, report = _run_bench(flags, tmp_path / "tts.json", timeout=180)
-    (case,) = report["results"]
-    assert (case["shape"], case["batches"], case["kyutai"]) == ("tts-tiny", [1, 2], None)
+    behind the text), batches of 1 and 2 requests, bf16 and a q4 file made by our quantizer:
+    our figures, Kyutai's not asked for."""
+    flags = "--parts tts --shapes tts-tiny --quant bf16,q4 --streams 2 --steps 2 --warmup 1"
+    flags += f" --weights-dir {tmp_path / 'weights'}"
+    done, report = _run_bench(flags, tmp_path / "tts.json", timeout=240)
+    bf16, q4 = report["results"]
+    cases = [(c["shape"], c["quant"]) for c in (bf16, q4)]
+    assert cases == [("tts-tiny", "bf16"), ("tts-tiny", "q4")]
+    assert (tmp_path / "weights" / "tts-tiny" / "lm_q4.safetensors").exists()
+    case = bf16
+    assert (case["batches"], case["kyutai"]) == ([1, 2], None)
     ours = case["ours"]
     for batch in (1, 2):
         for metric in ("frame_ms", "step_ms", "decode_ms"):
@@ -430,5 +436,7 @@ def test_gpu_suite_on_tiny_shapes(tmp_path):
     persona = figures["personaplex_prefill_300"]["summary"]
     assert persona["prompt_runs"] == 40 and persona["prefill_steps"] > 0
     tts = figures["tts_real_time_factor"]["summary"]
-    assert tts["real_time_factor_b1"] == tts["audio_per_s_b1"] > 0 and tts["audio_per_s_b2"] > 0
+    for quant in ("bf16", "q8", "q4"):
+        rtf, audio_b2 = tts[f"{quant}_real_time_factor_b1"], tts[f"{quant}_audio_per_s_b2"]
+        assert rtf == tts[f"{quant}_audio_per_s_b1"] > 0 and audio_b2 > 0
     assert figures["moshi_7b_q4_frame"]["summary"]["syncs_per_frame"] == 1.0

@@ -148,6 +148,18 @@ def test_a_bad_dtype_is_refused(tmp_path_factory):
         moshi_mlx.load(folder, dtype="int8")
 
 
+@pytest.mark.parametrize(
+    "loader",
+    [moshi_mlx.load, moshi_mlx.MoshiModel.load, moshi_mlx.SttModel.load, moshi_mlx.TtsModel.load],
+)
+def test_every_loader_takes_the_load_options_by_name_and_refuses_others(loader):
+    """One list of options (`LoadOptions`'), checked before any file is looked for."""
+    with pytest.raises(ConfigError, match="^'quantise' is not a load option; the options are "):
+        loader("no/such-repo", quantise=4)
+    with pytest.raises(ConfigError, match="^dtype must be one of"):
+        loader("no/such-repo", dtype="int8")
+
+
 def test_dtype_flag_reaches_the_load_options():
     from moshi_mlx.cli.common import add_model_args, load_options
 

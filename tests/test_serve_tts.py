@@ -11,6 +11,7 @@ import tracemalloc
 from pathlib import Path
 
 import aiohttp
+import mlx.core as mx
 import msgpack
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.stt import protocol as stt_protocol
 from moshi_mlx.serve.tts import protocol
 from moshi_mlx.serve.tts.server import TTS_PATH, log
+from moshi_mlx.tts.voices import VOICE_TENSOR
 from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
@@ -59,15 +61,22 @@ HEADERS = {"kyutai-api-key": "secret"}
 QUERY = f"?format=PcmMessagePack&voice={ALICE}&cfg_alpha=1.5&seed=1"
 
 
-async def speak_like_unmute(address: str, words: list[str]) -> tuple[list[dict], float]:
-    """Connect, wait for Ready, send one Text per word and Eos; (messages, time to first
-    audio after the first word)."""
+async def speak_like_unmute(
+    address: str, words: list[str], voice: np.ndarray | None = None
+) -> tuple[list[dict], float]:
+    """Connect, wait for Ready, send the `voice` embedding (if any: a Voice message), one Text
+    per word and Eos; (messages, time to first audio after the first word)."""
     async with (
         aiohttp.ClientSession() as session,
         session.ws_connect(f"ws://{address}{TTS_PATH}{QUERY}", headers=HEADERS) as ws,
     ):
         first = msgpack.unpackb((await ws.receive(timeout=5)).data)
         assert first == {"type": "Ready"}
+        if voice is not None:
+            embeddings = voice.ravel().tolist()
+            await ws.send_bytes(
+                msgpack.packb({"type": "Voice", "embeddings": embeddings, "shape": voice.shape})
+            )
         sent = time.monotonic()
         for word in words:
             await ws.send_bytes(msgpack.packb({"type": "Text", "text": word}))
@@ -92,6 +101,43 @@ def test_audio_frames_and_word_timings_then_close(server):
     for word in words:
         assert 0 <= word["start_s"] <= word["stop_s"] and word["text"]
     print(f"time to first audio: {first_audio * 1e3:.0f} ms, {len(audio)} frames")
+
+
+def _pcm(messages: list[dict]) -> list[bytes]:
+    return [m["pcm"] for m in messages if m["type"] == "Audio"]
+
+
+def test_a_voice_the_client_sends_speaks_as_its_file_is_written_nowhere_and_kept(
+    server, monkeypatch
+):
+    """Its embedding is used as sent (no file): the audio of ALICE's file, sample for sample;
+    sent again, it is the same voice of the model's cache (projected once)."""
+    address, context = server
+
+    def no_file(*args, **kwargs):
+        raise AssertionError("a voice was written to a file")
+
+    monkeypatch.setattr(mx, "save_safetensors", no_file)
+    embedding = np.array(mx.load(str(ALICE))[VOICE_TENSOR])
+    words = ["Hello", "there."]
+    by_file, _ = asyncio.run(speak_like_unmute(address, words))
+    sent, _ = asyncio.run(speak_like_unmute(address, words, voice=embedding))
+    assert _pcm(sent) and _pcm(sent) == _pcm(by_file)
+    again, _ = asyncio.run(speak_like_unmute(address, words, voice=embedding))
+    assert _pcm(again) == _pcm(sent)
+    kept = [voices for voices, _ in context.tts.voice_cache.keys_values.choices()]
+    assert sum(voices[0][0] == "embedding" for voices in kept) == 1
+
+
+def test_a_voice_of_the_wrong_width_is_refused_in_one_line(server):
+    address, _ = server
+    messages, _ = asyncio.run(
+        speak_like_unmute(address, ["Hello."], voice=np.zeros((1, 3, 4), np.float32))
+    )
+    errors = [m["message"] for m in messages if m["type"] == "Error"]
+    needs = "this model needs [1, 16, frames] with at least one frame"
+    assert errors == [f"the voice embedding has shape [1, 3, 4], {needs}"]
+    assert not _pcm(messages)
 
 
 def test_two_streams_at_once_both_finish(server):

@@ -1,6 +1,7 @@
 """The TTS model's voice cache (`VoiceCache`): a request in a voice used lately reads no voice
 file and projects nothing, and speaks exactly as the first request in that voice did; a
-voice file rewritten is read again; only the last few voices are kept."""
+voice file rewritten is read again; only the last few voices are kept; a voice given as its
+embedding (`VoiceEmbedding`) speaks as its file does and is known again by its content."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 import moshi_mlx.tts.voices as voices_module
+from moshi_mlx.errors import TtsError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest
-from moshi_mlx.tts.voices import VOICES_KEPT
+from moshi_mlx.tts.voices import VOICE_TENSOR, VOICES_KEPT, Voice, VoiceEmbedding
 from tests.tiny_moshi import load_tiny_tts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
@@ -59,7 +62,7 @@ def _steps(model: TtsModel) -> int:
     return model.config.max_delay + model.delay_steps + SKIPPED_FRAMES + 4
 
 
-def _speak(model: TtsModel, voice: Path, seed: int = 7):
+def _speak(model: TtsModel, voice: Voice, seed: int = 7):
     [speech] = model.synthesize([TtsRequest(TEXT, (voice,))], seed=seed, max_steps=_steps(model))
     assert speech.pcm.size
     return speech
@@ -117,3 +120,56 @@ def test_only_the_last_voices_used_are_kept(model, tmp_path):
     cache = model.voice_cache
     kept = [identities[0][0] for identities, _ in cache.keys_values.choices()]
     assert kept == [str(path.resolve()) for path in paths[1:]]
+
+
+def _embedding_of(path: Path) -> np.ndarray:
+    return np.array(mx.load(str(path))[VOICE_TENSOR])  # (1, dim, frames) float32
+
+
+def test_an_embedding_speaks_as_the_file_that_holds_it(model, reads):
+    """Sample for sample, and with no file read."""
+    given = _speak(model, VoiceEmbedding(_embedding_of(ALICE)))
+    assert reads["files"] == 0
+    np.testing.assert_array_equal(given.pcm, _speak(replace(model), ALICE).pcm)
+
+
+def test_the_same_embedding_given_again_is_projected_once(model, reads):
+    """Another array with the same values (as a client sending its voice again) is known by
+    its content: no second projection, the same audio."""
+    first = _speak(model, VoiceEmbedding(_embedding_of(ALICE)))
+    after_first = dict(reads)
+    assert after_first["projections"] >= 1
+    again = _speak(model, VoiceEmbedding(_embedding_of(ALICE)))
+    assert reads == after_first
+    np.testing.assert_array_equal(again.pcm, first.pcm)
+    kept = [identities for identities, _ in model.voice_cache.keys_values.choices()]
+    assert len(kept) == 1  # and the voice files' places left as they were
+    _speak(model, VoiceEmbedding(_embedding_of(BOB)))
+    assert reads["projections"] > after_first["projections"]
+
+
+def test_an_embedding_is_a_copy_the_caller_may_change_known_by_its_values():
+    array = _embedding_of(ALICE)
+    voice = VoiceEmbedding(array)
+    array[:] = 0
+    assert voice.key != VoiceEmbedding(array).key
+    assert voice.key == VoiceEmbedding(_embedding_of(ALICE)).key
+    assert voice.key == VoiceEmbedding(np.asfortranarray(_embedding_of(ALICE))).key
+
+
+WRONG_WIDTH = r"has shape \[1, 3, 4\], this model needs \[1, 16, frames\] with at least one frame"
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [
+        (np.zeros((1, 3, 4), np.float32), f"the voice embedding {WRONG_WIDTH}$"),
+        (np.zeros((16, 4), np.float32), r"the voice embedding has shape \[16, 4\]"),
+        (np.full((1, 16, 4), np.nan, np.float32), "the voice embedding must hold finite floats"),
+        (np.zeros((1, 16, 4), np.int32), "a voice embedding holds floats, not int32"),
+    ],
+)
+def test_a_bad_embedding_is_refused_in_one_line(model, array, message):
+    with pytest.raises(TtsError, match=f"^{message}") as caught:
+        model.voice(VoiceEmbedding(array))
+    assert "\n" not in str(caught.value)

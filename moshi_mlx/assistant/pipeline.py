@@ -37,7 +37,7 @@ from moshi_mlx.assistant.turns import (
     TurnTaker,
     UserSaid,
 )
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.errors import MoshiError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread, ModelThreadStopped
 from moshi_mlx.stt.events import WordStarted
@@ -209,7 +209,7 @@ class Assistant:
             speech = await self._take_speech()
         except Exception as exc:  # noqa: BLE001 - the user is told; the next turn tries again
             self._timed.pop(answer, None)
-            self._on_event(Notice(f"the TTS failed: {_one_line(exc)}"))
+            self._on_event(Notice(f"the TTS failed: {one_line(exc)}"))
             self.turns.reply_failed()
             return
         self.speak_job.open(speech, answer)
@@ -225,7 +225,7 @@ class Assistant:
                     times.first_token = time.monotonic()
                 self._run(self.turns.reply_text(piece.text))
         except MoshiError as exc:
-            self._on_event(Notice(f"the LLM failed: {_one_line(exc)}"))
+            self._on_event(Notice(f"the LLM failed: {one_line(exc)}"))
         self._run(self.turns.reply_ended())
 
     def _prepare_speech(self) -> None:
@@ -313,10 +313,6 @@ class Assistant:
             self.speak_job.release()
             self._to_loop(self._answer_over, answer)
         return self._silence
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 def _token_counter(llm: ReplyModel) -> Callable[[Sequence[dict[str, str]]], int]:

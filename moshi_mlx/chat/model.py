@@ -26,7 +26,7 @@ from moshi_mlx.chat.generate import LmGen, LmGenStep, StepFunctions
 from moshi_mlx.chat.persona.prompts import Prompts
 from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError
-from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
 from moshi_mlx.runtime.loading import (
@@ -103,31 +103,15 @@ class MoshiModel:
             self.prompts = Prompts(lm, self._codec, self.tokenizer, files, kv_quantization)
 
     @classmethod
-    def load(
-        cls,
-        hf_repo: str | None = None,
-        quantize: int | None = None,
-        moshi_weight: str | Path | None = None,
-        mimi_weight: str | Path | None = None,
-        tokenizer: str | Path | None = None,
-        lm_config: str | Path | LmConfig | None = None,
-        codec_backend: str = "mlx",
-        dtype: mx.Dtype | str | None = None,
-        context: int | None = None,
-        kv_bits: int | None = None,
-        kv_group_size: int | None = None,
-        check_memory: bool = True,
-    ) -> MoshiModel:
+    def load(cls, hf_repo: str | None = None, **options: object) -> MoshiModel:
         """Load a chat model (Moshi, PersonaPlex, Hibiki) from `hf_repo`, a hub repo id or a
         local folder laid out like one (default kyutai/moshiko-mlx-q4), or the given files;
-        the options are `moshi_mlx.runtime.loading.LoadOptions`' (the one load path).
+        the options, by name, are the fields of `moshi_mlx.runtime.loading.LoadOptions` (the
+        one load path).
         Unless `check_memory` is False, a model that would not fit in the device's memory
         raises `ConfigError` with what would, before any weight is read."""
-        options = LoadOptions(
-            quantize, moshi_weight, mimi_weight, tokenizer, lm_config, codec_backend, dtype,
-            context, kv_bits, kv_group_size, check_memory,
-        )  # fmt: skip
-        return cls.from_parts(load_parts(hf_repo, options, "chat"), codec_backend)
+        chosen = LoadOptions.named(**options)
+        return cls.from_parts(load_parts(hf_repo, chosen, "chat"), chosen.codec_backend)
 
     @classmethod
     def from_parts(cls, parts: LoadedParts, codec_backend: str = "mlx") -> MoshiModel:

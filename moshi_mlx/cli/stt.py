@@ -119,11 +119,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _load(args: argparse.Namespace) -> SttModel:
     return SttModel.load(
         args.hf_repo,
-        args.moshi_weight,
-        args.mimi_weight,
-        args.tokenizer,
-        args.lm_config,
-        args.codec,
+        moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight,
+        tokenizer=args.tokenizer,
+        lm_config=args.lm_config,
+        codec_backend=args.codec,
         dtype=args.dtype,
     )
 

@@ -175,10 +175,10 @@ def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
 def _load(args: argparse.Namespace) -> TtsModel:
     model = TtsModel.load(
         args.hf_repo,
-        args.moshi_weight,
-        args.mimi_weight,
-        args.tokenizer,
-        args.lm_config,
+        moshi_weight=args.moshi_weight,
+        mimi_weight=args.mimi_weight,
+        tokenizer=args.tokenizer,
+        lm_config=args.lm_config,
         voice_repo=args.voice_repo,
         dtype=args.dtype,
         n_q=args.n_q,

@@ -25,7 +25,7 @@ Each step uses what the steps before it found and never goes back to a file alre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -94,6 +94,18 @@ class LoadOptions:
     kv_bits: int | None = None
     kv_group_size: int | None = None
     check_memory: bool = True
+
+    @classmethod
+    def named(cls, **options: object) -> LoadOptions:
+        """The options given by name, as the `load` functions take them (`**options`);
+        `ConfigError` naming an option there is not."""
+        known = [field.name for field in fields(cls)]
+        for name in options:
+            if name not in known:
+                raise ConfigError(
+                    f"{name!r} is not a load option; the options are {', '.join(known)}"
+                )
+        return cls(**options)  # type: ignore[arg-type]
 
     @property
     def kv_quantization(self) -> KVQuantization | None:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.errors import AudioError, MoshiError
+from moshi_mlx.errors import AudioError
+from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.step_state import StepState
 from moshi_mlx.runtime.token_ring import UNGENERATED
@@ -74,8 +75,7 @@ class SttBatch:
     (or given up)."""
 
     def __init__(self, model: SttModel, rows: int, sampling: TextSampling | None = None):
-        if rows < 1:
-            raise MoshiError(f"a batch has at least one row, not {rows}")
+        self._busy: BatchRows[_Row] = BatchRows(rows)
         self.model = model
         self.rows = rows
         sampling = sampling or TextSampling()
@@ -86,7 +86,6 @@ class SttBatch:
         self.flush_steps = int(np.ceil(seconds / FRAME_SECONDS))  # as `SpeechToText`'s
         # Steps between a frame's audio and the words it yields (as `SpeechToText`'s).
         self.delay_steps = int(np.ceil(timing.audio_delay_seconds / FRAME_SECONDS))
-        self._busy: dict[int, _Row] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -114,10 +113,7 @@ class SttBatch:
         """Start a stream in a free row at the next step; returns the row."""
         if not self._busy:
             self._reset()  # an idle batch starts again at position 0
-        free = [row for row in range(self.rows) if row not in self._busy]
-        if not free:
-            raise MoshiError(f"all {self.rows} rows of the batch are busy")
-        row = free[0]
+        row = self._busy.free_row()
         selected = (mx.arange(self.rows) == row)[:, None, None]
         tokens = mx.where(selected, mx.array(UNGENERATED, mx.int32), self._state.tokens)
         self._state = self._state._replace(tokens=tokens)
@@ -128,7 +124,7 @@ class SttBatch:
 
     def push(self, row: int, pcm: np.ndarray) -> None:
         """Frames of `row`'s audio, (1920,) or (n, 1920) float32 at 24 kHz."""
-        busy = self._row(row)
+        busy = self._busy.stream(row)
         if busy.closed:
             raise AudioError(f"row {row}'s audio was closed")
         frames = np.asarray(pcm, np.float32)
@@ -139,19 +135,14 @@ class SttBatch:
     def close(self, row: int) -> None:
         """`row`'s audio is over: its frames, then `flush_steps` of silence, bring out its
         last words, and the step after them says it `finished`."""
-        busy = self._row(row)
+        busy = self._busy.stream(row)
         busy.frames.extend(np.zeros((self.flush_steps, FRAME_SIZE), np.float32))
         busy.closed = True
 
     def remove(self, row: int) -> None:
         """Free `row`; it costs nothing to the others."""
-        self._row(row)
+        self._busy.stream(row)
         del self._busy[row]
-
-    def _row(self, row: int) -> _Row:
-        if row not in self._busy:
-            raise MoshiError(f"row {row} holds no stream")
-        return self._busy[row]
 
     def step(self) -> list[SttRowOutput]:
         """One frame of every busy row (silence for a row in its prefix or with no frame

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -65,30 +64,12 @@ class SttModel:
         object.__setattr__(self, "step_cache", ModelCache(self.lm))
 
     @classmethod
-    def load(
-        cls,
-        hf_repo: str | None = None,
-        moshi_weight: str | Path | None = None,
-        mimi_weight: str | Path | None = None,
-        tokenizer: str | Path | None = None,
-        lm_config: str | Path | None = None,
-        codec_backend: str = "mlx",
-        dtype: mx.Dtype | str | None = None,
-        context: int | None = None,
-    ) -> SttModel:
+    def load(cls, hf_repo: str | None = None, **options: object) -> SttModel:
         """Load Kyutai's STT from `hf_repo`, a hub repo id or a local folder laid out like one
         (default kyutai/stt-1b-en_fr, whose config.json names the files), or the given files;
-        the options are `moshi_mlx.runtime.loading.LoadOptions`' (the one load path)."""
-        options = LoadOptions(
-            moshi_weight=moshi_weight,
-            mimi_weight=mimi_weight,
-            tokenizer=tokenizer,
-            lm_config=lm_config,
-            codec_backend=codec_backend,
-            dtype=dtype,
-            context=context,
-        )
-        return cls.from_parts(load_parts(hf_repo, options, "stt"))
+        the options, by name, are the fields of `moshi_mlx.runtime.loading.LoadOptions` (the
+        one load path)."""
+        return cls.from_parts(load_parts(hf_repo, LoadOptions.named(**options), "stt"))
 
     @classmethod
     def from_parts(cls, parts: LoadedParts) -> SttModel:

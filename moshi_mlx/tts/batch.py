@@ -28,6 +28,7 @@ import numpy as np
 
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import MimiState
+from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.step_state import StepState
 from moshi_mlx.runtime.token_ring import UNGENERATED
 from moshi_mlx.tts.machine import TextSchedule
@@ -84,8 +85,7 @@ class TtsBatch:
         sampling: TtsSampling | None = None,
         seed: int = 0,
     ):
-        if rows < 1:
-            raise TtsError(f"a batch has at least one row, not {rows}")
+        self._busy: BatchRows[_Row] = BatchRows(rows, TtsError)
         lm = model.lm
         self.model = model
         self.rows = rows
@@ -94,7 +94,6 @@ class TtsBatch:
         self._functions = model.step_cache.get(
             choice, lambda: TtsStepFunctions(lm, self.sampling, model.delay_steps, model.n_q)
         )
-        self._busy: dict[int, _Row] = {}
         self._seed = seed
         self._reset()
 
@@ -123,10 +122,7 @@ class TtsBatch:
         list of speaker turns as a whole script (closed)."""
         if not self._busy:
             self._reset()  # an idle batch starts again at position 0
-        free = [row for row in range(self.rows) if row not in self._busy]
-        if not free:
-            raise TtsError(f"all {self.rows} rows of the batch are busy")
-        row = free[0]
+        row = self._busy.free_row()
         model, lm = self.model, self.model.lm
         cross = model.voice_keys_values([request.voices])
         condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
@@ -167,25 +163,20 @@ class TtsBatch:
 
     def push(self, row: int, text: str) -> None:
         """More text for `row`'s stream."""
-        self._row(row).feed.push(text)
+        self._busy.stream(row).feed.push(text)
 
     def close(self, row: int) -> None:
         """`row`'s text is complete."""
-        self._row(row).feed.close()
+        self._busy.stream(row).feed.close()
 
     def remove(self, row: int) -> None:
         """Free `row` (its stream ended or was given up); it costs nothing to the others."""
-        self._row(row)
+        self._busy.stream(row)
         del self._busy[row]
 
     def schedule(self, row: int) -> TextSchedule:
         """`row`'s text schedule (its words' times: `transcript`, `end_step`)."""
-        return self._row(row).schedule
-
-    def _row(self, row: int) -> _Row:
-        if row not in self._busy:
-            raise TtsError(f"row {row} holds no stream")
-        return self._busy[row]
+        return self._busy.stream(row).schedule
 
     def step(self) -> list[TtsRowOutput]:
         """One step of every busy row (nothing when none is busy)."""

@@ -24,7 +24,6 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -49,7 +48,7 @@ from moshi_mlx.tts.stepper import (
     TtsStepper,
 )
 from moshi_mlx.tts.text_feed import TextFeed
-from moshi_mlx.tts.voices import DEFAULT_VOICE, VoiceCache
+from moshi_mlx.tts.voices import DEFAULT_VOICE, Voice, VoiceCache
 
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
 DEFAULT_CFG_COEF = 2.0  # Kyutai's default guidance, given as the "cfg" condition
@@ -60,12 +59,12 @@ SKIPPED_FRAMES = 2  # decoded but not played at the start of the audio (Kyutai's
 @dataclass(frozen=True)
 class TtsRequest:
     """One text to speak: `text` (words, `<break time="0.5s"/>` pauses; a list: turns of
-    alternating speakers, the first the main one), one to five voices (names in the voice repo
-    or `.safetensors` files), and the guidance strength `cfg_coef` (one of the config's "cfg"
-    values; None: none given)."""
+    alternating speakers, the first the main one), one to five voices (names in the voice repo,
+    `.safetensors` files, or embeddings: `VoiceEmbedding`), and the guidance strength
+    `cfg_coef` (one of the config's "cfg" values; None: none given)."""
 
     text: str | Sequence[str]
-    voices: tuple[str | Path, ...] = (DEFAULT_VOICE,)
+    voices: tuple[Voice, ...] = (DEFAULT_VOICE,)
     cfg_coef: float | None = DEFAULT_CFG_COEF
 
 
@@ -127,30 +126,19 @@ class TtsModel:
     def load(
         cls,
         hf_repo: str | None = None,
-        moshi_weight: str | Path | None = None,
-        mimi_weight: str | Path | None = None,
-        tokenizer: str | Path | None = None,
-        lm_config: str | Path | None = None,
+        *,
         voice_repo: str = DEFAULT_VOICE_REPO,
-        dtype: mx.Dtype | str | None = None,
-        context: int | None = None,
         n_q: int | None = None,
+        **options: object,
     ) -> TtsModel:
         """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
         (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
         voices come from `voice_repo` (a hub repo id or a folder); `n_q`: the codebooks to
-        generate (`TtsModel.n_q`); the other options are
-        `moshi_mlx.runtime.loading.LoadOptions`' (the one load path). Files made by
+        generate (`TtsModel.n_q`); the other options, by name, are the fields of
+        `moshi_mlx.runtime.loading.LoadOptions` (the one load path). Files made by
         `moshi_mlx.quantize` load as they are (their header says the bits)."""
-        options = LoadOptions(
-            moshi_weight=moshi_weight,
-            mimi_weight=mimi_weight,
-            tokenizer=tokenizer,
-            lm_config=lm_config,
-            dtype=dtype,
-            context=context,
-        )
-        return cls.from_parts(load_parts(hf_repo, options, "tts"), voice_repo, n_q)
+        parts = load_parts(hf_repo, LoadOptions.named(**options), "tts")
+        return cls.from_parts(parts, voice_repo, n_q)
 
     @classmethod
     def from_parts(
@@ -187,13 +175,14 @@ class TtsModel:
         ahead = self.config.tts_config.second_stream_ahead
         return TextSchedule(self.token_ids, second_stream_ahead=ahead)
 
-    def voice(self, voice: str | Path) -> mx.array:
-        """A voice's embedding (frames, dim), by name in the voice repo or as a file."""
+    def voice(self, voice: Voice) -> mx.array:
+        """A voice's embedding (frames, dim), by name in the voice repo, as a file or as given
+        (`VoiceEmbedding`)."""
         return self.voice_cache.embedding(voice)
 
-    def voice_keys_values(self, rows: Sequence[Sequence[str | Path]]) -> list[CrossKV]:
+    def voice_keys_values(self, rows: Sequence[Sequence[Voice]]) -> list[CrossKV]:
         """The temporal layers' cross-attention keys and values of each batch row's voices
-        (names in the voice repo or files), kept for the next requests in the same voices
+        (names in the voice repo, files or embeddings), kept for the next requests in the same voices
         (`VoiceCache`)."""
         return self.voice_cache.rows_keys_values(rows)
 
@@ -235,14 +224,14 @@ class TtsModel:
 
     def stream(
         self,
-        voice: str | Path | Sequence[str | Path] = DEFAULT_VOICE,
+        voice: Voice | Sequence[Voice] = DEFAULT_VOICE,
         cfg_coef: float | None = DEFAULT_CFG_COEF,
         sampling: TtsSampling | None = None,
         seed: int | None = None,
     ) -> TtsStream:
         """A stream that speaks words pushed at any time (`TtsStream`), in `voice` (or the
         voices of several speakers)."""
-        voices = (voice,) if isinstance(voice, str | Path) else tuple(voice)
+        voices = (voice,) if isinstance(voice, Voice) else tuple(voice)
         request = TtsRequest("", voices, cfg_coef)
         return TtsStream(self, TtsRun(self, [request], sampling, seed))
 

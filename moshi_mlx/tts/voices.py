@@ -3,7 +3,9 @@
 A voice file is a safetensors file holding `speaker_wavs` (1, dim, frames) float32 (published:
 (1, 512, 125)), made for one model: the repo names it `{voice}.{sig}@{epoch}.safetensors` after
 the model's `model_id`; its floats may be of any floating dtype (bf16, float16), as Kyutai's
-loader takes them. Only safetensors are read, so a voice from a stranger never runs code.
+loader takes them. Only safetensors are read, so a voice from a stranger never runs code. A
+voice may also be given as that embedding itself (`VoiceEmbedding`, e.g. one a server's
+client sent), never written to a file.
 The model attends to up to `MAX_SPEAKERS` voices at once, each in its own slot of `frames`
 positions; empty slots are masked (the conditioner's learned padding), as Kyutai's
 `TTSModel.make_condition_attributes` builds them.
@@ -11,7 +13,9 @@ positions; empty slots are masked (the conditioner's learned padding), as Kyutai
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +35,30 @@ if TYPE_CHECKING:
 DEFAULT_VOICE = "expresso/ex03-ex01_happy_001_channel1_334s.wav"
 MAX_SPEAKERS = 5
 VOICE_TENSOR = "speaker_wavs"
+
+
+@dataclass(frozen=True, eq=False)
+class VoiceEmbedding:
+    """A voice given as its embedding, floats (1, dim, frames) as a voice file's
+    `speaker_wavs`, not as a file. Kept (a read-only copy) with `key`, a hash of its dtype,
+    shape and values, by which a model's `VoiceCache` knows it again: the same embedding given
+    twice is projected once."""
+
+    array: np.ndarray
+    key: str = field(init=False)
+
+    def __post_init__(self):
+        array = np.array(self.array, order="C")  # a copy: the caller's may change, not this
+        if not np.issubdtype(array.dtype, np.floating):
+            raise TtsError(f"a voice embedding holds floats, not {array.dtype}")
+        array.flags.writeable = False
+        digest = hashlib.blake2b(f"{array.dtype.str} {array.shape}".encode(), digest_size=16)
+        digest.update(array.data)
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "key", digest.hexdigest())
+
+
+Voice = str | Path | VoiceEmbedding  # a name in the voice repo, a file, or an embedding
 
 
 def voice_file_name(voice: str, config: LmConfig) -> str:
@@ -78,18 +106,23 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
         raise TtsError(f"voice file {path} is not a readable safetensors file: {reason}") from None
     if VOICE_TENSOR not in tensors:
         raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
-    embedding = tensors[VOICE_TENSOR]
+    return _model_embedding(tensors[VOICE_TENSOR], dim, f"voice file {path}: {VOICE_TENSOR}")
+
+
+def _model_embedding(embedding: mx.array, dim: int, what: str) -> mx.array:
+    """`embedding` (1, dim, frames) of any floating dtype as the model takes it: (frames, dim)
+    float32; `TtsError` beginning with `what` when it is not that."""
     shape = embedding.shape
     if embedding.ndim != 3 or shape[0] != 1 or shape[1] != dim or shape[2] < 1:
         raise TtsError(
-            f"voice file {path}: {VOICE_TENSOR} has shape {list(shape)}, this model "
-            f"needs [1, {dim}, frames] with at least one frame"
+            f"{what} has shape {list(shape)}, this model needs [1, {dim}, frames] with at "
+            "least one frame"
         )
     if not mx.issubdtype(embedding.dtype, mx.floating):
-        raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
+        raise TtsError(f"{what} must hold finite floats")
     embedding = embedding[0].T.astype(mx.float32)
     if not mx.isfinite(embedding).all().item():
-        raise TtsError(f"voice file {path}: {VOICE_TENSOR} must hold finite floats")
+        raise TtsError(f"{what} must hold finite floats")
     return embedding
 
 
@@ -183,11 +216,12 @@ def voice_file_identity(path: Path) -> Hashable:
 
 class VoiceCache:
     """What a TTS model keeps of the voices its requests name, so that a request in a voice
-    used lately reads no voice file and projects nothing: per voice file its embedding, per
-    request's voices (and slot length) the temporal layers' cross-attention keys and values
-    (evaluated), the `size` most recently used kept; and the empty slots' keys and values per
-    slot length (`voice_keys_values`). Voices are found as `resolve_voice` finds them, in
-    `voice_repo`; a voice file rewritten is read again."""
+    used lately reads no voice file and projects nothing: per voice file (or embedding given,
+    by its `VoiceEmbedding.key`) its embedding, per request's voices (and slot length) the
+    temporal layers' cross-attention keys and values (evaluated), the `size` most recently
+    used kept; and the empty slots' keys and values per slot length (`voice_keys_values`).
+    Voices are found as `resolve_voice` finds them, in `voice_repo`; a voice file rewritten is
+    read again."""
 
     def __init__(self, lm: Lm, voice_repo: str = DEFAULT_VOICE_REPO, size: int = VOICES_KEPT):
         self.lm = lm
@@ -201,28 +235,39 @@ class VoiceCache:
         self.embeddings.clear()
         self.keys_values.clear()
 
-    def _file(self, voice: str | Path) -> tuple[Path, Hashable]:
+    def _source(self, voice: Voice) -> tuple[Path | VoiceEmbedding, Hashable]:
+        """The voice's file (or embedding) and what it is kept by."""
+        if isinstance(voice, VoiceEmbedding):
+            return voice, ("embedding", voice.key)
         path = resolve_voice(voice, self.lm.cfg, self.voice_repo)
         return path, voice_file_identity(path)
 
-    def embedding(self, voice: str | Path) -> mx.array:
-        """The voice's embedding (frames, dim) float32 (`load_voice`), read once per file."""
-        return self._embedding(*self._file(voice))
+    def embedding(self, voice: Voice) -> mx.array:
+        """The voice's embedding (frames, dim) float32 (`load_voice`), read once per file
+        (checked once per embedding given)."""
+        return self._embedding(*self._source(voice))
 
-    def _embedding(self, path: Path, identity: Hashable) -> mx.array:
+    def _embedding(self, source: Path | VoiceEmbedding, identity: Hashable) -> mx.array:
         dim = self.lm.condition_provider.conditioners[VOICE_TENSOR].spec.dim
-        return self.embeddings.get(identity, lambda: load_voice(path, dim))
 
-    def rows_keys_values(self, rows: Sequence[Sequence[str | Path]]) -> list[CrossKV]:
-        """`voice_keys_values` of each batch row's voices (names or files), each row's made
-        once per voice files and slot length and kept."""
+        def read() -> mx.array:
+            if isinstance(source, VoiceEmbedding):
+                given = mx.array(source.array.astype(np.float32))
+                return _model_embedding(given, dim, "the voice embedding")
+            return load_voice(source, dim)
+
+        return self.embeddings.get(identity, read)
+
+    def rows_keys_values(self, rows: Sequence[Sequence[Voice]]) -> list[CrossKV]:
+        """`voice_keys_values` of each batch row's voices (names, files or embeddings), each
+        row's made once per voices and slot length and kept."""
         check_speakers(rows)
-        files = [[self._file(voice) for voice in voices] for voices in rows]
-        embeddings = [[self._embedding(*file) for file in voices] for voices in files]
+        sources = [[self._source(voice) for voice in voices] for voices in rows]
+        embeddings = [[self._embedding(*source) for source in voices] for voices in sources]
         frames = max(voice.shape[0] for voices in embeddings for voice in voices)
         per_row = [
             self._row_keys_values(tuple(identity for _, identity in voices), row, frames)
-            for voices, row in zip(files, embeddings)
+            for voices, row in zip(sources, embeddings)
         ]
         if len(per_row) == 1:
             return per_row[0]

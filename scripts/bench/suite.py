@@ -85,19 +85,35 @@ def _persona_prefill(cases: list[dict]) -> dict:
 
 
 def _tts_rtf(cases: list[dict]) -> dict:
-    """Real-time factor at batch 1, audio per second of each batch, first audio."""
-    case = cases[0]
-    ours, figures = case["ours"], {"dtype": case["ours"]["dtype"]}
-    for batch in case["batches"]:
-        figures[f"audio_per_s_b{batch}"] = ours[f"audio_per_s_b{batch}"]
-        figures.update(_p50s(ours, f"ttfa_ms_b{batch}", f"frame_ms_b{batch}"))
-        figures.update(_p50s(ours, f"step_ms_b{batch}", f"decode_ms_b{batch}"))
-    figures["real_time_factor_b1"] = ours["real_time_factor_b1"]
-    figures["peak_memory_gb"] = ours["peak_memory_gb"]
+    """Per quantization (key prefix `bf16_`, `q8_`, `q4_`): the real-time factor at batch 1,
+    audio per second of each batch, first audio, the LM step and Mimi's decoding."""
+    figures = {}
+    for case in cases:
+        ours, quant = case["ours"], case["quant"]
+        one = {"dtype": ours["dtype"]}
+        for batch in case["batches"]:
+            one[f"audio_per_s_b{batch}"] = ours[f"audio_per_s_b{batch}"]
+            one.update(_p50s(ours, f"ttfa_ms_b{batch}", f"frame_ms_b{batch}"))
+            one.update(_p50s(ours, f"step_ms_b{batch}", f"decode_ms_b{batch}"))
+        one["real_time_factor_b1"] = ours["real_time_factor_b1"]
+        one["peak_memory_gb"] = ours["peak_memory_gb"]
+        figures.update({f"{quant}_{key}": value for key, value in one.items()})
     return figures
 
 
 GPU_SUITE = (
+    Figure(
+        "tts_real_time_factor",
+        "--parts tts --shapes tts-1.6b --quant bf16,q8,q4 --streams 2 --steps 50 --warmup 5",
+        "--parts tts --shapes tts-tiny --quant bf16,q8,q4 --streams 2 --steps 2 --warmup 1",
+        _tts_rtf,
+    ),
+    Figure(
+        "stt_batch_8_vs_1",
+        "--parts stt --shapes stt-1b --quant bf16 --codec mlx --streams 8 --steps 50",
+        "--parts stt --shapes stt-tiny --quant bf16 --codec mlx --streams 2 --steps 2",
+        _stt_batch,
+    ),
     Figure(
         "moshi_7b_q4_step",
         "--parts lm --shapes 7b --quant q4 --steps 100 --split-steps 50 --warmup 10",
@@ -111,23 +127,11 @@ GPU_SUITE = (
         _frame,
     ),
     Figure(
-        "stt_batch_8_vs_1",
-        "--parts stt --shapes stt-1b --quant bf16 --codec mlx --streams 8 --steps 50",
-        "--parts stt --shapes stt-tiny --quant bf16 --codec mlx --streams 2 --steps 2",
-        _stt_batch,
-    ),
-    Figure(
         "personaplex_prefill_300",
         "--parts persona --shapes 7b --quant q4 --prompt-steps 300 --steps 20 --warmup 3",
         "--parts persona --shapes tiny --quant q4 --prompt-steps 40 --replay-steps 10 "
         "--steps 2 --warmup 1 --persona-rounds 1",
         _persona_prefill,
-    ),
-    Figure(
-        "tts_real_time_factor",
-        "--parts tts --shapes tts-1.6b --streams 8 --steps 50 --warmup 5",
-        "--parts tts --shapes tts-tiny --streams 2 --steps 2 --warmup 1",
-        _tts_rtf,
     ),
 )
 SUITES = {"gpu": GPU_SUITE}  # by the names of `--suite`

@@ -10,6 +10,7 @@ import numpy as np
 from bench_stats import LM_SHAPES, QUANT_BITS, TTS_SHAPES, TTS_TEXTS
 from fixture_tokenizer import train_bpe_tokenizer
 
+from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -65,3 +66,18 @@ def tts_weights(folder: Path, shape: str, voices: int = 8) -> Path:
         if not path.exists():
             write_voice(path, random_voice(np.random.default_rng(index), dim, TTS_VOICE_FRAMES))
     return out
+
+
+def tts_lm_file(tts_dir: Path, quant: str) -> Path:
+    """The LM file of a `tts_weights` folder in `quant` (a `QUANT_BITS` name): the published
+    bf16 file, or a file made from it by our quantizer (`python -m moshi_mlx.quantize`'s
+    `quantize_checkpoint`) and kept beside it."""
+    bits, group_size = QUANT_BITS[quant]
+    source = tts_dir / TTS_LM_FILE
+    if bits is None:
+        return source
+    path = tts_dir / f"lm_{quant}.safetensors"
+    if not path.exists():
+        config = LmConfig.from_dict(json.loads((tts_dir / CONFIG_FILE).read_text()))
+        quantize_checkpoint(source, path, bits, group_size, progress=False, config=config)
+    return path

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from moshi_mlx.audio.wav import decode_audio
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
-from moshi_mlx.errors import AudioError, MoshiError, TtsError
+from moshi_mlx.errors import AudioError, MoshiError, TtsError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.openai.errors import (
@@ -120,18 +120,14 @@ def add_routes(
         app.router.add_get(VOICES_PATH, answers_api_errors(speech.voices))
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:500]
-
-
 def _model_failed(what: str, exc: Exception) -> ApiError:
-    log.error("a %s failed: %s", what, _one_line(exc)[:200])
-    return ApiError(500, f"the {what} failed: {_one_line(exc)}")
+    log.error("a %s failed: %s", what, one_line(exc))
+    return ApiError(500, f"the {what} failed: {one_line(exc)}")
 
 
 def _cut(request: web.Request, what: str, exc: Exception) -> None:
     """End a response whose headers are sent (the client sees the body cut short)."""
-    log.error("a %s failed mid-stream: %s", what, _one_line(exc)[:200])
+    log.error("a %s failed mid-stream: %s", what, one_line(exc))
     if request.transport is not None:
         request.transport.close()
 
@@ -166,7 +162,7 @@ class _Transcriptions:
                     decode_audio, form.file, SAMPLE_RATE, self.limits.max_audio_seconds, "the file"
                 )
             except AudioError as exc:
-                raise ApiError(400, _one_line(exc), "file", "invalid_audio") from None
+                raise ApiError(400, one_line(exc), "file", "invalid_audio") from None
             form.file = b""
             steps = self.context.thread.background(transcription_steps(self.context.stt, pcm))
             try:
@@ -254,9 +250,9 @@ class _Speech:
                     lambda: _open_stream(self.tts, voice_file, speech.text)
                 )
             except TtsError as exc:  # the voice's file is missing or unreadable
-                raise ApiError(400, _one_line(exc), "voice") from None
+                raise ApiError(400, one_line(exc), "voice") from None
             except MoshiError as exc:  # the model thread has stopped
-                raise ApiError(503, _one_line(exc)) from None
+                raise ApiError(503, one_line(exc)) from None
             max_frames = math.ceil(self.limits.max_speech_seconds * SAMPLE_RATE / FRAME_SIZE)
             frames = self.context.thread.background(_spoken_frames(stream.frames(), max_frames))
             try:

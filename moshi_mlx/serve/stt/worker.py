@@ -39,6 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
+from moshi_mlx.errors import one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread, RealTimeClock
 from moshi_mlx.stt.batch import SttRowOutput
@@ -352,7 +353,7 @@ class SttWorker(RealTimeClock):
             except Exception as exc:  # noqa: BLE001 - reported to this client only
                 del self._streams[channel]
                 self.open_streams = len(self._streams)
-                _deliver(channel, Failed(f"cannot start a stream: {_one_line(exc)}"))
+                _deliver(channel, Failed(f"cannot start a stream: {one_line(exc)}"))
 
     def _step_batch(self) -> None:
         """One frame of every busy row; its results, then the markers that came due."""
@@ -368,7 +369,7 @@ class SttWorker(RealTimeClock):
         try:
             outputs = {output.row: output for output in batch.step()}
         except Exception as exc:  # noqa: BLE001 - ends the batch's streams, not the server
-            self._fail_all(f"the model failed: {_one_line(exc)}")
+            self._fail_all(f"the model failed: {one_line(exc)}")
             return
         self.batch_steps += 1
         for channel, stream in self._streams.items():
@@ -404,11 +405,6 @@ def _compile(batch: SttRows) -> None:
                 return
     finally:
         batch.remove(row)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def _deliver(channel: Channel, event: StreamEvent) -> None:

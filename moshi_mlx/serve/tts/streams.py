@@ -17,20 +17,18 @@ Kyutai's batched server; a row that is ahead gets further ahead while another st
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections import deque
 from collections.abc import Hashable
-from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.errors import TtsError, one_line
 from moshi_mlx.runtime.model_thread import RealTimeClock
 from moshi_mlx.serve.tts.session import AHEAD_SECONDS, TtsSession
 from moshi_mlx.tts.batch import TtsBatch
 from moshi_mlx.tts.synthesizer import FRAME_RATE, SKIPPED_FRAMES, TtsModel, TtsRequest
-from moshi_mlx.tts.voices import VOICE_TENSOR
+from moshi_mlx.tts.voices import VoiceEmbedding
 
 
 class _Group:
@@ -107,7 +105,7 @@ class TtsStreams(RealTimeClock):
                 try:
                     self._feed(group.batch, row, session)
                 except Exception as exc:  # noqa: BLE001 - ends this stream, not the others
-                    session.fail(f"cannot speak this text: {_one_line(exc)}")
+                    session.fail(f"cannot speak this text: {one_line(exc)}")
                     self._leave(session)
             if key not in self._groups:
                 continue
@@ -130,24 +128,16 @@ class TtsStreams(RealTimeClock):
             return
         try:
             self._add(session)
+        except TtsError as exc:  # the client's voice or options, in API terms
+            session.fail(one_line(exc))
         except Exception as exc:  # noqa: BLE001 - reported to this client only
-            session.fail(f"the model failed: {_one_line(exc)}")
+            session.fail(f"the model failed: {one_line(exc)}")
 
     def _add(self, session: TtsSession) -> None:
-        voice = session.options.voice
-        if not isinstance(voice, np.ndarray):
-            self._add_in_voice(session, voice)
-            return
-        handle, name = tempfile.mkstemp(suffix=".safetensors")  # the client's own voice file
-        os.close(handle)
-        try:
-            mx.save_safetensors(name, {VOICE_TENSOR: mx.array(voice)})
-            self._add_in_voice(session, Path(name))
-        finally:
-            os.unlink(name)
-
-    def _add_in_voice(self, session: TtsSession, voice: Path) -> None:
         options = session.options
+        voice = options.voice
+        if isinstance(voice, np.ndarray):  # the client's own, kept by its content
+            voice = VoiceEmbedding(voice)
         key = (options.sampling, self.model.voice(voice).shape[0])
         group = self._groups.get(key)
         if group is None:
@@ -173,7 +163,7 @@ class TtsStreams(RealTimeClock):
         except Exception as exc:  # noqa: BLE001 - ends this batch's streams, not the server
             del self._groups[key]
             for session in group.sessions.values():
-                session.fail(f"the model failed: {_one_line(exc)}")
+                session.fail(f"the model failed: {one_line(exc)}")
             return
         self.batch_steps += 1
         for output in outputs:
@@ -192,7 +182,3 @@ class TtsStreams(RealTimeClock):
 
 def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -7,8 +7,10 @@ files read and projected; `ttfd_ms`: to the first frame Mimi decoded, which Kyut
 cuts with the next one), and per step past it the whole
 `TtsRun.step` (`frame_ms`), its LM part (`step_ms`: step, text schedule) and Mimi's decoding
 (`decode_ms`); real-time factor at batch 1, audio per second of the batch against batch 1.
-With `--kyutai`, Kyutai's `TTSModel.generate` on the same files, its frames decoded as they
-come; `--shapes` without a tts shape: tts-small."""
+Per `--quant`: the published bf16 file, or q8/q4 files our quantizer made from it (loaded as
+a user's would be, with no extra option). With `--kyutai`, Kyutai's `TTSModel.generate` on the
+same bf16 files, its frames decoded as they come (beside the bf16 case only); `--shapes`
+without a tts shape: tts-small."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, dtype_label, tts_shapes
 from ..timing import SyncMeter, fresh_memory, ops_by_primitive, peak_gb
-from ..weights import TTS_LM_FILE, TTS_TOKENIZER, TTS_VOICE_FRAMES, mimi_weights, tts_weights
+from ..weights import TTS_TOKENIZER, TTS_VOICE_FRAMES, mimi_weights, tts_lm_file, tts_weights
 
 
 class _TimedMimi:
@@ -153,6 +155,7 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
 
 def bench_tts(
     folder: Path,
+    lm_file: Path,
     mimi_file: Path,
     batches: list[int],
     steps: int,
@@ -161,7 +164,7 @@ def bench_tts(
     dtype: mx.Dtype | None = None,
     model: TtsModel | None = None,
 ) -> tuple[dict, TtsModel]:
-    """Our TTS on a `tts_weights` folder, per batch size: a warm-up run (`warmup` steps past
+    """Our TTS on a `tts_weights` folder with its LM in `lm_file`, per batch size: a warm-up run (`warmup` steps past
     the first audio: every compiled step and ring size traced) on a fresh model, then a
     measured run (`_tts_run`, `tts_result`'s figures). Returns the result and the model (pass
     it back to measure again without the load and the warm-up)."""
@@ -169,7 +172,7 @@ def bench_tts(
     if fresh:
         fresh_memory()
         config = LmConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
-        lm = load_lm(folder / TTS_LM_FILE, config, dtype=dtype)
+        lm = load_lm(lm_file, config, dtype=dtype)
         codec = SimpleNamespace(model=_TimedMimi(load_mimi(mimi_file, config.dep_q)))
         model = TtsModel(lm, codec, load_tokenizer(folder / TTS_TOKENIZER), files=None)
     result = {"impl": "ours", "dtype": dtype_label(dtype, model.lm), "mlx": mx.__version__}
@@ -190,10 +193,10 @@ def bench_tts(
 
 
 def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
-    """Per TTS shape and dtype of ours, `--rounds` rounds of our TTS at batch 1 and
-    `--streams` and, with `--kyutai`, of Kyutai's on the same files (theirs first in each
-    round, then ours: a slow spell of the machine hits both); statistics over the rounds'
-    samples. Our model is loaded and warmed up once per case."""
+    """Per TTS shape, `--quant` and dtype of ours, `--rounds` rounds of our TTS at batch 1
+    and `--streams` and, with `--kyutai` and bf16, of Kyutai's on the same files (theirs
+    first in each round, then ours: a slow spell of the machine hits both); statistics over
+    the rounds' samples. Our model is loaded and warmed up once per case."""
     mimi_file = mimi_weights(folder)
     batches = sorted({1, args.streams})
     for shape in tts_shapes(args.shapes):
@@ -207,24 +210,27 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
             "--seed",
             str(args.seed),
         ]
-        theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
-        models: dict[str, TtsModel] = {}
-        for _ in range(args.rounds):
-            if args.kyutai:
-                theirs_runs.append(run_kyutai(args.kyutai_python, "tts", tts_dir, extra))
+        for quant in args.quant:
+            lm_file = tts_lm_file(tts_dir, quant)
+            kyutai = args.kyutai and quant == "bf16"
+            theirs_runs, ours_runs = [], {dtype: [] for dtype in args.dtype}
+            models: dict[str, TtsModel] = {}
+            for _ in range(args.rounds):
+                if kyutai:
+                    theirs_runs.append(run_kyutai(args.kyutai_python, "tts", tts_dir, extra))
+                for dtype in args.dtype:
+                    ours, models[dtype] = bench_tts(
+                        tts_dir, lm_file, mimi_file, batches, args.steps, args.warmup,
+                        args.seed, DTYPES[dtype], models.get(dtype),
+                    )  # fmt: skip
+                    ours_runs[dtype].append(ours)
+            models.clear()
+            theirs = pool_tts(theirs_runs, batches) if theirs_runs else None
             for dtype in args.dtype:
-                ours, models[dtype] = bench_tts(
-                    tts_dir, mimi_file, batches, args.steps, args.warmup, args.seed,
-                    DTYPES[dtype], models.get(dtype),
-                )  # fmt: skip
-                ours_runs[dtype].append(ours)
-        models.clear()
-        theirs = pool_tts(theirs_runs, batches) if theirs_runs else None
-        for dtype in args.dtype:
-            case = {"part": "tts", "shape": shape, "quant": "bf16", "batches": batches}
-            case.update(ours=pool_tts(ours_runs[dtype], batches), kyutai=theirs)
-            case["ld_preload"] = os.environ.get("LD_PRELOAD", "")
-            yield case
+                case = {"part": "tts", "shape": shape, "quant": quant, "batches": batches}
+                case.update(ours=pool_tts(ours_runs[dtype], batches), kyutai=theirs)
+                case["ld_preload"] = os.environ.get("LD_PRELOAD", "")
+                yield case
 
 
 # Rows of the `tts` part, per batch size (`tts_result`).

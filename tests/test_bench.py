@@ -174,6 +174,7 @@ def test_stt_step_beside_kyutai(tmp_path):
     assert 0 < ops["compiled"] < ops["eager"]
     assert sum(ops["compiled_by_kind"].values()) == ops["compiled"]
     assert "compiled by kind" in done.stdout
+    assert ours["syncs_per_step"] == 1.0 and "syncs per step 1.00" in done.stdout
 
 
 def test_kv_case(report):

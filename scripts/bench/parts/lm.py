@@ -181,8 +181,9 @@ def bench_listen(
 ) -> dict:
     """Our STT step (a shape without a depformer) as `SttModel` takes it: `ListenStepper.step`
     on one frame of audio codes, then its text token and heads' probabilities on the host;
-    per step (p50/p95), peak memory and the step's graph operations (eager, compiled, and
-    compiled by kind)."""
+    per step (p50/p95), peak memory, the host syncs per step over `warmup` more steps (none
+    without a warm-up) and the step's graph operations (eager, compiled, and compiled by
+    kind)."""
     fresh_memory()
     config = LmConfig.from_dict(LM_SHAPES[shape])
     start = time.perf_counter()
@@ -199,6 +200,15 @@ def bench_listen(
         _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
         step_times.append(time.perf_counter() - t0)
     peak = peak_gb()
+    syncs = []
+    with SyncMeter() as meter:  # a caller reading the token and the heads in one wait
+        for frame in codes[:warmup]:
+            meter.new_frame()
+            before = meter.syncs
+            out = stepper.step(frame)
+            mx.eval(out.text_tokens, out.head_probabilities)
+            _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
+            syncs.append(meter.syncs - before)
     compiled = stepper.step_graph(codes[0])
     graph_ops = {
         "eager": count_graph_ops(stepper.step_graph(codes[0], compiled=False)),
@@ -211,7 +221,7 @@ def bench_listen(
         "mlx": mx.__version__,
         "load_s": load_s,
         **lm_result({"step_ms": step_times[warmup:]}),
-        "syncs_per_step": None,
+        "syncs_per_step": float(np.mean(syncs)) if syncs else None,
         "graph_ops": graph_ops,
         "first_audio_step": None,
         "peak_memory_gb": peak,

@@ -113,7 +113,8 @@ class Attention(nn.Module):
         """x (B, T, D) -> (B, T, D), attending through `cache` (a `KVCache`, or a layer of a
         `KVRing`: `KVRing.layer`), which takes the new keys and values and returns what to
         attend to. RoPE starts at `rope` (the cache's offset when None); one position x (B, D)
-        of a compiled step takes the step's `rope_tables` instead, shared by every layer."""
+        of a compiled step takes the step's `rope_tables` instead, shared by every layer,
+        which also scale its queries (`Transformer.step`)."""
         if x.ndim == 2:
             queries, keys, values = self._project_one(x, rope)
         else:
@@ -129,9 +130,9 @@ class Attention(nn.Module):
 
 
 def fused_kernels() -> bool:
-    """Whether MLX runs `mx.fast`'s attention as one kernel (Metal), not as the operations it
-    decomposes it into (its CPU backend: the queries' scaling, the keys' transpose, two
-    products and a softmax): the one place the model picks a form per backend."""
+    """Whether MLX runs `mx.fast`'s attention as one kernel (on a GPU: Metal, CUDA), not as
+    the operations it decomposes it into (its CPU backend: the queries' scaling, the keys'
+    transpose, two products and a softmax): the one place the model picks a form per backend."""
     return mx.default_device() == mx.gpu
 
 
@@ -147,16 +148,15 @@ def scaled_dot_product_attention(
     when the buffers are a quantized ring's, else MLX's fused attention. `scale` None: the
     queries come scaled, and where the backend decomposes attention (`fused_kernels`) it is
     MLX's decomposition less the scaling, the same operations on the same values."""
-    if isinstance(keys, tuple):
-        return cache.quantization.attention(queries, keys, values, scale or 1.0, mask)
-    if scale is None and not fused_kernels() and not isinstance(mask, str):
+    if scale is None and not fused_kernels() and not isinstance(keys, tuple):
         scores = queries @ keys.swapaxes(-1, -2)
         if mask is not None:
             scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
         return mx.softmax(scores, axis=-1, precise=True) @ values
-    return mx.fast.scaled_dot_product_attention(
-        queries, keys, values, scale=scale or 1.0, mask=mask
-    )
+    scale = 1.0 if scale is None else scale
+    if isinstance(keys, tuple):
+        return cache.quantization.attention(queries, keys, values, scale, mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
 def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:

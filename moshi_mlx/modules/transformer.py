@@ -19,7 +19,7 @@ from mlx import nn
 
 from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import Linear, TransposedWeight
+from moshi_mlx.modules.linear import Linear, StepWeight
 
 Cache = (
     KVCache | RingLayer | StepKVLayer
@@ -49,16 +49,34 @@ class TransformerConfig:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, whatever the activations' dtype."""
+    """RMSNorm computed in float32, whatever the activations' dtype. A step reads the weight
+    as a float32 copy made once (`transpose_weight`, the same values: a bf16 weight widened),
+    not cast on every call: on a GPU, where the norm is one kernel, each cast is one more."""
 
     def __init__(self, dims: int, eps: float):
         super().__init__()
         self.weight = mx.ones((dims,))
         self.eps = eps
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.float32_weight: StepWeight | None = None
 
-    def __call__(self, x: mx.array) -> mx.array:
-        weight = self.weight.astype(mx.float32)
-        return mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps).astype(x.dtype)
+    def transpose_weight(self) -> mx.array:
+        """Make (or keep) `float32_weight`, the current weight widened to float32 (itself when
+        float32 already), for the caller to evaluate."""
+        weight = self.weight
+        if self.float32_weight is None or self.float32_weight.weight is not weight:
+            self.float32_weight = StepWeight(weight, weight.astype(mx.float32))
+        return self.float32_weight.view
+
+    def __call__(self, x: mx.array, dtype: mx.Dtype | None = None) -> mx.array:
+        """x normed, in `dtype` (default: x's; x may be a float32 widening of it)."""
+        widened = self.float32_weight
+        if widened is not None and widened.weight is self.weight:
+            weight = widened.view
+        else:
+            weight = self.weight.astype(mx.float32)
+        out = mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps)
+        return out.astype(dtype or x.dtype)
 
 
 class LayerScale(nn.Module):
@@ -190,7 +208,7 @@ class CrossAttention(nn.Module):
         self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
         # Not a parameter: the query rows of `in_proj`, transposed (`transpose_weight`).
-        self.query_weight: TransposedWeight | None = None
+        self.query_weight: StepWeight | None = None
 
     def transpose_weight(self) -> mx.array | None:
         """Make (or keep) `query_weight`, the transposed view of the query rows of the
@@ -199,7 +217,7 @@ class CrossAttention(nn.Module):
             return None
         weight = self.in_proj.weight
         if self.query_weight is None or self.query_weight.weight is not weight:
-            self.query_weight = TransposedWeight(weight, weight[: self.d_model].T)
+            self.query_weight = StepWeight(weight, weight[: self.d_model].T)
         return self.query_weight.view
 
     def _queries(self, x: mx.array) -> mx.array:
@@ -265,6 +283,14 @@ class GatedFeedForward(nn.Module):
         return self.linear_out(nn.silu(gate) * up)
 
 
+def rounded_sum(wide: mx.array, delta: mx.array, dtype: mx.Dtype) -> mx.array:
+    """`wide` (float32 holding `dtype` values) + `delta` (`dtype`), rounded to `dtype`: the
+    sum `dtype` arithmetic gives. MLX adds bf16 or float16 values in float32 and rounds once;
+    where a backend rounds the exact sum instead, the result is the same (float32's 24 bits
+    are at least twice a half type's 8 or 11, plus 2: rounding through them never differs)."""
+    return (wide + delta.astype(mx.float32)).astype(dtype)
+
+
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -299,6 +325,20 @@ class TransformerLayer(nn.Module):
     ) -> mx.array:
         """x (B, T, D), or one position (B, D), through this layer (see `Attention`)."""
         return self._residuals(x, self.self_attn(self.norm1(x), cache, rope), cross)
+
+    def step_widened(
+        self, wide: mx.array, dtype: mx.Dtype, cache: Cache, cross: CrossKV | None, rope: Rope
+    ) -> mx.array:
+        """`__call__` of an RMSNorm layer without layer scale on its input in `dtype` held
+        widened to float32 (`wide`), returning its output so: the same numbers, each norm's
+        input cast fused into the residual sum before it (`rounded_sum`)."""
+        x = rounded_sum(wide, self.self_attn(self.norm1(wide, dtype), cache, rope), dtype)
+        if cross is not None:
+            attended = self.cross_attention(self.norm_cross(x), cross)
+            x = rounded_sum(x.astype(mx.float32), attended, dtype)
+        wide = x.astype(mx.float32)
+        out = rounded_sum(wide, self._feed_forward(self.norm2(wide, dtype)), dtype)
+        return out.astype(mx.float32)
 
     def _residuals(self, x: mx.array, attn: mx.array, cross: CrossKV | None) -> mx.array:
         if self.has_layer_scale:
@@ -372,6 +412,12 @@ class Transformer(nn.Module):
             rope = rope_tables(
                 ring.position, cfg.head_dim, cfg.max_period, ring.dtype, cfg.head_dim**-0.5
             )
+        if cfg.norm == "rms_norm" and cfg.layer_scale is None:  # no cast before each norm
+            wide = x.astype(mx.float32)
+            for index, layer in enumerate(self.layers):
+                layer_cross = None if cross is None else cross[index]
+                wide = layer.step_widened(wide, x.dtype, ring.layer(index), layer_cross, rope)
+            return wide.astype(x.dtype)
         for index, layer in enumerate(self.layers):
             x = layer(x, ring.layer(index), None if cross is None else cross[index], rope)
         return x

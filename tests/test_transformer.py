@@ -1,9 +1,16 @@
 import mlx.core as mx
 import pytest
+from mlx import nn
 
 from moshi_mlx.modules.kv_cache import KVRing, ring_capacity
 from moshi_mlx.modules.linear import transpose_weights
-from moshi_mlx.modules.transformer import RMSNorm, Transformer, TransformerConfig, rounded_sum
+from moshi_mlx.modules.transformer import (
+    CrossAttention,
+    RMSNorm,
+    Transformer,
+    TransformerConfig,
+    rounded_sum,
+)
 
 CONFIGS = [
     TransformerConfig(64, 4, 2, 96, context=5),
@@ -155,3 +162,26 @@ def test_widened_step_equals_layer_calls_with_cross_attention():
         out, keys, values, position = compiled(x[:, i], ring.keys, ring.values, ring.position)
         ring = KVRing(keys, values, position, cfg.context)
         assert out.dtype == mx.bfloat16 and mx.array_equal(out, expected).item(), i
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_cross_attention_reads_its_query_rows_made_once(quantized):
+    """After `transpose_weights` the cross-attention's queries read the query rows of its
+    packed `in_proj` made once (transposed; a quantized one's packed rows, scales and
+    biases), with the same outputs; a replaced `in_proj` is read again."""
+    cfg = TransformerConfig(64, 4, 1, 96, context=4, cross_attention=True)
+    mx.random.seed(7)
+    attention = CrossAttention(cfg)
+    attention.set_dtype(mx.bfloat16)
+    if quantized:
+        nn.quantize(attention, group_size=32, bits=8)
+    source = mx.random.normal((1, 5, cfg.d_model)).astype(mx.bfloat16)
+    x = mx.random.normal((1, cfg.d_model)).astype(mx.bfloat16)
+    cross = attention.keys_values(source)
+    before = attention(x, cross)
+    mx.eval(transpose_weights(attention))
+    assert (attention.query_rows is not None) == quantized
+    assert (attention.query_weight is not None) != quantized
+    assert mx.array_equal(attention(x, cross), before).item()
+    attention.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+    assert not mx.array_equal(attention(x, cross), before).item()

@@ -64,5 +64,10 @@ def transpose_weights(model: nn.Module) -> list[mx.array]:
     views = {}
     for _, module in model.named_modules():
         if isinstance(module, Linear) or callable(getattr(module, "transpose_weight", None)):
-            views[id(module)] = module.transpose_weight()
-    return [view for view in views.values() if view is not None]
+            views[id(module)] = module.transpose_weight()  # a view, a list of them, or None
+    return [
+        view
+        for made in views.values()
+        for view in (made if isinstance(made, list) else [made])
+        if view is not None
+    ]

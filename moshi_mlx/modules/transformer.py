@@ -177,14 +177,28 @@ def scaled_dot_product_attention(
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:
-    """Output features start..stop-1 of a `Linear` or `QuantizedLinear` (no bias) on x."""
+QuantizedRows = dict[str, mx.array]  # a quantized linear's packed rows, scales and biases
+
+
+def quantized_rows(linear: nn.QuantizedLinear, start: int, stop: int) -> QuantizedRows:
+    """Output features start..stop-1 of a `QuantizedLinear`: its packed rows, scales and
+    biases (views)."""
+    parts = ("weight", "scales", "biases")
+    return {name: linear[name][start:stop] for name in parts if name in linear}
+
+
+def rows_of(
+    linear: nn.Module, x: mx.array, start: int, stop: int, rows: QuantizedRows | None = None
+) -> mx.array:
+    """Output features start..stop-1 of a `Linear` or `QuantizedLinear` (no bias) on x; of a
+    quantized one read from `rows` when given (its `quantized_rows` start..stop-1)."""
     if isinstance(linear, nn.QuantizedLinear):
+        rows = rows or quantized_rows(linear, start, stop)
         return mx.quantized_matmul(
             x,
-            linear.weight[start:stop],
-            scales=linear.scales[start:stop],
-            biases=linear.get("biases")[start:stop] if "biases" in linear else None,
+            rows["weight"],
+            scales=rows["scales"],
+            biases=rows.get("biases"),
             transpose=True,
             group_size=linear.group_size,
             bits=linear.bits,
@@ -207,24 +221,31 @@ class CrossAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
-        # Not a parameter: the query rows of `in_proj`, transposed (`transpose_weight`).
+        # Not parameters: the query rows of `in_proj` as a step reads them, made once
+        # (`transpose_weight`): transposed, or a quantized one's `quantized_rows`.
         self.query_weight: StepWeight | None = None
+        self.query_rows: tuple[mx.array, QuantizedRows] | None = None  # (weight, its rows)
 
-    def transpose_weight(self) -> mx.array | None:
+    def transpose_weight(self) -> mx.array | list[mx.array]:
         """Make (or keep) `query_weight`, the transposed view of the query rows of the
-        current `in_proj` weight, for the caller to evaluate (None for a quantized one)."""
-        if isinstance(self.in_proj, nn.QuantizedLinear):
-            return None
+        current `in_proj` weight, or for a quantized one `query_rows`; for the caller to
+        evaluate."""
         weight = self.in_proj.weight
+        if isinstance(self.in_proj, nn.QuantizedLinear):
+            if self.query_rows is None or self.query_rows[0] is not weight:
+                self.query_rows = (weight, quantized_rows(self.in_proj, 0, self.d_model))
+            return list(self.query_rows[1].values())
         if self.query_weight is None or self.query_weight.weight is not weight:
             self.query_weight = StepWeight(weight, weight[: self.d_model].T)
         return self.query_weight.view
 
     def _queries(self, x: mx.array) -> mx.array:
-        query_weight = self.query_weight
-        if query_weight is not None and query_weight.weight is self.in_proj.get("weight"):
+        weight, query_weight = self.in_proj.get("weight"), self.query_weight
+        if query_weight is not None and query_weight.weight is weight:
             return x @ query_weight.view
-        return rows_of(self.in_proj, x, 0, self.d_model)
+        made = self.query_rows
+        rows = made[1] if made is not None and made[0] is weight else None
+        return rows_of(self.in_proj, x, 0, self.d_model, rows)
 
     def keys_values(self, source: mx.array) -> CrossKV:
         """source (B, S, D) -> keys and values (B, H, S, head_dim)."""

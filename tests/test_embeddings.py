@@ -3,6 +3,7 @@ import pytest
 from mlx import nn
 
 from moshi_mlx.modules.embeddings import StackedTables, TokenEmbedding, lookup_column
+from moshi_mlx.modules.linear import transpose_weights
 
 
 def _tables(quantized: bool, count: int = 3) -> list[nn.Module]:
@@ -73,3 +74,21 @@ def test_lookup_column_equals_the_lookup(make):
     column = mx.array([[0], [16], [7]])
     got = lookup_column(table, column)
     assert got.shape == (3, 64) and mx.array_equal(got, table(column[:, 0])).item()
+
+
+@pytest.mark.parametrize("demux", [False, True])
+def test_quantized_low_rank_table_dequantized_once_for_the_step(demux):
+    """`transpose_weights` dequantizes a quantized low-rank table once (the same values its
+    lookups gave, bit for bit, by token and by column); a replaced table is looked up
+    quantized again; other tables are left as they are."""
+    table = _token_embedding(True, demux)
+    tokens = mx.array([0, 32, 70, 9] if demux else [0, 32, 9])  # demux: 70 packs 4 and 1
+    column = mx.array([[0], [16], [7]])
+    before = table(tokens), lookup_column(table, column)
+    mx.eval(transpose_weights(table))
+    assert table.step_table().dtype == mx.bfloat16 and table.step_table().shape == (33, 64)
+    after = table(tokens), lookup_column(table, column)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(after, before))
+    table.weight = table.weight + 0  # replaced
+    assert table.step_table() is None
+    assert _token_embedding(False, demux).transpose_weight() is None

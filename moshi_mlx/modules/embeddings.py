@@ -45,7 +45,7 @@ class TokenEmbedding(nn.Module):
 
     def transpose_weight(self) -> mx.array | None:
         """`transpose_weights`' hook: a quantized low-rank table (rows `rank` wide: small, the
-        TTS depformer's 32 are 17 MB in bf16 at tts-1.6b) is dequantized once for the step
+        TTS depformer's 32 are 18 MB in bf16 at tts-1.6b) is dequantized once for the step
         (`dequantized`, the same values), so a lookup is one gather, not three and a
         dequantization; the table, for the caller to evaluate (None: other tables)."""
         if self.quantization is None or "low_rank" not in self:

@@ -1,8 +1,16 @@
 import mlx.core as mx
 import pytest
+from mlx import nn
 
 from moshi_mlx.modules.kv_cache import KVRing, ring_capacity
-from moshi_mlx.modules.transformer import Transformer, TransformerConfig
+from moshi_mlx.modules.linear import transpose_weights
+from moshi_mlx.modules.transformer import (
+    CrossAttention,
+    RMSNorm,
+    Transformer,
+    TransformerConfig,
+    rounded_sum,
+)
 
 CONFIGS = [
     TransformerConfig(64, 4, 2, 96, context=5),
@@ -92,3 +100,88 @@ def test_compiled_ring_steps_equal_cache_steps(dtype):
         ring = KVRing(keys, values, position, cfg.context)
         assert mx.array_equal(out, expected).item(), i
     assert ring.capacity == cfg.context and ring.position.item() == x.shape[1]
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_rounded_sum_is_the_half_type_sum(dtype):
+    """The widened residual sum rounds to what a sum in `dtype` gives, bit for bit, eager and
+    compiled, over magnitudes 2^-30..2^30 apart and both signs."""
+    mx.random.seed(2)
+    scale = 2.0 ** mx.random.randint(-15, 15, (2, 4096))
+    a, b = (mx.random.normal((2, 4096)) * scale).astype(dtype)
+    expected = a + b
+    compiled = mx.compile(lambda wide, delta: rounded_sum(wide, delta, dtype))
+    for got in (rounded_sum(a.astype(mx.float32), b, dtype), compiled(a.astype(mx.float32), b)):
+        assert got.dtype == dtype and mx.array_equal(got, expected).item()
+
+
+def test_rms_norm_reads_a_float32_copy_of_its_weight():
+    """After `transpose_weights` a bf16 norm reads a float32 copy of its weight holding the
+    same values (made once, not cast per call), and its outputs are unchanged; a replaced
+    weight is read (and cast) again."""
+    mx.random.seed(3)
+    norm = RMSNorm(64, 1e-8)
+    norm.weight = mx.random.normal((64,)).astype(mx.bfloat16)
+    x = mx.random.normal((2, 64)).astype(mx.bfloat16)
+    before = norm(x)
+    mx.eval(transpose_weights(norm))
+    widened = norm.float32_weight.view
+    assert widened.dtype == mx.float32
+    assert mx.array_equal(widened, norm.weight.astype(mx.float32)).item()
+    assert mx.array_equal(widened.astype(mx.bfloat16), norm.weight).item()
+    assert mx.array_equal(norm(x), before).item() and norm(x).dtype == mx.bfloat16
+    norm.weight = 2 * norm.weight
+    assert mx.array_equal(norm(x), RMSNorm.__call__(norm, x)).item()
+    assert not mx.array_equal(norm(x), before).item()
+
+
+def test_widened_step_equals_layer_calls_with_cross_attention():
+    """The step's residual stream held in float32 (RMSNorm layers, with cross-attention and
+    random norm weights, their float32 copies read) gives the bf16 layers' numbers, bit for
+    bit, compiled, over several positions."""
+    cfg = TransformerConfig(64, 4, 2, 96, context=8, cross_attention=True)
+    mx.random.seed(4)
+    t = Transformer(cfg)
+    for layer in t.layers:
+        for norm in (layer.norm1, layer.norm2):
+            norm.weight = 1 + 0.3 * mx.random.normal((cfg.d_model,))
+    t.set_dtype(mx.bfloat16)
+    cross = t.cross_keys_values(mx.random.normal((1, 5, cfg.d_model)).astype(mx.bfloat16))
+    x = (4 * mx.random.normal((1, 6, cfg.d_model))).astype(mx.bfloat16)
+    mx.eval(transpose_weights(t), cross)
+
+    def step(x, keys, values, position):
+        ring = KVRing(keys, values, position, cfg.context)
+        out, ring = t.step(x, ring, cross), ring.advanced()
+        return out, ring.keys, ring.values, ring.position
+
+    compiled = mx.compile(step)
+    caches, ring = t.make_caches(), t.make_ring(1, mx.bfloat16).grown(x.shape[1])
+    for i in range(x.shape[1]):
+        expected = t(x[:, i : i + 1], caches, cross)[:, 0]
+        out, keys, values, position = compiled(x[:, i], ring.keys, ring.values, ring.position)
+        ring = KVRing(keys, values, position, cfg.context)
+        assert out.dtype == mx.bfloat16 and mx.array_equal(out, expected).item(), i
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_cross_attention_reads_its_query_rows_made_once(quantized):
+    """After `transpose_weights` the cross-attention's queries read the query rows of its
+    packed `in_proj` made once (transposed; a quantized one's packed rows, scales and
+    biases), with the same outputs; a replaced `in_proj` is read again."""
+    cfg = TransformerConfig(64, 4, 1, 96, context=4, cross_attention=True)
+    mx.random.seed(7)
+    attention = CrossAttention(cfg)
+    attention.set_dtype(mx.bfloat16)
+    if quantized:
+        nn.quantize(attention, group_size=32, bits=8)
+    source = mx.random.normal((1, 5, cfg.d_model)).astype(mx.bfloat16)
+    x = mx.random.normal((1, cfg.d_model)).astype(mx.bfloat16)
+    cross = attention.keys_values(source)
+    before = attention(x, cross)
+    mx.eval(transpose_weights(attention))
+    assert (attention.query_rows is not None) == quantized
+    assert (attention.query_weight is not None) != quantized
+    assert mx.array_equal(attention(x, cross), before).item()
+    attention.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+    assert not mx.array_equal(attention(x, cross), before).item()

@@ -101,13 +101,13 @@ class Lm(nn.Module):
             embs = mx.concatenate([table(ids) for table, ids in zip(tables, streams)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
 
-    def transpose_weight(self) -> mx.array | None:
+    def transpose_weight(self) -> list[mx.array]:
         """`transpose_weights`' hook for the LM itself: stack the audio tables
-        (`stacked_audio`, `StackedTables`) unless they still are; the stack, for the caller
-        to evaluate (None: quantized tables, looked up one by one)."""
+        (`stacked_audio`, `StackedTables`) unless they still are; the stack's arrays, for the
+        caller to evaluate (none: tables that do not stack, looked up one by one)."""
         if self.stacked_audio is None or not self.stacked_audio.holds(self.audio_embs):
             self.stacked_audio = StackedTables.of(self.audio_embs)
-        return None if self.stacked_audio is None else self.stacked_audio.flat
+        return [] if self.stacked_audio is None else list(self.stacked_audio.flat.values())
 
     def forward_text(
         self,

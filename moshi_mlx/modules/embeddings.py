@@ -8,20 +8,21 @@ carries the word being spoken and a word ahead. Parameter names equal Kyutai's
 (`weight`, `low_rank.weight`, `out1.weight`, `out2.weight`). Token -1 ("no input") is zeroed
 by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
 `nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
-Plain tables of one shape stack (`StackedTables`): one lookup then embeds a token of each.
-A column of sampled tokens (B, 1) is looked up without squeezes (`lookup_column`).
+Plain tables of one shape, quantized alike or not, stack (`StackedTables`): one lookup then
+embeds a token of each. A column of sampled tokens (B, 1) is looked up without slices or
+squeezes (`lookup_column`), a quantized table's packed rows, scales and biases alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.linear import Linear, StepWeight
 
 
 class TokenEmbedding(nn.Module):
@@ -39,6 +40,25 @@ class TokenEmbedding(nn.Module):
             self.out1 = Linear(low_rank or dim, dim, bias=False)
             self.out2 = Linear(low_rank or dim, dim, bias=False)
         self.quantization: tuple[int, int, str] | None = None  # group size, bits, mode
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.dequantized: StepWeight | None = None
+
+    def transpose_weight(self) -> mx.array | None:
+        """`transpose_weights`' hook: a quantized low-rank table (rows `rank` wide: small, the
+        TTS depformer's 32 are 18 MB in bf16 at tts-1.6b) is dequantized once for the step
+        (`dequantized`, the same values), so a lookup is one gather, not three and a
+        dequantization; the table, for the caller to evaluate (None: other tables)."""
+        if self.quantization is None or "low_rank" not in self:
+            return None
+        if self.dequantized is None or self.dequantized.weight is not self.weight:
+            whole = picked_rows(self, lambda part: part)
+            self.dequantized = StepWeight(self.weight, whole)
+        return self.dequantized.view
+
+    def step_table(self) -> mx.array | None:
+        """The table `dequantized` for the step, while it is of the current weight."""
+        made = self.dequantized
+        return made.view if made is not None and made.weight is self.weight else None
 
     def quantize_table(self, group_size: int, bits: int, mode: str = "affine") -> None:
         """Quantize the table in place (its linears are quantized as Linears)."""
@@ -48,17 +68,7 @@ class TokenEmbedding(nn.Module):
         self.quantization = (group_size, bits, mode)
 
     def _rows(self, tokens: mx.array) -> mx.array:
-        if self.quantization is None:
-            return self.weight[tokens]
-        group_size, bits, mode = self.quantization
-        return mx.dequantize(
-            self.weight[tokens],
-            self.scales[tokens],
-            self.biases[tokens],
-            group_size=group_size,
-            bits=bits,
-            mode=mode,
-        )
+        return picked_rows(self, lambda part: part[tokens])
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """tokens (...) >= 0 -> vectors (..., dim)."""
@@ -81,52 +91,108 @@ def make_embedding(
     return TokenEmbedding(rows, dim, low_rank, demux)
 
 
+Quantization = tuple[int, int, str]  # group size, bits, mode
+
+
+def quantization_of(table: nn.Module) -> Quantization | None:
+    """How a table is quantized (`nn.QuantizedEmbedding`, a quantized `TokenEmbedding`), or
+    None."""
+    if isinstance(table, nn.QuantizedEmbedding):
+        return table.group_size, table.bits, table.mode
+    return table.quantization if isinstance(table, TokenEmbedding) else None
+
+
+def picked_rows(table: nn.Module, pick: Callable[[mx.array], mx.array]) -> mx.array:
+    """The rows `pick` takes of a table's weight; of a quantized table its packed rows, scales
+    and biases picked alike, then dequantized (the values its own lookup gives), or of its
+    table dequantized for the step (`TokenEmbedding.transpose_weight`)."""
+    quantization = quantization_of(table)
+    step_table = table.step_table() if isinstance(table, TokenEmbedding) else None
+    if quantization is None or step_table is not None:
+        return pick(table.weight if step_table is None else step_table)
+    group_size, bits, mode = quantization
+    biases = table.get("biases")
+    return mx.dequantize(
+        pick(table.weight),
+        pick(table.scales),
+        None if biases is None else pick(biases),
+        group_size=group_size,
+        bits=bits,
+        mode=mode,
+    )
+
+
 def lookup_column(table: nn.Module, column: mx.array) -> mx.array:
     """The vectors (B, dim) of a column of tokens (B, 1) >= 0 (as `sample_column` leaves
-    them): of a plain table (an `nn.Embedding`, an unquantized `TokenEmbedding` of one
-    stream) one gather along its rows, no squeezes; of any other its lookup of the tokens."""
-    if type(table) is nn.Embedding:
-        return mx.take_along_axis(table.weight, column, axis=0)
-    if isinstance(table, TokenEmbedding) and not table.demux and table.quantization is None:
-        rows = mx.take_along_axis(table.weight, column, axis=0)
-        return table.low_rank(rows) if "low_rank" in table else rows
-    return table(column[:, 0])
+    them): of a table of one stream (an `nn.Embedding`, quantized or not, a `TokenEmbedding`
+    without demux) one gather along its rows per part (weight; a quantized one's scales and
+    biases), no slices or squeezes; of a two-stream one its lookup of the tokens."""
+    if isinstance(table, TokenEmbedding) and table.demux:
+        return table(column[:, 0])
+    rows = picked_rows(table, lambda part: mx.take_along_axis(part, column, axis=0))
+    return table.low_rank(rows) if "low_rank" in table else rows
 
 
 @dataclass(frozen=True)
 class StackedTables:
-    """Plain tables of one shape (`nn.Embedding`s, e.g. the LM's audio streams) as one
-    (count * rows, dim) array whose row ranges the tables' weights are views of (no memory
-    added once evaluated): a step looks up a token of every table in one gather, not one
-    lookup (gather, squeeze) per table."""
+    """Plain tables of one shape (`nn.Embedding`s, e.g. the LM's audio streams, quantized
+    alike or not) as one (count * rows, ...) array per part (`weight`; a quantized table's
+    `scales` and `biases`) whose row ranges the tables' parts are views of (no memory added
+    once evaluated): a step looks up a token of every table in one gather per part (and one
+    dequantization), not one lookup (gathers, squeezes, dequantization) per table."""
 
-    flat: mx.array
-    views: tuple[mx.array, ...]
+    flat: dict[str, mx.array]  # part name -> (count * rows, ...)
+    views: tuple[dict[str, mx.array], ...]  # per table, part name -> its rows of `flat`
     offsets: mx.array  # (count, 1) int32: table k's first row in `flat`
+    quantization: Quantization | None
 
     @classmethod
     def of(cls, tables: Sequence[nn.Module]) -> StackedTables | None:
-        """Stack `tables`, their weights replaced by views of the stack (lazy: the caller
-        evaluates `flat`); None unless they are plain `nn.Embedding`s of one shape."""
-        if not tables or any(type(table) is not nn.Embedding for table in tables):
+        """Stack `tables`, their parts replaced by views of the stack (lazy: the caller
+        evaluates `flat`); None unless they are `nn.Embedding`s of one shape, all plain or
+        all `nn.QuantizedEmbedding`s quantized alike."""
+        kinds = {type(table) for table in tables}
+        if kinds not in ({nn.Embedding}, {nn.QuantizedEmbedding}):
             return None
-        weights = [table.weight for table in tables]
-        if len({weight.shape for weight in weights}) != 1:
+        quantization = {quantization_of(table) for table in tables}
+        names = [name for name in _PARTS if name in tables[0]]
+        shapes = {tuple(table[name].shape for name in names) for table in tables}
+        if len(quantization) != 1 or len(shapes) != 1:
             return None
-        rows = weights[0].shape[0]
-        flat = mx.concatenate(weights)
-        views = tuple(flat[k * rows : (k + 1) * rows] for k in range(len(tables)))
-        for table, view in zip(tables, views):
-            table.weight = view
+        rows = tables[0].weight.shape[0]
+        flat = {name: mx.concatenate([table[name] for table in tables]) for name in names}
+        views = tuple(
+            {name: part[k * rows : (k + 1) * rows] for name, part in flat.items()}
+            for k in range(len(tables))
+        )
+        for table, table_views in zip(tables, views):
+            table.update(table_views)
         offsets = mx.array(np.arange(len(tables), dtype=np.int32)[:, None] * rows)
-        return cls(flat, views, offsets)
+        return cls(flat, views, offsets, quantization.pop())
 
     def holds(self, tables: Sequence[nn.Module]) -> bool:
-        """Whether `tables`' weights are still this stack's views (none was replaced)."""
+        """Whether `tables`' parts are still this stack's views (none was replaced)."""
         return len(tables) == len(self.views) and all(
-            table.get("weight") is view for table, view in zip(tables, self.views)
+            table.get(name) is view
+            for table, table_views in zip(tables, self.views)
+            for name, view in table_views.items()
         )
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """tokens (B, count, T) >= 0, a token of each table -> vectors (B, count, T, dim)."""
-        return self.flat[tokens + self.offsets]
+        rows = tokens + self.offsets
+        parts = {name: part[rows] for name, part in self.flat.items()}
+        if self.quantization is None:
+            return parts["weight"]
+        group_size, bits, mode = self.quantization
+        return mx.dequantize(
+            parts["weight"],
+            parts["scales"],
+            parts.get("biases"),
+            group_size=group_size,
+            bits=bits,
+            mode=mode,
+        )
+
+
+_PARTS = ("weight", "scales", "biases")  # a table's arrays, in `StackedTables.flat`

@@ -3,7 +3,7 @@
 MLX's `nn.Linear` computes `x @ weight.T`: every call adds a `Transpose` operation to the
 graph (a view, no copy, but one more operation to schedule; on the CPU a matmul with it costs
 about twice one without). A compiled step calls some 1,000 linears per TTS frame, so
-`transpose_weights` gives each layer its `transposed` weight (`TransposedWeight`), a view
+`transpose_weights` gives each layer its `transposed` weight (`StepWeight`), a view
 made once, for the caller to evaluate before it traces a step: the graph then reads the
 evaluated view, with the same strides and so the same numbers. A layer whose weight was
 replaced since (loading; quantizing turns it into another class) computes `x @ weight.T`
@@ -19,14 +19,15 @@ from mlx import nn
 
 
 @dataclass(frozen=True)
-class TransposedWeight:
-    """A weight (out, in) and its transposed view (in, out)."""
+class StepWeight:
+    """A weight and the form a step reads it in, made once: a Linear's transposed view
+    (in, out) of its weight (out, in), or a norm's float32 copy (`transformer.RMSNorm`)."""
 
     weight: mx.array
     view: mx.array
 
     @classmethod
-    def of(cls, weight: mx.array) -> TransposedWeight:
+    def of(cls, weight: mx.array) -> StepWeight:
         return cls(weight, weight.T)
 
 
@@ -37,7 +38,7 @@ class Linear(nn.Linear):
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True):
         super().__init__(input_dims, output_dims, bias)
         # Not a parameter (a plain attribute): set by `transpose_weights`, never saved.
-        self.transposed: TransposedWeight | None = None
+        self.transposed: StepWeight | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
         transposed = self.transposed
@@ -51,17 +52,22 @@ class Linear(nn.Linear):
         """Make (or keep) `transposed` of the current weight; its view, for the caller to
         evaluate."""
         if self.transposed is None or self.transposed.weight is not self.weight:
-            self.transposed = TransposedWeight.of(self.weight)
+            self.transposed = StepWeight.of(self.weight)
         return self.transposed.view
 
 
 def transpose_weights(model: nn.Module) -> list[mx.array]:
     """Each `Linear` of `model`, and each module with a `transpose_weight` method of its
-    own (the cross-attention's queries; the LM's stacked audio tables), reads its weight
-    through a view made for the step from now on (the views returned, to be evaluated before
-    a step is traced; shared layers once)."""
+    own (the cross-attention's queries; the LM's stacked audio tables; the RMSNorms'
+    float32 weights), reads its weight through a view made for the step from now on (the
+    views returned, to be evaluated before a step is traced; shared layers once)."""
     views = {}
     for _, module in model.named_modules():
         if isinstance(module, Linear) or callable(getattr(module, "transpose_weight", None)):
-            views[id(module)] = module.transpose_weight()
-    return [view for view in views.values() if view is not None]
+            views[id(module)] = module.transpose_weight()  # a view, a list of them, or None
+    return [
+        view
+        for made in views.values()
+        for view in (made if isinstance(made, list) else [made])
+        if view is not None
+    ]

@@ -19,7 +19,7 @@ from mlx import nn
 
 from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import Linear, TransposedWeight
+from moshi_mlx.modules.linear import Linear, StepWeight
 
 Cache = (
     KVCache | RingLayer | StepKVLayer
@@ -49,16 +49,34 @@ class TransformerConfig:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, whatever the activations' dtype."""
+    """RMSNorm computed in float32, whatever the activations' dtype. A step reads the weight
+    as a float32 copy made once (`transpose_weight`, the same values: a bf16 weight widened),
+    not cast on every call: on a GPU, where the norm is one kernel, each cast is one more."""
 
     def __init__(self, dims: int, eps: float):
         super().__init__()
         self.weight = mx.ones((dims,))
         self.eps = eps
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.float32_weight: StepWeight | None = None
 
-    def __call__(self, x: mx.array) -> mx.array:
-        weight = self.weight.astype(mx.float32)
-        return mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps).astype(x.dtype)
+    def transpose_weight(self) -> mx.array:
+        """Make (or keep) `float32_weight`, the current weight widened to float32 (itself when
+        float32 already), for the caller to evaluate."""
+        weight = self.weight
+        if self.float32_weight is None or self.float32_weight.weight is not weight:
+            self.float32_weight = StepWeight(weight, weight.astype(mx.float32))
+        return self.float32_weight.view
+
+    def __call__(self, x: mx.array, dtype: mx.Dtype | None = None) -> mx.array:
+        """x normed, in `dtype` (default: x's; x may be a float32 widening of it)."""
+        widened = self.float32_weight
+        if widened is not None and widened.weight is self.weight:
+            weight = widened.view
+        else:
+            weight = self.weight.astype(mx.float32)
+        out = mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps)
+        return out.astype(dtype or x.dtype)
 
 
 class LayerScale(nn.Module):
@@ -159,14 +177,28 @@ def scaled_dot_product_attention(
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def rows_of(linear: nn.Module, x: mx.array, start: int, stop: int) -> mx.array:
-    """Output features start..stop-1 of a `Linear` or `QuantizedLinear` (no bias) on x."""
+QuantizedRows = dict[str, mx.array]  # a quantized linear's packed rows, scales and biases
+
+
+def quantized_rows(linear: nn.QuantizedLinear, start: int, stop: int) -> QuantizedRows:
+    """Output features start..stop-1 of a `QuantizedLinear`: its packed rows, scales and
+    biases (views)."""
+    parts = ("weight", "scales", "biases")
+    return {name: linear[name][start:stop] for name in parts if name in linear}
+
+
+def rows_of(
+    linear: nn.Module, x: mx.array, start: int, stop: int, rows: QuantizedRows | None = None
+) -> mx.array:
+    """Output features start..stop-1 of a `Linear` or `QuantizedLinear` (no bias) on x; of a
+    quantized one read from `rows` when given (its `quantized_rows` start..stop-1)."""
     if isinstance(linear, nn.QuantizedLinear):
+        rows = rows or quantized_rows(linear, start, stop)
         return mx.quantized_matmul(
             x,
-            linear.weight[start:stop],
-            scales=linear.scales[start:stop],
-            biases=linear.get("biases")[start:stop] if "biases" in linear else None,
+            rows["weight"],
+            scales=rows["scales"],
+            biases=rows.get("biases"),
             transpose=True,
             group_size=linear.group_size,
             bits=linear.bits,
@@ -189,24 +221,31 @@ class CrossAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
-        # Not a parameter: the query rows of `in_proj`, transposed (`transpose_weight`).
-        self.query_weight: TransposedWeight | None = None
+        # Not parameters: the query rows of `in_proj` as a step reads them, made once
+        # (`transpose_weight`): transposed, or a quantized one's `quantized_rows`.
+        self.query_weight: StepWeight | None = None
+        self.query_rows: tuple[mx.array, QuantizedRows] | None = None  # (weight, its rows)
 
-    def transpose_weight(self) -> mx.array | None:
+    def transpose_weight(self) -> mx.array | list[mx.array]:
         """Make (or keep) `query_weight`, the transposed view of the query rows of the
-        current `in_proj` weight, for the caller to evaluate (None for a quantized one)."""
-        if isinstance(self.in_proj, nn.QuantizedLinear):
-            return None
+        current `in_proj` weight, or for a quantized one `query_rows`; for the caller to
+        evaluate."""
         weight = self.in_proj.weight
+        if isinstance(self.in_proj, nn.QuantizedLinear):
+            if self.query_rows is None or self.query_rows[0] is not weight:
+                self.query_rows = (weight, quantized_rows(self.in_proj, 0, self.d_model))
+            return list(self.query_rows[1].values())
         if self.query_weight is None or self.query_weight.weight is not weight:
-            self.query_weight = TransposedWeight(weight, weight[: self.d_model].T)
+            self.query_weight = StepWeight(weight, weight[: self.d_model].T)
         return self.query_weight.view
 
     def _queries(self, x: mx.array) -> mx.array:
-        query_weight = self.query_weight
-        if query_weight is not None and query_weight.weight is self.in_proj.get("weight"):
+        weight, query_weight = self.in_proj.get("weight"), self.query_weight
+        if query_weight is not None and query_weight.weight is weight:
             return x @ query_weight.view
-        return rows_of(self.in_proj, x, 0, self.d_model)
+        made = self.query_rows
+        rows = made[1] if made is not None and made[0] is weight else None
+        return rows_of(self.in_proj, x, 0, self.d_model, rows)
 
     def keys_values(self, source: mx.array) -> CrossKV:
         """source (B, S, D) -> keys and values (B, H, S, head_dim)."""
@@ -265,6 +304,14 @@ class GatedFeedForward(nn.Module):
         return self.linear_out(nn.silu(gate) * up)
 
 
+def rounded_sum(wide: mx.array, delta: mx.array, dtype: mx.Dtype) -> mx.array:
+    """`wide` (float32 holding `dtype` values) + `delta` (`dtype`), rounded to `dtype`: the
+    sum `dtype` arithmetic gives. MLX adds bf16 or float16 values in float32 and rounds once;
+    where a backend rounds the exact sum instead, the result is the same (float32's 24 bits
+    are at least twice a half type's 8 or 11, plus 2: rounding through them never differs)."""
+    return (wide + delta.astype(mx.float32)).astype(dtype)
+
+
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -299,6 +346,20 @@ class TransformerLayer(nn.Module):
     ) -> mx.array:
         """x (B, T, D), or one position (B, D), through this layer (see `Attention`)."""
         return self._residuals(x, self.self_attn(self.norm1(x), cache, rope), cross)
+
+    def step_widened(
+        self, wide: mx.array, dtype: mx.Dtype, cache: Cache, cross: CrossKV | None, rope: Rope
+    ) -> mx.array:
+        """`__call__` of an RMSNorm layer without layer scale on its input in `dtype` held
+        widened to float32 (`wide`), returning its output so: the same numbers, each norm's
+        input cast fused into the residual sum before it (`rounded_sum`)."""
+        x = rounded_sum(wide, self.self_attn(self.norm1(wide, dtype), cache, rope), dtype)
+        if cross is not None:
+            attended = self.cross_attention(self.norm_cross(x), cross)
+            x = rounded_sum(x.astype(mx.float32), attended, dtype)
+        wide = x.astype(mx.float32)
+        out = rounded_sum(wide, self._feed_forward(self.norm2(wide, dtype)), dtype)
+        return out.astype(mx.float32)
 
     def _residuals(self, x: mx.array, attn: mx.array, cross: CrossKV | None) -> mx.array:
         if self.has_layer_scale:
@@ -372,6 +433,12 @@ class Transformer(nn.Module):
             rope = rope_tables(
                 ring.position, cfg.head_dim, cfg.max_period, ring.dtype, cfg.head_dim**-0.5
             )
+        if cfg.norm == "rms_norm" and cfg.layer_scale is None:  # no cast before each norm
+            wide = x.astype(mx.float32)
+            for index, layer in enumerate(self.layers):
+                layer_cross = None if cross is None else cross[index]
+                wide = layer.step_widened(wide, x.dtype, ring.layer(index), layer_cross, rope)
+            return wide.astype(x.dtype)
         for index, layer in enumerate(self.layers):
             x = layer(x, ring.layer(index), None if cross is None else cross[index], rope)
         return x

@@ -9,6 +9,11 @@ guidance), the Mimi codec with its streaming state, and the activations of one s
 `check_fits` compares the total with what the device can hold (on Apple GPUs MLX's
 recommended working set, on the CPU the RAM the system has free) and, when it does not fit,
 says in one line which choices would.
+
+The sizes are the arrays' own. MLX's allocator may give an array a cached buffer up to two
+pages larger (one freed while loading): with Apple's 16 KiB pages, at most 13 MB over a 7B
+bf16 file's 523 tensors (0.1% of its weights) and 36 MB over a q8 or q4 file's 1247 (0.4%,
+0.75%), less than the activations' fixed overhead.
 """
 
 from __future__ import annotations

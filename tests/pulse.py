@@ -31,6 +31,7 @@ RATE = 24_000
 SPEAKER = "moshi_test_speaker"
 MIC = "moshi_test_mic"
 ROOM = "moshi_test_room"
+_SETTLED_USEC = 100_000  # the loopback's sink latency once settled: about 0-20 ms (see start)
 
 
 def _to_s16(pcm: np.ndarray) -> np.ndarray:
@@ -143,10 +144,31 @@ class PulseServer:
                 check=False,
                 text=True,
             )
-            if ready.returncode == 0 and MIC in ready.stdout:
+            if ready.returncode == 0 and MIC in ready.stdout and self._room_settled():
                 return self
             time.sleep(0.1)
         raise RuntimeError(f"pulseaudio did not come up: {self.log()}")
+
+    def _room_settled(self) -> bool:
+        """Whether the acoustic loop (if any) has drained its start-up buffer. The loopback
+        starts with about 2 s queued in the room (the idle null sink's latency) and drains it
+        over 2 s; a stream opened meanwhile starts late and reports the mic's latency off by
+        up to 0.5 s, converging block by block, which the echo canceller's alignment takes
+        for lost microphone audio: the loop's first client then hears its echo uncancelled.
+        So the server is handed out only once the loopback's sink latency is down."""
+        if self.echo_delay_ms is None:
+            return True
+        inputs = subprocess.run(
+            ["pactl", "list", "sink-inputs"],
+            env={**self.env(), "LC_ALL": "C"},  # the labels parsed below, untranslated
+            capture_output=True,
+            check=False,
+            text=True,
+        ).stdout
+        latencies = [
+            int(line.split()[2]) for line in inputs.splitlines() if "Sink Latency:" in line
+        ]
+        return bool(latencies) and max(latencies) < _SETTLED_USEC
 
     def log(self) -> str:
         path = self.root / "pulseaudio.log"

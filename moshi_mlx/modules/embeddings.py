@@ -50,15 +50,14 @@ class TokenEmbedding(nn.Module):
         dequantization; the table, for the caller to evaluate (None: other tables)."""
         if self.quantization is None or "low_rank" not in self:
             return None
-        if self.dequantized is None or self.dequantized.weight is not self.weight:
-            whole = picked_rows(self, lambda part: part)
-            self.dequantized = StepWeight(self.weight, whole)
+        self.dequantized = StepWeight.kept(
+            self.dequantized, self.weight, lambda _: picked_rows(self, lambda part: part)
+        )
         return self.dequantized.view
 
     def step_table(self) -> mx.array | None:
         """The table `dequantized` for the step, while it is of the current weight."""
-        made = self.dequantized
-        return made.view if made is not None and made.weight is self.weight else None
+        return StepWeight.current(self.dequantized, self.weight)
 
     def quantize_table(self, group_size: int, bits: int, mode: str = "affine") -> None:
         """Quantize the table in place (its linears are quantized as Linears)."""

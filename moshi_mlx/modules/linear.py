@@ -12,7 +12,9 @@ again until the next `transpose_weights`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx import nn
@@ -21,14 +23,26 @@ from mlx import nn
 @dataclass(frozen=True)
 class StepWeight:
     """A weight and the form a step reads it in, made once: a Linear's transposed view
-    (in, out) of its weight (out, in), or a norm's float32 copy (`transformer.RMSNorm`)."""
+    (in, out) of its weight (out, in), a norm's float32 copy (`transformer.RMSNorm`), a
+    dequantized table, a quantized linear's query rows (a dict of its parts)."""
 
     weight: mx.array
-    view: mx.array
+    view: Any
 
-    @classmethod
-    def of(cls, weight: mx.array) -> StepWeight:
-        return cls(weight, weight.T)
+    @staticmethod
+    def kept(
+        made: StepWeight | None, weight: mx.array, make: Callable[[mx.array], Any]
+    ) -> StepWeight:
+        """`made` while it is of `weight` (the same array), else one of `make(weight)`."""
+        if made is not None and made.weight is weight:
+            return made
+        return StepWeight(weight, make(weight))
+
+    @staticmethod
+    def current(made: StepWeight | None, weight: mx.array | None) -> Any:
+        """`made`'s view while it is of `weight`, else None (the weight was replaced since:
+        loading, quantizing)."""
+        return made.view if made is not None and made.weight is weight else None
 
 
 class Linear(nn.Linear):
@@ -41,18 +55,17 @@ class Linear(nn.Linear):
         self.transposed: StepWeight | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
-        transposed = self.transposed
-        if transposed is None or transposed.weight is not self.weight:
+        transposed = StepWeight.current(self.transposed, self.weight)
+        if transposed is None:
             return super().__call__(x)
         if "bias" in self:
-            return mx.addmm(self.bias, x, transposed.view)
-        return x @ transposed.view
+            return mx.addmm(self.bias, x, transposed)
+        return x @ transposed
 
     def transpose_weight(self) -> mx.array:
         """Make (or keep) `transposed` of the current weight; its view, for the caller to
         evaluate."""
-        if self.transposed is None or self.transposed.weight is not self.weight:
-            self.transposed = StepWeight.of(self.weight)
+        self.transposed = StepWeight.kept(self.transposed, self.weight, lambda weight: weight.T)
         return self.transposed.view
 
 

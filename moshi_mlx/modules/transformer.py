@@ -63,17 +63,15 @@ class RMSNorm(nn.Module):
     def transpose_weight(self) -> mx.array:
         """Make (or keep) `float32_weight`, the current weight widened to float32 (itself when
         float32 already), for the caller to evaluate."""
-        weight = self.weight
-        if self.float32_weight is None or self.float32_weight.weight is not weight:
-            self.float32_weight = StepWeight(weight, weight.astype(mx.float32))
+        self.float32_weight = StepWeight.kept(
+            self.float32_weight, self.weight, lambda weight: weight.astype(mx.float32)
+        )
         return self.float32_weight.view
 
     def __call__(self, x: mx.array, dtype: mx.Dtype | None = None) -> mx.array:
         """x normed, in `dtype` (default: x's; x may be a float32 widening of it)."""
-        widened = self.float32_weight
-        if widened is not None and widened.weight is self.weight:
-            weight = widened.view
-        else:
+        weight = StepWeight.current(self.float32_weight, self.weight)
+        if weight is None:
             weight = self.weight.astype(mx.float32)
         out = mx.fast.rms_norm(x.astype(mx.float32), weight, self.eps)
         return out.astype(dtype or x.dtype)
@@ -221,31 +219,29 @@ class CrossAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
-        # Not parameters: the query rows of `in_proj` as a step reads them, made once
+        # Not a parameter: the query rows of `in_proj` as a step reads them, made once
         # (`transpose_weight`): transposed, or a quantized one's `quantized_rows`.
         self.query_weight: StepWeight | None = None
-        self.query_rows: tuple[mx.array, QuantizedRows] | None = None  # (weight, its rows)
 
     def transpose_weight(self) -> mx.array | list[mx.array]:
         """Make (or keep) `query_weight`, the transposed view of the query rows of the
-        current `in_proj` weight, or for a quantized one `query_rows`; for the caller to
+        current `in_proj` weight, or a quantized one's `quantized_rows`; for the caller to
         evaluate."""
-        weight = self.in_proj.weight
+        made = StepWeight.kept(self.query_weight, self.in_proj.weight, self._query_rows)
+        self.query_weight = made
+        return list(made.view.values()) if isinstance(made.view, dict) else made.view
+
+    def _query_rows(self, weight: mx.array) -> mx.array | QuantizedRows:
+        """The query rows of `in_proj` (whose weight is `weight`) as a step reads them."""
         if isinstance(self.in_proj, nn.QuantizedLinear):
-            if self.query_rows is None or self.query_rows[0] is not weight:
-                self.query_rows = (weight, quantized_rows(self.in_proj, 0, self.d_model))
-            return list(self.query_rows[1].values())
-        if self.query_weight is None or self.query_weight.weight is not weight:
-            self.query_weight = StepWeight(weight, weight[: self.d_model].T)
-        return self.query_weight.view
+            return quantized_rows(self.in_proj, 0, self.d_model)
+        return weight[: self.d_model].T
 
     def _queries(self, x: mx.array) -> mx.array:
-        weight, query_weight = self.in_proj.get("weight"), self.query_weight
-        if query_weight is not None and query_weight.weight is weight:
-            return x @ query_weight.view
-        made = self.query_rows
-        rows = made[1] if made is not None and made[0] is weight else None
-        return rows_of(self.in_proj, x, 0, self.d_model, rows)
+        view = StepWeight.current(self.query_weight, self.in_proj.get("weight"))
+        if isinstance(view, mx.array):
+            return x @ view
+        return rows_of(self.in_proj, x, 0, self.d_model, view)
 
     def keys_values(self, source: mx.array) -> CrossKV:
         """source (B, S, D) -> keys and values (B, H, S, head_dim)."""

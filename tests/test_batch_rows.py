@@ -28,3 +28,7 @@ def test_errors_are_the_products(error):
         rows.free_row()
     with pytest.raises(error, match="^row 5 holds no stream$"):
         rows.stream(5)
+    rows.release(0)
+    assert not rows
+    with pytest.raises(error, match="^row 0 holds no stream$"):
+        rows.release(0)

@@ -32,3 +32,8 @@ class BatchRows(dict[int, Row], Generic[Row]):
         if row not in self:
             raise self.error(f"row {row} holds no stream")
         return self[row]
+
+    def release(self, row: int) -> None:
+        """Free `row`; `error` when it holds no stream."""
+        self.stream(row)
+        del self[row]

@@ -141,8 +141,7 @@ class SttBatch:
 
     def remove(self, row: int) -> None:
         """Free `row`; it costs nothing to the others."""
-        self._busy.stream(row)
-        del self._busy[row]
+        self._busy.release(row)
 
     def step(self) -> list[SttRowOutput]:
         """One frame of every busy row (silence for a row in its prefix or with no frame

@@ -171,8 +171,7 @@ class TtsBatch:
 
     def remove(self, row: int) -> None:
         """Free `row` (its stream ended or was given up); it costs nothing to the others."""
-        self._busy.stream(row)
-        del self._busy[row]
+        self._busy.release(row)
 
     def schedule(self, row: int) -> TextSchedule:
         """`row`'s text schedule (its words' times: `transcript`, `end_step`)."""

@@ -7,8 +7,9 @@ import re
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -98,6 +99,22 @@ class SyncMeter:
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
+
+
+T = TypeVar("T")
+
+
+def syncs_per_frame(frames: Iterable[T], run: Callable[[T], object]) -> float | None:
+    """The host syncs `run` makes per item of `frames`, each a new frame of a `SyncMeter`
+    (their mean; None for no frames)."""
+    syncs = []
+    with SyncMeter() as meter:
+        for frame in frames:
+            meter.new_frame()
+            before = meter.syncs
+            run(frame)
+            syncs.append(meter.syncs - before)
+    return float(np.mean(syncs)) if syncs else None
 
 
 def count_graph_ops(outputs) -> int:

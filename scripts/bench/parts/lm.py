@@ -33,6 +33,7 @@ from ..timing import (
     fresh_memory,
     ops_by_primitive,
     peak_gb,
+    syncs_per_frame,
 )
 from ..weights import lm_weights
 
@@ -200,15 +201,12 @@ def bench_listen(
         _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
         step_times.append(time.perf_counter() - t0)
     peak = peak_gb()
-    syncs = []
-    with SyncMeter() as meter:  # a caller reading the token and the heads in one wait
-        for frame in codes[:warmup]:
-            meter.new_frame()
-            before = meter.syncs
-            out = stepper.step(frame)
-            mx.eval(out.text_tokens, out.head_probabilities)
-            _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
-            syncs.append(meter.syncs - before)
+
+    def read_in_one_wait(frame: np.ndarray) -> None:  # the token and the heads
+        out = stepper.step(frame)
+        mx.eval(out.text_tokens, out.head_probabilities)
+        _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
+
     compiled = stepper.step_graph(codes[0])
     graph_ops = {
         "eager": count_graph_ops(stepper.step_graph(codes[0], compiled=False)),
@@ -221,7 +219,7 @@ def bench_listen(
         "mlx": mx.__version__,
         "load_s": load_s,
         **lm_result({"step_ms": step_times[warmup:]}),
-        "syncs_per_step": float(np.mean(syncs)) if syncs else None,
+        "syncs_per_step": syncs_per_frame(codes[:warmup], read_in_one_wait),
         "graph_ops": graph_ops,
         "first_audio_step": None,
         "peak_memory_gb": peak,

@@ -38,7 +38,7 @@ from ..floor import op_costs_us
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, dtype_label, tts_shapes
-from ..timing import SyncMeter, fresh_memory, ops_by_primitive, peak_gb
+from ..timing import fresh_memory, ops_by_primitive, peak_gb, syncs_per_frame
 from ..weights import TTS_TOKENIZER, TTS_VOICE_FRAMES, mimi_weights, tts_lm_file, tts_weights
 
 
@@ -134,21 +134,18 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
     ops, temporal = (
         ops_by_primitive([graph.state, graph.text, graph.frame]) for graph in graphs.values()
     )
-    syncs = []
-    with SyncMeter() as meter:
-        for _ in range(steps):
-            meter.new_frame()
-            before = meter.syncs
-            out = stepper.step([0], [3])
-            mx.eval(out.predicted, out.frame)  # both in one wait
-            _ = np.array(out.predicted), np.array(out.frame)
-            syncs.append(meter.syncs - before)
+
+    def frame(_) -> None:
+        out = stepper.step([0], [3])
+        mx.eval(out.predicted, out.frame)  # both in one wait
+        _ = np.array(out.predicted), np.array(out.frame)
+
     return {
         "ops": sum(ops.values()),
         "ops_by_kind": ops,
         "temporal_ops": sum(temporal.values()),
         "slices": functions.n_q,
-        "syncs": float(np.mean(syncs)),
+        "syncs": syncs_per_frame(range(steps), frame),
         "op_costs_us": op_costs_us(),
     }
 

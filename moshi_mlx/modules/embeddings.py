@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from moshi_mlx.modules.linear import Linear, StepWeight
+from moshi_mlx.modules.linear import QUANTIZED_PARTS, Linear, StepWeight
 
 
 class TokenEmbedding(nn.Module):
@@ -105,16 +105,23 @@ def picked_rows(table: nn.Module, pick: Callable[[mx.array], mx.array]) -> mx.ar
     """The rows `pick` takes of a table's weight; of a quantized table its packed rows, scales
     and biases picked alike, then dequantized (the values its own lookup gives), or of its
     table dequantized for the step (`TokenEmbedding.transpose_weight`)."""
-    quantization = quantization_of(table)
     step_table = table.step_table() if isinstance(table, TokenEmbedding) else None
-    if quantization is None or step_table is not None:
-        return pick(table.weight if step_table is None else step_table)
+    if step_table is not None:
+        return pick(step_table)
+    parts = {name: pick(table[name]) for name in QUANTIZED_PARTS if name in table}
+    return dequantized(parts, quantization_of(table))
+
+
+def dequantized(parts: dict[str, mx.array], quantization: Quantization | None) -> mx.array:
+    """The rows of a table's parts (`QUANTIZED_PARTS`, picked alike) as vectors: its `weight`
+    when not quantized, else dequantized."""
+    if quantization is None:
+        return parts["weight"]
     group_size, bits, mode = quantization
-    biases = table.get("biases")
     return mx.dequantize(
-        pick(table.weight),
-        pick(table.scales),
-        None if biases is None else pick(biases),
+        parts["weight"],
+        parts["scales"],
+        parts.get("biases"),
         group_size=group_size,
         bits=bits,
         mode=mode,
@@ -154,7 +161,7 @@ class StackedTables:
         if kinds not in ({nn.Embedding}, {nn.QuantizedEmbedding}):
             return None
         quantization = {quantization_of(table) for table in tables}
-        names = [name for name in _PARTS if name in tables[0]]
+        names = [name for name in QUANTIZED_PARTS if name in tables[0]]
         shapes = {tuple(table[name].shape for name in names) for table in tables}
         if len(quantization) != 1 or len(shapes) != 1:
             return None
@@ -180,18 +187,6 @@ class StackedTables:
     def __call__(self, tokens: mx.array) -> mx.array:
         """tokens (B, count, T) >= 0, a token of each table -> vectors (B, count, T, dim)."""
         rows = tokens + self.offsets
-        parts = {name: part[rows] for name, part in self.flat.items()}
-        if self.quantization is None:
-            return parts["weight"]
-        group_size, bits, mode = self.quantization
-        return mx.dequantize(
-            parts["weight"],
-            parts["scales"],
-            parts.get("biases"),
-            group_size=group_size,
-            bits=bits,
-            mode=mode,
+        return dequantized(
+            {name: part[rows] for name, part in self.flat.items()}, self.quantization
         )
-
-
-_PARTS = ("weight", "scales", "biases")  # a table's arrays, in `StackedTables.flat`

@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 from mlx import nn
 
+QUANTIZED_PARTS = ("weight", "scales", "biases")  # a quantized layer's arrays (MLX's names)
+
 
 @dataclass(frozen=True)
 class StepWeight:

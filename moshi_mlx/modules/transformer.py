@@ -19,7 +19,7 @@ from mlx import nn
 
 from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import Linear, StepWeight
+from moshi_mlx.modules.linear import QUANTIZED_PARTS, Linear, StepWeight
 
 Cache = (
     KVCache | RingLayer | StepKVLayer
@@ -181,8 +181,7 @@ QuantizedRows = dict[str, mx.array]  # a quantized linear's packed rows, scales 
 def quantized_rows(linear: nn.QuantizedLinear, start: int, stop: int) -> QuantizedRows:
     """Output features start..stop-1 of a `QuantizedLinear`: its packed rows, scales and
     biases (views)."""
-    parts = ("weight", "scales", "biases")
-    return {name: linear[name][start:stop] for name in parts if name in linear}
+    return {name: linear[name][start:stop] for name in QUANTIZED_PARTS if name in linear}
 
 
 def rows_of(

@@ -82,6 +82,12 @@ def _too_long(name: str, seconds: float, max_seconds: float) -> AudioError:
     return AudioError(f"{name} lasts {seconds:.1f} s, more than the {max_seconds:g} s allowed")
 
 
+def check_audio_name(path: str | Path) -> None:
+    """`AudioError` unless `path` ends in the name of a format libsndfile writes (.wav, ...)."""
+    if Path(path).suffix.lstrip(".").upper() not in sf.available_formats():
+        raise AudioError(f"cannot write {path}: use a .wav, .flac or .ogg file name")
+
+
 def write_audio(path: str | Path, pcm: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
     """Write float samples, shape (n,) or (n, channels), as a 16-bit wav file."""
     pcm = np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0)

@@ -36,7 +36,15 @@ from moshi_mlx.cli.assistant_models import (
     print_memory_plan,
     read_system_prompt,
 )
-from moshi_mlx.cli.common import CliParser, add_max_lag_arg, exit_at_once, max_lag_frames, run_cli
+from moshi_mlx.cli.common import (
+    CliParser,
+    add_max_lag_arg,
+    bounded,
+    exit_at_once,
+    max_lag_frames,
+    non_negative_float,
+    run_cli,
+)
 from moshi_mlx.cli.local import _STOP_SIGNALS as STOP_SIGNALS
 from moshi_mlx.cli.local import _check_new_file as check_new_file
 from moshi_mlx.cli.local import _echo_canceller as echo_canceller
@@ -79,31 +87,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     turns = parser.add_argument_group("turn-taking (Unmute's rules)")
     turns.add_argument(
         "--pause-threshold",
-        type=float,
+        type=bounded(float, 0, 1),
         default=TurnRules.pause_threshold,
         metavar="P",
         help="the turn ends when the STT's pause head says 'done' above P (default %(default)s)",
     )
     turns.add_argument(
         "--ignore-start",
-        type=float,
+        type=non_negative_float,
         default=TurnRules.ignore_start,
         metavar="SECONDS",
         help="the pause head is not read in the stream's first SECONDS (default %(default)s)",
     )
     turns.add_argument(
         "--barge-in-below",
-        type=float,
+        type=bounded(float, 0, 1),
         default=TurnRules.barge_in_below,
         metavar="P",
         help="while answering, a pause head 'done' below P interrupts it as a word does "
         "(default %(default)s; 0: words only)",
     )
-    args = parser.parse_args(argv)
-    for flag in ("pause_threshold", "barge_in_below"):
-        if not 0.0 <= getattr(args, flag) <= 1.0:
-            parser.error(f"--{flag.replace('_', '-')} must be within 0 and 1")
-    return args
+    return parser.parse_args(argv)
 
 
 class _Screen:

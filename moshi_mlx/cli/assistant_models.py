@@ -12,6 +12,7 @@ from pathlib import Path
 
 from moshi_mlx.assistant.history import DEFAULT_SYSTEM
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
+from moshi_mlx.cli.common import bounded, non_negative_float, positive_int
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.runtime.loading import LoadOptions, find_model
 from moshi_mlx.runtime.model_thread import ModelThread
@@ -57,10 +58,20 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="the assistant speaks first (default on)",
     )
-    models.add_argument("--temperature", type=float, default=0.7, help="LLM (default %(default)s)")
-    models.add_argument("--top-p", type=float, default=0.95, help="LLM (default %(default)s)")
     models.add_argument(
-        "--max-tokens", type=int, default=256, help="LLM tokens per answer (default %(default)s)"
+        "--temperature", type=non_negative_float, default=0.7, help="LLM (default %(default)s)"
+    )
+    models.add_argument(
+        "--top-p",
+        type=bounded(float, 0, 1, above=True),
+        default=0.95,
+        help="LLM (default %(default)s)",
+    )
+    models.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=256,
+        help="LLM tokens per answer (default %(default)s)",
     )
     models.add_argument(
         "--memory-plan",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import sys
@@ -33,7 +34,7 @@ from moshi_mlx.errors import ConfigError, MoshiError
 from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import MAX_SEED, SamplingConfig
 from moshi_mlx.serve.limits import Limits
 
 USER_ERROR_EXIT = 2
@@ -48,6 +49,35 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR_EXIT)
+
+
+def bounded(kind: type, low: float, high: float = math.inf, *, above: bool = False):
+    """An argparse `type`: a finite `kind` (int or float) from `low` (excluded if `above`) to
+    `high`, else argparse's one-line refusal (`argument --top-k: must be >= 0, got -5`)."""
+    if above:
+        span = f"> {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+    else:
+        span = f"from {low:g} to {high:g}" if high < math.inf else f">= {low:g}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high) or (above and value == low):
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+port = bounded(int, 1, 65535)
+seed = bounded(int, 0, MAX_SEED)
+positive_int = bounded(int, 1)
+non_negative_int = bounded(int, 0)
+positive_float = bounded(float, 0, above=True)
+non_negative_float = bounded(float, 0)
 
 
 def add_alias(
@@ -136,12 +166,12 @@ def add_sampling_args(parser: argparse.ArgumentParser, defaults: SamplingDefault
     samples, each with the model's published default."""
     group = parser.add_argument_group("sampling", f"defaults: {defaults.why}")
     if defaults.seed:
-        group.add_argument("--seed", type=int, help="random seed (default: a fresh one each run)")
+        group.add_argument("--seed", type=seed, help="random seed (default: a fresh one each run)")
     flags = (
-        ("--temp", "temp", float, f"{defaults.temp_of} temperature, 0 = greedy"),
-        ("--top-k", "top_k", int, "audio top-k, 0 = all tokens"),
-        ("--text-temp", "text_temp", float, "text temperature, 0 = greedy"),
-        ("--text-top-k", "text_top_k", int, "text top-k, 0 = all tokens"),
+        ("--temp", "temp", non_negative_float, f"{defaults.temp_of} temperature, 0 = greedy"),
+        ("--top-k", "top_k", non_negative_int, "audio top-k, 0 = all tokens"),
+        ("--text-temp", "text_temp", non_negative_float, "text temperature, 0 = greedy"),
+        ("--text-top-k", "text_top_k", non_negative_int, "text top-k, 0 = all tokens"),
     )
     for flag, name, kind, help_ in flags:
         default = getattr(defaults, name)
@@ -157,7 +187,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     memory = parser.add_argument_group("memory")
     memory.add_argument(
         "--context",
-        type=int,
+        type=positive_int,
         metavar="STEPS",
         help="attention window in 80 ms steps, at most the model's 3000 (a shorter one saves "
         "KV-cache memory)",
@@ -184,7 +214,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     add_sampling_args(parser, CHAT_SAMPLING)
     parser.add_argument_group("guidance").add_argument(
         "--cfg-coef",
-        type=float,
+        type=non_negative_float,
         help="Hibiki: classifier-free guidance, 1 = none (default: the model's config, else 1)",
     )
 
@@ -231,7 +261,7 @@ def add_max_lag_arg(group: argparse._ArgumentGroup) -> None:
     """`--max-lag`: how far a live conversation may fall behind the user's audio."""
     group.add_argument(
         "--max-lag",
-        type=float,
+        type=positive_float,
         default=0.24,
         metavar="SECONDS",
         help="seconds of mic audio the model may fall behind before the oldest is dropped "
@@ -240,9 +270,7 @@ def add_max_lag_arg(group: argparse._ArgumentGroup) -> None:
 
 
 def max_lag_frames(args: argparse.Namespace) -> int:
-    """`--max-lag` in 80 ms frames (at least one); `ConfigError` unless it is positive."""
-    if args.max_lag <= 0:
-        raise ConfigError(f"--max-lag must be > 0 seconds, got {args.max_lag}")
+    """`--max-lag` in 80 ms frames (at least one)."""
     return max(1, round(args.max_lag * SAMPLE_RATE / FRAME_SIZE))
 
 
@@ -251,7 +279,7 @@ def add_limit_args(group: argparse._ArgumentGroup) -> None:
     defaults = Limits()
     group.add_argument(
         "--max-connections",
-        type=int,
+        type=positive_int,
         default=defaults.max_connections,
         metavar="N",
         help="open connections at most; the longest-idle one is closed to make room "
@@ -259,21 +287,21 @@ def add_limit_args(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--header-timeout",
-        type=float,
+        type=positive_float,
         default=defaults.header_timeout,
         metavar="SECONDS",
         help="a new connection's request must arrive within this (default %(default)s)",
     )
     group.add_argument(
         "--idle-timeout",
-        type=float,
+        type=positive_float,
         default=defaults.idle_timeout,
         metavar="SECONDS",
         help="close keep-alive connections idle this long (default %(default)s)",
     )
     group.add_argument(
         "--client-silence-timeout",
-        type=float,
+        type=positive_float,
         default=defaults.client_silence_timeout,
         metavar="SECONDS",
         help="end a conversation whose client sent no audio for this long (default "
@@ -282,13 +310,7 @@ def add_limit_args(group: argparse._ArgumentGroup) -> None:
 
 
 def limits_from_args(args: argparse.Namespace) -> Limits:
-    """The `Limits` of the flags; `ConfigError` for a value that is not positive."""
-    if args.max_connections < 1:
-        raise ConfigError(f"--max-connections must be >= 1, got {args.max_connections}")
-    for flag in ("header_timeout", "idle_timeout", "client_silence_timeout"):
-        if not getattr(args, flag) > 0:
-            name = "--" + flag.replace("_", "-")
-            raise ConfigError(f"{name} must be > 0 seconds, got {getattr(args, flag)}")
+    """The `Limits` of the flags."""
     return Limits(
         max_connections=args.max_connections,
         header_timeout=args.header_timeout,

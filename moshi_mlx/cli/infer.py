@@ -17,9 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
-from moshi_mlx.audio.wav import read_audio, write_audio
+from moshi_mlx.audio.wav import check_audio_name, read_audio, write_audio
 from moshi_mlx.chat.model import StepResult
 from moshi_mlx.cli.common import (
     CliParser,
@@ -34,7 +33,6 @@ from moshi_mlx.cli.common import (
     sampling_from_args,
 )
 from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
-from moshi_mlx.errors import AudioError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.codec import SAMPLE_RATE
@@ -66,8 +64,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.output is not None and args.output_after_input is not None:
         parser.error("give the output once: -o OUTPUT or after the input, not both")
     args.output = args.output or args.output_after_input
-    if args.output is None and not (args.list_voices or args.memory_plan):
-        parser.error("the following arguments are required: input, -o OUTPUT")
+    missing = [
+        name for name, value in (("input", args.input), ("-o OUTPUT", args.output)) if not value
+    ]
+    if missing and not (args.list_voices or args.memory_plan):
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
     return args
 
 
@@ -127,8 +128,7 @@ def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
     """Raise `MoshiError` unless `output` can be written without touching the user's files
     (`output_files.check_output`) in a format libsndfile writes."""
     check_output(input_path, output, force, what="recording")
-    if output.suffix.lstrip(".").upper() not in sf.available_formats():
-        raise AudioError(f"cannot write {output}: use a .wav, .flac or .ogg file name")
+    check_audio_name(output)
 
 
 def step_tokens(steps: Sequence[StepResult], cfg: LmConfig) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from moshi_mlx.chat.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
-from moshi_mlx.cli.common import CliParser, add_alias, run_cli
+from moshi_mlx.cli.common import CliParser, add_alias, non_negative_int, positive_int, run_cli
 from moshi_mlx.errors import MoshiError, WeightsMismatchError
 
 
@@ -53,14 +53,16 @@ def _parser() -> CliParser:
         action=argparse.BooleanOptionalAction,
         help="show a progress bar on stderr (default: when it is a terminal)",
     )
-    parser.add_argument("--worst", type=int, default=5, help="how many worst layers to list")
+    parser.add_argument(
+        "--worst", type=non_negative_int, default=5, help="how many worst layers to list"
+    )
     parser.add_argument(
         "--check",
         action="store_true",
         help="compare greedy generation of the source and the converted model (loads one, then "
         "the other: needs memory for the bf16 model)",
     )
-    parser.add_argument("--check-steps", type=int, default=16, help="steps for --check")
+    parser.add_argument("--check-steps", type=positive_int, default=16, help="steps for --check")
     parser.add_argument(
         "--lm-config",
         type=Path,

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
-from moshi_mlx.cli.common import add_limit_args, limits_from_args, run_cli
+from moshi_mlx.cli.common import (
+    CliParser,
+    add_limit_args,
+    limits_from_args,
+    port,
+    positive_int,
+    run_cli,
+)
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.llm import DEFAULT_MAX_TOKENS, LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
@@ -44,7 +51,7 @@ log = logging.getLogger("moshi_mlx.serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="python -m moshi_mlx.serve",
         description="Serve Kyutai's STT and TTS (moshi-server's /api/asr-streaming, "
         "/api/tts_streaming) and an mlx-lm LLM (OpenAI's /v1) on one port.",
@@ -69,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--llm", metavar="REPO|FOLDER", help="an mlx-lm chat model")
     models.add_argument(
         "--llm-max-tokens",
-        type=int,
+        type=positive_int,
         default=DEFAULT_MAX_TOKENS,
         metavar="N",
         help="an answer's length when the client sets none, as Unmute does (default %(default)s "
@@ -89,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--port",
-        type=int,
+        type=port,
         default=DEFAULT_PORT,
         help="port (default %(default)s: Unmute's STT port)",
     )
@@ -101,14 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--max-streams",
-        type=int,
+        type=positive_int,
         default=8,
         metavar="N",
         help="live STT streams, stepped as one batch (default %(default)s)",
     )
     server.add_argument(
         "--max-tts-streams",
-        type=int,
+        type=positive_int,
         default=2,
         metavar="N",
         help="live TTS streams, stepped as one batch per sampling (default %(default)s, as "
@@ -127,12 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if not (args.stt or args.tts or args.llm):
         raise ConfigError("give at least one model: --stt, --tts or --llm")
-    if args.llm_max_tokens < 1:
-        raise ConfigError(f"--llm-max-tokens must be >= 1, got {args.llm_max_tokens}")
-    if args.max_streams < 1:
-        raise ConfigError(f"--max-streams must be >= 1, got {args.max_streams}")
-    if args.max_tts_streams < 1:
-        raise ConfigError(f"--max-tts-streams must be >= 1, got {args.max_tts_streams}")
     if args.api_key is not None and not all(args.api_key):
         raise ConfigError("--api-key must not be empty")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")

@@ -33,6 +33,7 @@ from moshi_mlx.cli.common import (
     add_alias,
     add_sampling_args,
     add_weight_args,
+    positive_int,
     progress_bar,
     run_cli,
 )
@@ -88,7 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     out.add_argument(
         "--batch",
-        type=int,
+        type=positive_int,
         default=8,
         metavar="N",
         help="files transcribed together in one batch (default %(default)s)",
@@ -105,8 +106,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
     add_server_args(parser)
     args = parser.parse_args(argv)
-    if args.batch < 1:
-        parser.error(f"--batch must be >= 1, got {args.batch}")
     if not (args.files or args.mic or args.serve or args.list_devices):
         parser.error("give audio files, --mic or --serve")
     if args.files and (args.mic or args.serve):

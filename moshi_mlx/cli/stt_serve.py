@@ -15,7 +15,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 
-from moshi_mlx.cli.common import add_limit_args, limits_from_args
+from moshi_mlx.cli.common import (
+    add_limit_args,
+    limits_from_args,
+    port,
+    positive_float,
+    positive_int,
+)
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
@@ -35,7 +41,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument(
         "--host", default="localhost", help="address to listen on (default %(default)s)"
     )
-    server.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default %(default)s)")
+    server.add_argument(
+        "--port", type=port, default=DEFAULT_PORT, help="port (default %(default)s)"
+    )
     server.add_argument(
         "--api-key",
         action="append",
@@ -45,14 +53,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     server.add_argument(
         "--max-streams",
-        type=int,
+        type=positive_int,
         default=defaults.max_streams,
         metavar="N",
         help="streams at once; more clients are told the server is busy (default %(default)s)",
     )
     server.add_argument(
         "--max-buffered-seconds",
-        type=float,
+        type=positive_float,
         default=defaults.max_buffered_seconds,
         metavar="SECONDS",
         help="drop a client whose audio waiting for the model exceeds this (default %(default)s)",
@@ -62,10 +70,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 def server_config(args: argparse.Namespace) -> SttServerConfig:
     """The per-connection settings of the flags; `ConfigError` for a bad value."""
-    if args.max_streams < 1:
-        raise ConfigError(f"--max-streams must be >= 1, got {args.max_streams}")
-    if not args.max_buffered_seconds > 0:
-        raise ConfigError(f"--max-buffered-seconds must be > 0, got {args.max_buffered_seconds}")
     if args.api_key is not None and not all(args.api_key):
         raise ConfigError("--api-key must not be empty")
     return SttServerConfig(

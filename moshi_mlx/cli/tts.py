@@ -26,7 +26,7 @@ import numpy as np
 
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
 from moshi_mlx.audio.ring import FrameRing
-from moshi_mlx.audio.wav import write_audio
+from moshi_mlx.audio.wav import check_audio_name, write_audio
 from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.cli.common import (
     CliParser,
@@ -34,6 +34,9 @@ from moshi_mlx.cli.common import (
     add_alias,
     add_sampling_args,
     add_weight_args,
+    non_negative_float,
+    positive_float,
+    positive_int,
     progress_bar,
     run_cli,
 )
@@ -108,12 +111,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"speaker; default {DEFAULT_VOICE})",
     )
     voice.add_argument("--voice-repo", default=DEFAULT_VOICE_REPO, help="Hugging Face voice repo")
-    voice.add_argument("--cfg-coef", type=float, default=DEFAULT_CFG_COEF, help="guidance")
+    voice.add_argument(
+        "--cfg-coef", type=non_negative_float, default=DEFAULT_CFG_COEF, help="guidance"
+    )
     voice.add_argument("--padding-bonus", type=float, default=0.0, help="> 0 speaks slower")
-    voice.add_argument("--max-seconds", type=float, default=2400.0, help="stop after this much")
+    voice.add_argument(
+        "--max-seconds", type=positive_float, default=2400.0, help="stop after this much"
+    )
     voice.add_argument(
         "--n-q",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="generate and decode the first N audio codebooks only (faster; default all, "
         "Kyutai's servers use 24 of 32)",
@@ -323,6 +330,7 @@ def _run_one(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else None
     if out is not None:
         check_output(Path(args.text_file or "-"), out, args.force, "text file")
+        check_audio_name(args.output)
     tokens = Path(args.tokens) if args.tokens else None
     if tokens is not None:
         check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")

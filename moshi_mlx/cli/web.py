@@ -34,6 +34,8 @@ from moshi_mlx.cli.common import (
     limits_from_args,
     load_model,
     max_lag_frames,
+    port,
+    positive_int,
     print_memory_plan,
     print_voice_names,
     run_cli,
@@ -57,7 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     server.add_argument(
         "--host", default="localhost", help="address to listen on (default %(default)s)"
     )
-    server.add_argument("--port", type=int, default=8998, help="port (default %(default)s)")
+    server.add_argument("--port", type=port, default=8998, help="port (default %(default)s)")
     server.add_argument(
         "--static", metavar="DIR", help="serve this folder (e.g. Kyutai's built web client)"
     )
@@ -70,7 +72,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_max_lag_arg(server)
     server.add_argument(
         "--max-conversations",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="conversations at once; more connections are told the server is busy",
@@ -103,8 +105,6 @@ def server_url(host: str, port: int, secure: bool) -> str:
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """Per-connection settings from the flags (checked before the model loads)."""
-    if args.max_conversations < 1:
-        raise ConfigError(f"--max-conversations must be >= 1, got {args.max_conversations}")
     static_dir = Path(args.static) if args.static else PAGE_DIR
     if not (static_dir / "index.html").is_file():
         raise ConfigError(f"--static {static_dir}: no index.html in that folder")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+MAX_SEED = 2**32 - 1  # seeds are 32-bit, as the 4 random bytes drawn when none is given
+
 
 @dataclass(frozen=True)
 class SamplingConfig:

@@ -28,6 +28,7 @@ import sphn
 from aiohttp import web
 
 from moshi_mlx.errors import MoshiError
+from moshi_mlx.runtime.sampling import MAX_SEED
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.logtext import capped
@@ -206,7 +207,7 @@ class _TtsHandler:
                 top_k = int(_bounded(query["top_k"], 1, 10_000))
                 sampling = TtsSampling(sampling.temp, text_top_k=top_k, audio_top_k=top_k)
             cfg = _bounded(query["cfg_alpha"], 0.0, 10.0) if "cfg_alpha" in query else None
-            seed = int(_bounded(query["seed"], 0, 2**32 - 1)) if "seed" in query else None
+            seed = int(_bounded(query["seed"], 0, MAX_SEED)) if "seed" in query else None
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
         return SessionOptions(path, cfg if cfg is not None else DEFAULT_CFG_COEF, sampling, seed)

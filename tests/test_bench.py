@@ -288,12 +288,12 @@ def test_tts_case(tmp_path):
 def test_tts_layout_is_the_published_one():
     """The random TTS file's names, shapes and dtypes for the fixture's config are those of
     tests/fixtures/tts/weights.safetensors (written by Kyutai's PyTorch model)."""
-    from moshi_mlx.checkpoints.io import read_safetensors_header
+    from moshi_mlx.checkpoints.io import read_safetensors
     from moshi_mlx.testing.checkpoints import tts_pytorch_layout
 
     fixtures = ROOT / "tests" / "fixtures" / "tts"
     layout = tts_pytorch_layout(json.loads((fixtures / "config.json").read_text()))
-    published, _ = read_safetensors_header(fixtures / "weights.safetensors")
+    published = read_safetensors(fixtures / "weights.safetensors").layout
     assert layout == published
     # The bench's shapes are keyed as the published config.json (the fixture's order).
     fixture_keys = list(json.loads((fixtures / "config.json").read_text()))

@@ -99,7 +99,41 @@ def test_corrupt_weight_file(env, wav, tmp_path, files):
     junk = tmp_path / "model.q4.safetensors"
     junk.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}" + bytes(100))
     line = _fails(env, wav, tmp_path / "out.wav", *weight_flags({**files, "moshi": junk}))
-    assert f"cannot read {junk} as safetensors" in line
+    assert line.startswith(f"error: {junk} is not a safetensors file")
+
+
+def _not_safetensors(tmp_path, wav, kind: str):
+    """A file given as weights that is not safetensors: a wav, a text, empty, cut short."""
+    if kind == "wav":
+        return wav
+    path = tmp_path / f"{kind}.safetensors"
+    if kind == "text":
+        path.write_text("notes: try the q8 model tomorrow, then the q4 one\n" * 3)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    else:  # a download cut short: a whole header, a part of the data
+        import mlx.core as mx
+
+        from moshi_mlx.checkpoints.io import SafetensorsWriter
+
+        with open(path, "wb") as file:
+            SafetensorsWriter(file, {"w": ((64, 64), mx.float32)}, {})
+        path.write_bytes(path.read_bytes()[:200])
+    return path
+
+
+@pytest.mark.parametrize("kind", ["wav", "text", "empty", "cut"])
+@pytest.mark.parametrize("command", ["quantize", "stt", "infer"])
+def test_a_file_that_is_not_safetensors_is_named_in_one_line(env, wav, tmp_path, kind, command):
+    """No `MemoryError` from a length read out of a wav or a text file (issue 41.1)."""
+    bad = _not_safetensors(tmp_path, wav, kind)
+    args = {
+        "quantize": [bad, "-o", tmp_path / "out.safetensors"],
+        "stt": [wav, "--moshi-weight", bad],
+        "infer": [wav, "-o", tmp_path / "out.wav", "--moshi-weight", bad],
+    }[command]
+    line = _fails(env, command, *args, module="moshi_mlx")
+    assert line.startswith(f"error: {bad} is not a safetensors file"), line
 
 
 def test_weights_do_not_fit_the_config(env, wav, tmp_path, files):

@@ -191,11 +191,11 @@ def test_a_small_mimi_loads_by_its_path_alone(tiny_mimi_checkpoint, mimi_signal,
     loaders build it from the path alone (the assistant's end-to-end test loads one by path)."""
     from safetensors.numpy import load_file, save_file
 
-    from moshi_mlx.checkpoints.io import read_header
+    from moshi_mlx.checkpoints.io import read_safetensors
     from moshi_mlx.checkpoints.mimi import MIMI_CONFIG_KEY, mimi_config_from_metadata
 
     path, config = tiny_mimi_checkpoint
-    assert mimi_config_from_metadata(read_header(path).metadata, path) == config
+    assert mimi_config_from_metadata(read_safetensors(path).metadata, path) == config
     given, found = MlxCodec(load_mimi(path, 8, config)), load_codec(path, "mlx", 8)
     frame = mimi_signal(FRAME)
     np.testing.assert_array_equal(given.encode_step(frame), found.encode_step(frame))

@@ -1,5 +1,6 @@
 """Where weights come from: path flags, the weights folder, the Hugging Face cache, offline."""
 
+import struct
 import subprocess
 import sys
 
@@ -50,9 +51,12 @@ def test_voices_are_found_beside_the_weights_then_in_the_weights_folder(tmp_path
 
 
 def _touch(folder, names):
+    """Stand-in files: a safetensors file with no tensor (a given weight file is opened
+    before any download), one byte for the others."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in names:
-        (folder / name).write_bytes(b"x")
+        empty = struct.pack("<Q", 8) + b"{}      "
+        (folder / name).write_bytes(empty if name.endswith(".safetensors") else b"x")
     return folder
 
 

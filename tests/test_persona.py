@@ -197,13 +197,11 @@ def test_personaplex_quantizes_to_files_that_carry_their_config(personaplex_file
 
 
 def test_the_published_layout_is_personaplex_without_a_config(tmp_path):
-    shapes = {f"depformer_in.{k}.weight": (1024, 4096) for k in range(16)}
-    header = {
-        name: {"dtype": "BF16", "shape": list(s), "data_offsets": [0, 0]}
-        for name, s in shapes.items()
-    }
-    raw = json.dumps(header).encode()
-    (tmp_path / "m.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    from moshi_mlx.checkpoints.io import SafetensorsWriter
+
+    layout = {f"depformer_in.{k}.weight": ((1024, 4096), mx.bfloat16) for k in range(16)}
+    with open(tmp_path / "m.safetensors", "wb") as file:  # sparse: no data written
+        SafetensorsWriter(file, layout, metadata={})
     assert lm_config_of(tmp_path / "m.safetensors") == LmConfig.personaplex_7b()
 
 

@@ -64,7 +64,7 @@ def _logits(lm: Lm, inputs: mx.array, sampled: mx.array) -> dict[str, np.ndarray
 def check_source(path: str | Path, config: LmConfig) -> None:
     """Raise `WeightsMismatchError` unless the unquantized checkpoint at `path` (Kyutai's MLX
     or PyTorch naming) fits `config`; from its tensors' shapes, no weight is read."""
-    tensors, _ = read_safetensors(path)
+    tensors = read_safetensors(path).tensors
     schedule = config.depformer_weights_per_step_schedule
     converted = to_mlx_naming(tensors, str(path), config.dep_q, schedule=schedule)
     check_fits_model(Lm(config, full_depformer=True), converted, str(path))
@@ -73,7 +73,7 @@ def check_source(path: str | Path, config: LmConfig) -> None:
 def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
     """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, as `load_lm`
     builds it."""
-    tensors, _ = read_safetensors(path)
+    tensors = read_safetensors(path).tensors
     return lm_from_tensors(tensors, {}, config, str(path))
 
 

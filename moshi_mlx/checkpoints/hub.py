@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from moshi_mlx.checkpoints.io import read_safetensors
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
     DEFAULT_REPO,
@@ -184,11 +185,14 @@ def resolve_weights(
     config.json is found first (`find_config`) and read once; the LM file is the one its
     `moshi_name` says for Kyutai's STT, TTS and Hibiki, else the one `quantize` picks."""
     repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
-    # Check every given path before any (slow) download, so a typo fails at once.
+    # Check every given path before any (slow) download, so a typo fails at once: a file
+    # given as weights must open as safetensors (its header only).
     given = {"moshi_weight": moshi_weight, "mimi_weight": mimi_weight, "tokenizer": tokenizer}
     for parameter, path in given.items():
         if path is not None:
-            _user_path(path, parameter)
+            found = _user_path(path, parameter)
+            if parameter != "tokenizer":
+                read_safetensors(found)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
     data = _read_config(config) if config is not None else None
     names = data if data is not None and data.get("model_type") in CONFIG_NAMED_TYPES else {}

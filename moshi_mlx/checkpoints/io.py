@@ -16,21 +16,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 import mlx.core as mx
-import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from moshi_mlx.errors import WeightsError, WeightsMismatchError
+from moshi_mlx.errors import WeightsError, WeightsMismatchError, one_line
 
 _MAX_NAMES_IN_ERROR = 5
 _SAFETENSORS_DTYPES = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32", mx.uint32: "U32"}
-# bf16 is read as its bits, then viewed as bf16 in MLX.
-_NUMPY_DTYPES = {
-    mx.bfloat16: np.uint16,
-    mx.float16: np.float16,
-    mx.float32: np.float32,
-    mx.uint32: np.uint32,
-}
 
 Layout = dict[str, tuple[tuple[int, ...], mx.Dtype]]  # name -> (shape, dtype)
 
@@ -40,78 +32,34 @@ def layout_of(tensors: dict[str, mx.array]) -> Layout:
     return {name: (tuple(array.shape), array.dtype) for name, array in tensors.items()}
 
 
-def read_safetensors(path: str | Path) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """Load a safetensors file lazily; returns its tensors and its metadata."""
+def read_safetensors(path: str | Path) -> SafetensorsFile:
+    """A safetensors file opened lazily (`mx.load`): its header is read, no tensor data is
+    until a tensor is evaluated; `WeightsError` for a missing file or one that is not
+    safetensors (empty, truncated, another format)."""
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file not found: {path}")
     try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
-    except Exception as exc:  # mx.load raises plain RuntimeError/ValueError on bad files
-        raise WeightsError(f"cannot read {path} as safetensors: {exc}") from exc
-    return tensors, dict(metadata or {})
+        tensors, metadata = mx.load(str(path), format="safetensors", return_metadata=True)
+    except (RuntimeError, ValueError) as exc:  # MLX's messages for a bad header or size
+        reason = "it is empty" if path.stat().st_size == 0 else one_line(exc).split("] ", 1)[-1]
+        raise WeightsError(f"{path} is not a safetensors file ({reason})") from None
+    return SafetensorsFile(path, tensors, dict(metadata or {}))
 
 
 @dataclass(frozen=True)
-class SafetensorsHeader:
-    """A safetensors file's header, read once: its tensors' names, shapes and dtypes, its
-    metadata, and where each tensor's bytes lie in the file."""
+class SafetensorsFile:
+    """A safetensors file as `read_safetensors` opened it: its tensors (lazy: each is read
+    from the file when evaluated, and never when not used) and its metadata."""
 
     path: Path
-    layout: Layout
+    tensors: dict[str, mx.array]
     metadata: dict[str, str]
-    spans: dict[str, tuple[int, int]]  # name -> [begin, end) byte offsets in the file
 
-
-def read_header(path: str | Path) -> SafetensorsHeader:
-    """The header of a safetensors file (no tensor data is read)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as file:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
-        metadata = header.pop("__metadata__", None) or {}
-        names = {code: dtype for dtype, code in _SAFETENSORS_DTYPES.items()}
-        layout = {
-            name: (tuple(entry["shape"]), names[entry["dtype"]]) for name, entry in header.items()
-        }
-        start = 8 + length
-        spans = {
-            name: (start + entry["data_offsets"][0], start + entry["data_offsets"][1])
-            for name, entry in header.items()
-        }
-    except FileNotFoundError:
-        raise WeightsError(f"weights file not found: {path}") from None
-    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise WeightsError(f"cannot read {path} as safetensors: {exc!r}") from None
-    return SafetensorsHeader(path, layout, metadata, spans)
-
-
-def read_safetensors_header(path: str | Path) -> tuple[Layout, dict[str, str]]:
-    """Names, shapes and dtypes of a safetensors file's tensors, and its metadata, from its
-    header alone (`read_header`)."""
-    header = read_header(path)
-    return header.layout, header.metadata
-
-
-def read_tensors(header: SafetensorsHeader, names: Iterable[str]) -> dict[str, mx.array]:
-    """The tensors `names` of the file `header` was read from, each from the bytes the header
-    says (the header is not read again; tensors not named are not read at all)."""
-    try:
-        data = np.memmap(header.path, np.uint8, mode="r")
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"cannot read {header.path}: {exc!r}") from None
-    tensors = {}
-    for name in names:
-        (begin, end), (shape, dtype) = header.spans[name], header.layout[name]
-        if end > data.size or end - begin != math.prod(shape) * dtype.size:
-            raise WeightsError(
-                f"cannot read {header.path} as safetensors: tensor {name}'s data does not fit "
-                "the file (an incomplete download?)"
-            )
-        values = mx.array(data[begin:end].view(_NUMPY_DTYPES[dtype]).reshape(shape))
-        tensors[name] = values.view(dtype) if values.dtype != dtype else values
-    return tensors
+    @property
+    def layout(self) -> Layout:
+        """The names, shapes and dtypes of its tensors."""
+        return layout_of(self.tensors)
 
 
 def read_json(path: str | Path) -> dict:

@@ -19,12 +19,11 @@ from mlx import nn
 
 from moshi_mlx.checkpoints.header import LmHeader, lm_header
 from moshi_mlx.checkpoints.io import (
-    SafetensorsHeader,
+    SafetensorsFile,
     input_major,
     layout_of,
     load_strict,
-    read_header,
-    read_tensors,
+    read_safetensors,
 )
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_GROUP_SIZE,
@@ -107,16 +106,16 @@ def load_lm(
     once.
     """
     file = _resolve_file(path)
-    header = read_header(file)
+    opened = read_safetensors(file)
     if config is None:
         beside = config_in(file.parent)
         config = (
             read_lm_config(beside)
             if beside
-            else lm_config_from_header(header.layout, header.metadata, str(file))
+            else lm_config_from_header(opened.layout, opened.metadata, str(file))
         )
-    lm = lm_header(header.layout, header.metadata, config, str(file), full_depformer)
-    return lm_from_file(header, lm, dtype)
+    lm = lm_header(opened.layout, opened.metadata, config, str(file), full_depformer)
+    return lm_from_file(opened, lm, dtype)
 
 
 def _hibiki_text_embedding(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -132,12 +131,12 @@ def _hibiki_text_embedding(tensors: dict[str, mx.array]) -> dict[str, mx.array]:
     return fixed
 
 
-def lm_from_file(file: SafetensorsHeader, lm: LmHeader, dtype: mx.Dtype | None = None) -> Lm:
-    """The LM that `lm` describes, with its tensors read from the file whose header `file` is
-    (the header is not read again). Floating tensors are cast to `dtype` (default: the one
-    `lm` records)."""
+def lm_from_file(file: SafetensorsFile, lm: LmHeader, dtype: mx.Dtype | None = None) -> Lm:
+    """The LM that `lm` describes, with its tensors read from `file` (opened once, lazily:
+    only the tensors the model holds are read). Floating tensors are cast to `dtype`
+    (default: the one `lm` records)."""
     model, dtype, input_major_names = _empty_lm(lm, dtype)
-    return _filled(model, lm, file, dtype, input_major_names)
+    return _filled(model, lm, file.tensors, dtype, input_major_names)
 
 
 def lm_from_tensors(
@@ -178,26 +177,33 @@ def _empty_lm(lm: LmHeader, dtype: mx.Dtype | None) -> tuple[Lm, mx.Dtype, list[
     return model, dtype, input_major_names
 
 
+def sanitize(weights: dict[str, mx.array], lm: LmHeader) -> dict[str, mx.array]:
+    """The tensors the model that `lm` describes holds, by MLX name, from a checkpoint's
+    `weights` (either naming; lazy arrays of the file are not read here): Kyutai's PyTorch
+    names and layouts converted as `lm.recipes` plans, the depformer slices it does not hold
+    left out, and Hibiki's text embedding fixed (`_hibiki_text_embedding`)."""
+    if lm.recipes is not None:
+        weights = {r.target: r.apply(weights[r.source]) for r in lm.recipes}
+    else:
+        weights = {name: weights[name] for name in lm.layout}
+    if lm.config.model_type == "hibiki":
+        weights = _hibiki_text_embedding(weights)
+    return weights
+
+
 def _filled(
     model: Lm,
     lm: LmHeader,
-    tensors: dict[str, mx.array] | SafetensorsHeader,
+    weights: dict[str, mx.array],
     dtype: mx.Dtype,
     input_major_names: list[str],
 ) -> Lm:
-    """`model` loaded strictly with a checkpoint's `tensors` (in its file's naming; given, or
-    read from the file whose header is given) and evaluated. Unquantized float32 Linear weights on the CPU (`input_major_names`) are kept
-    in (in, out) memory order, same shape and values: `x @ weight.T` then reads them
-    contiguously, which MLX's CPU backend does about 1.6x faster (Metal's kernels, and bf16,
-    want the stored order)."""
-    if isinstance(tensors, SafetensorsHeader):
-        tensors = read_tensors(tensors, lm.sources)
-    if lm.recipes is not None:
-        tensors = {r.target: r.apply(tensors[r.source]) for r in lm.recipes}
-    else:
-        tensors = {name: tensors[name] for name in lm.layout}
-    if lm.config.model_type == "hibiki":
-        tensors = _hibiki_text_embedding(tensors)
+    """`model` loaded strictly with a checkpoint's `weights` (in its file's naming, see
+    `sanitize`) and evaluated. Unquantized float32 Linear weights on the CPU
+    (`input_major_names`) are kept in (in, out) memory order, same shape and values:
+    `x @ weight.T` then reads them contiguously, which MLX's CPU backend does about 1.6x
+    faster (Metal's kernels, and bf16, want the stored order)."""
+    tensors = sanitize(weights, lm)
     for name in input_major_names:
         if name in tensors:
             tensors[name] = input_major(tensors[name].astype(dtype))

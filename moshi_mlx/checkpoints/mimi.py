@@ -249,7 +249,8 @@ def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | Non
     """Load a Mimi checkpoint in the published PyTorch layout (strict: every tensor, exact
     shapes), in float32, with `num_codebooks` active codebooks; `config` None: the one the
     file's metadata carries, else the published model's."""
-    tensors, metadata = read_safetensors(path)
+    file = read_safetensors(path)
+    tensors, metadata = file.tensors, file.metadata
     cfg = config or mimi_config_from_metadata(metadata, path)
     model = Mimi(cfg, num_codebooks)
     expected = {entry.name: (entry.shape, None) for entry in mimi_tensor_table(cfg)}

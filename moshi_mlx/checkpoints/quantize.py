@@ -179,7 +179,7 @@ def quantize_checkpoint(
     held_before = mx.get_active_memory()  # the caller's arrays: not the conversion's
     if config is None:
         config = lm_config_of(input_path, config_in(input_path.parent))
-    tensors, _ = read_safetensors(input_path)
+    tensors = read_safetensors(input_path).tensors
     source_format, recipes = plan_conversion(
         {name: a.shape for name, a in tensors.items()},
         str(input_path),

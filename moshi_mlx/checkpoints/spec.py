@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors_header
+from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -114,7 +114,8 @@ def lm_config_of(lm_file: str | Path, config_path: str | Path | None = None) -> 
     PersonaPlex 7B; otherwise Moshi 7B)."""
     if config_path is not None:
         return read_lm_config(config_path)
-    return lm_config_from_header(*read_safetensors_header(lm_file), str(lm_file))
+    file = read_safetensors(lm_file)
+    return lm_config_from_header(file.layout, file.metadata, str(lm_file))
 
 
 def lm_config_from_header(

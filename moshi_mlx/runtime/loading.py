@@ -5,7 +5,7 @@ Each step uses what the steps before it found and never goes back to a file alre
 1. options (`LoadOptions`): the compute dtype and the KV cache's quantization, checked first.
 2. files (`checkpoints.hub.resolve_weights`): given paths, a local folder laid out like the
    hub repo, the weights folder, then the hub; the config.json is found first and read once.
-3. header and config (`checkpoints.io.read_header`, `checkpoints.spec`): the LM file's
+3. header and config (`checkpoints.io.read_safetensors`, `checkpoints.spec`): the LM file's
    header, read once; the LM config (given, config.json, else the header's metadata, else
    its layout), checked against the model kind, the context and the codec.
 4. what the header says (`checkpoints.header.lm_header`): one record (`LmHeader`) of the
@@ -33,7 +33,7 @@ import sentencepiece
 
 from moshi_mlx.checkpoints.header import LmHeader, lm_header
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
-from moshi_mlx.checkpoints.io import SafetensorsHeader, read_header
+from moshi_mlx.checkpoints.io import SafetensorsFile, read_safetensors
 from moshi_mlx.checkpoints.lm import lm_from_file
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
@@ -129,7 +129,7 @@ class FoundModel:
 
     kind: str  # a key of `KINDS`
     files: WeightFiles
-    header: SafetensorsHeader
+    header: SafetensorsFile
     lm: LmHeader
     codec_codebooks: int
     memory: MemoryPlan
@@ -166,7 +166,7 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
         None if given is not None else options.lm_config,
         config_required=kind is not None and wanted.config_required,
     )
-    header = read_header(files.moshi)
+    header = read_safetensors(files.moshi)
     source = str(files.moshi)
     config = given or lm_config_from_header(
         header.layout, header.metadata, source, files.config_data

@@ -72,7 +72,7 @@ def write_short_memory_mimi(path: Path, seed: int = 3, decoder_gain: float = 1.0
     that. Returns `path`."""
     from safetensors.numpy import load_file, save_file
 
-    from moshi_mlx.checkpoints.io import read_header
+    from moshi_mlx.checkpoints.io import read_safetensors
     from moshi_mlx.models.mimi import MimiConfig
     from moshi_mlx.testing.checkpoints import write_random_mimi_checkpoint
 
@@ -85,7 +85,7 @@ def write_short_memory_mimi(path: Path, seed: int = 3, decoder_gain: float = 1.0
             tensor[:] = 0.0
         if name.startswith(output):
             tensor *= decoder_gain
-    save_file(tensors, str(path), metadata=read_header(path).metadata)
+    save_file(tensors, str(path), metadata=read_safetensors(path).metadata)
     return path
 
 

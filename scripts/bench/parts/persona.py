@@ -124,7 +124,8 @@ def _persona_and_moshi(weights: Path, shape: str, dtype: mx.Dtype | None) -> tup
     """PersonaPlex's `Lm` (`personaplex_config`) and Moshi's over one load of a Moshi file,
     sharing every array, and the seconds the load took."""
     moshi_config = LmConfig.from_dict(LM_SHAPES[shape])
-    tensors, metadata = read_safetensors(weights)
+    file = read_safetensors(weights)
+    tensors, metadata = file.tensors, file.metadata
     started = time.perf_counter()
     moshi_lm = lm_from_tensors(tensors, metadata, moshi_config, str(weights), dtype)
     lm = lm_from_tensors(tensors, metadata, personaplex_config(moshi_config), str(weights), dtype)

@@ -16,6 +16,7 @@ from moshi_mlx.assistant.turns import (
     TurnRules,
     TurnTaker,
     UserSaid,
+    UserStarted,
 )
 
 SPEAKING = (0.0, 0.0, 0.01)  # the pause heads: head 2 says "not done"
@@ -34,7 +35,7 @@ def _user_turn(turns: TurnTaker, text: str, start: float = 2.0) -> list:
 
 def test_the_turn_ends_when_the_pause_head_passes_the_threshold():
     turns = TurnTaker(History("Be brief."))
-    assert turns.listen(2.0, ["hello"], SPEAKING) == []
+    assert turns.listen(2.0, ["hello"], SPEAKING) == [UserStarted(2.0)]
     assert turns.state is State.USER_SPEAKING
     assert turns.listen(2.08, [], UNSURE) == []  # 0.3 < 0.6: a breath
     assert turns.listen(2.16, [], DONE) == [FlushStt()]
@@ -52,7 +53,7 @@ def test_the_turn_ends_when_the_pause_head_passes_the_threshold():
 def test_the_first_second_of_the_stream_and_silence_without_words_end_no_turn():
     turns = TurnTaker(History(""), TurnRules(ignore_start=1.0))
     assert turns.listen(0.5, [], DONE) == []  # nobody spoke
-    assert turns.listen(0.6, ["hi"], SPEAKING) == []
+    assert turns.listen(0.6, ["hi"], SPEAKING) == [UserStarted(0.6)]
     assert turns.listen(0.9, [], DONE) == []  # inside the first second: not read
     assert turns.listen(1.0, [], DONE) == [FlushStt()]
 
@@ -102,7 +103,8 @@ def test_barge_in_stops_the_answer_and_keeps_what_was_heard_marked_cut_off():
     turns.heard("Once upon")
     assert turns.listen(5.0, [], DONE) == []  # the user is silent: no barge-in
     actions = turns.listen(5.08, ["wait"], SPEAKING)
-    assert actions == [StopReply(), AnswerEnded("Once upon", cut_off=True)]
+    cut = AnswerEnded("Once upon", cut_off=True)
+    assert actions == [StopReply("Once upon"), cut, UserStarted(5.08)]
     assert turns.state is State.USER_SPEAKING
     assert turns.reply_text("a dragon ") == []  # the cancelled LLM's last piece is ignored
     actions = _user_turn(turns, "stop", start=5.16)
@@ -118,7 +120,8 @@ def test_a_confident_speaking_from_the_pause_head_barges_in_too():
     turns = TurnTaker(History(""), TurnRules(barge_in_below=0.05))
     _user_turn(turns, "hello")
     assert turns.listen(4.0, [], UNSURE) == []
-    assert turns.listen(4.08, [], SPEAKING) == [StopReply()]  # nothing heard yet: no answer
+    # nothing heard yet: no answer
+    assert turns.listen(4.08, [], SPEAKING) == [StopReply(), UserStarted(4.08)]
     assert turns.state is State.USER_SPEAKING
     off = TurnTaker(History(""), TurnRules(barge_in_below=0.0))
     _user_turn(off, "hello")
@@ -182,3 +185,41 @@ def test_spoken_words_wait_for_a_space_and_for_a_link_to_close():
 def test_clean_for_speech_drops_markdown_and_emoji():
     text = "# Title\n- one 🎉\n2. two **bold** _it_ ~~x~~ > quote 👍🏽 ok"
     assert clean_for_speech(text).strip() == "Title one two bold it x quote ok"
+
+
+def test_a_client_drives_the_turns():
+    """`/v1/realtime` with turn detection off: the head never ends the turn, `commit` does,
+    and no answer starts until `respond`; `cancel` stops it as heard."""
+    rules = TurnRules(ignore_start=0.0, ends_turns=False, replies=False)
+    turns = TurnTaker(History("Be brief."), rules)
+    assert turns.listen(0.0, ["hi"], SPEAKING) == [UserStarted(0.0)]
+    assert turns.listen(0.08, [], DONE) == []  # the head is not read
+    assert turns.commit() == [FlushStt()]
+    assert turns.flushed() == [UserSaid("hi")]  # no answer yet
+    assert turns.state is State.LISTENING
+    actions = turns.respond()
+    assert len(actions) == 1 and isinstance(actions[0], StartReply)
+    assert turns.respond() == []  # one answer at a time
+    turns.reply_text("Hello there friend ")
+    turns.heard("Hello")
+    assert turns.cancel() == [StopReply("Hello"), AnswerEnded("Hello", cut_off=True)]
+    assert turns.state is State.LISTENING and turns.cancel() == []
+
+
+def test_an_empty_commit_says_so_and_clear_forgets_words():
+    turns = TurnTaker(History(""), TurnRules(ignore_start=0.0, replies=False))
+    assert turns.commit() == [FlushStt()]
+    assert turns.flushed() == [UserSaid("")]  # the client learns its commit is done
+    turns.listen(0.0, ["lost"], SPEAKING)
+    turns.clear()
+    assert turns.state is State.LISTENING
+    turns.listen(0.08, ["kept"], SPEAKING)
+    turns.commit()
+    assert turns.flushed() == [UserSaid("kept")]
+
+
+def test_no_barge_in_when_the_rules_say_so():
+    turns = TurnTaker(History(""), TurnRules(ignore_start=0.0, barge_in=False))
+    turns.respond()
+    assert turns.listen(1.0, ["wait"], SPEAKING) == []
+    assert turns.state is State.ANSWERING

@@ -62,10 +62,16 @@ class ListenJob(RealTimeClock):
     open (`finish_stream`: a word is complete only when the next begins); each step's `Heard`
     goes to `on_step` (on the model thread)."""
 
-    def __init__(self, stt: Listener, on_step: Callable[[Heard], None]):
+    def __init__(
+        self,
+        stt: Listener,
+        on_step: Callable[[Heard], None],
+        max_backlog: int = MAX_LISTEN_BACKLOG,
+    ):
         super().__init__()
         self.stt = stt
         self._on_step = on_step
+        self._max_backlog = max_backlog
         self._lock = threading.Lock()
         self._frames: deque[tuple[np.ndarray, bool, float]] = deque()
         self._flush_left = 0
@@ -76,9 +82,14 @@ class ListenJob(RealTimeClock):
     def push(self, pcm: np.ndarray, voiced: bool, arrived: float) -> None:
         with self._lock:
             self._frames.append((pcm, voiced, arrived))
-            while len(self._frames) > MAX_LISTEN_BACKLOG:
+            while len(self._frames) > self._max_backlog:
                 self._frames.popleft()
                 self.dropped_frames += 1
+
+    def clear(self) -> None:
+        """Drop the mic frames not stepped yet."""
+        with self._lock:
+            self._frames.clear()
 
     def flush(self, steps: int) -> None:
         with self._lock:
@@ -109,10 +120,13 @@ class SpeakJob(RealTimeClock):
     """TTS steps for the answer of the moment: words in (`push`, from any thread), frames
     out (`pop`, from the audio worker), at most `SPEAK_AHEAD_FRAMES` ahead; `stop` drops the
     answer at once. Each answer has a number (`open`); frames of an older one never come out.
+    `on_frame()` (on the model thread) is told each time a frame is ready and when the
+    answer's audio ends.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_frame: Callable[[], None] | None = None) -> None:
         super().__init__()
+        self._on_frame = on_frame
         self._lock = threading.Lock()
         self._speech: Speech | None = None
         self._steps: Iterator[Any] | None = None
@@ -188,10 +202,11 @@ class SpeakJob(RealTimeClock):
             if self._answer != answer or self._speech is None:
                 return  # stopped meanwhile
             self.words = list(speech.words)
+            frame = None if out is None else out.pcm[0]
             if out is None:
                 self._generated = True
-                return
-            frame = out.pcm[0]
-            if frame is not None:
+            elif frame is not None:
                 self.first_audio.setdefault(answer, time.monotonic())
                 self._frames.append(frame)
+        if (out is None or frame is not None) and self._on_frame is not None:
+            self._on_frame()

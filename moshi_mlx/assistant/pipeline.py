@@ -9,6 +9,11 @@ a few frames ahead of the speaker (`SpeakJob`), and the LLM's tokens are a backg
 fills the gaps. The turn logic (`TurnTaker`) runs on the event loop, fed by the jobs' results;
 its actions are carried out at once, so a barge-in drops the answer's audio before the next
 frame goes to the speaker.
+
+An app without an audio worker (`moshi_mlx.realtime`) calls `hear` with each mic frame and
+`speak` when it wants the answer's next frame (`on_audio` says when one is ready), and drives
+the turns itself if it likes (`commit`, `respond`, `cancel`, `clear_input`). Without an LLM
+and a TTS the assistant only transcribes (its rules must not reply).
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ from typing import Protocol
 import numpy as np
 
 from moshi_mlx.assistant.history import History
-from moshi_mlx.assistant.jobs import Heard, Listener, ListenJob, SpeakJob, Speech
+from moshi_mlx.assistant.jobs import (
+    MAX_LISTEN_BACKLOG,
+    Heard,
+    Listener,
+    ListenJob,
+    SpeakJob,
+    Speech,
+)
 from moshi_mlx.assistant.latency import LatencyLog, TurnLatency, TurnTimes
 from moshi_mlx.assistant.turns import (
     Action,
@@ -36,6 +48,7 @@ from moshi_mlx.assistant.turns import (
     TurnRules,
     TurnTaker,
     UserSaid,
+    UserStarted,
 )
 from moshi_mlx.errors import MoshiError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE
@@ -93,7 +106,20 @@ class Notice:
     text: str
 
 
-Event = UserWords | AssistantWords | UserSaid | AnswerEnded | TurnLatency | Notice
+# The turn-taking's actions that are events too: the user's turn begins (`UserStarted`) and
+# ends (`FlushStt`), an answer starts (`StartReply`) or is stopped (`StopReply`).
+Event = (
+    UserWords
+    | AssistantWords
+    | UserSaid
+    | AnswerEnded
+    | TurnLatency
+    | Notice
+    | UserStarted
+    | FlushStt
+    | StartReply
+    | StopReply
+)
 
 
 def level_dbfs(pcm: np.ndarray) -> float:
@@ -108,36 +134,42 @@ class Assistant:
     `make_speech()` (run on the model thread) opens a TTS stream for one answer;
     `speaker_delay()` (run on the audio worker) is how long a frame handed over now takes
     to reach the speaker (queued frames, the device's latency; default 0). Events
-    (`Event`) go to `on_event` on the event loop.
+    (`Event`) go to `on_event` on the event loop; `on_audio()` is called on the event loop
+    when a frame of the answer is ready for `speak` (or its audio has ended).
+    `max_backlog`: mic frames the STT may fall behind before the oldest are dropped.
     """
 
     def __init__(
         self,
         thread: ModelThread,
         stt: Listener,
-        llm: ReplyModel,
-        make_speech: Callable[[], Speech],
+        llm: ReplyModel | None,
+        make_speech: Callable[[], Speech] | None,
         history: History,
         *,
         rules: TurnRules | None = None,
         sampling: ReplySampling | None = None,
         on_event: Callable[[Event], None] | None = None,
         speaker_delay: Callable[[], float] | None = None,
+        on_audio: Callable[[], None] | None = None,
+        max_backlog: int = MAX_LISTEN_BACKLOG,
     ):
         self.thread = thread
         self.stt = stt
         self.llm = llm
         self.sampling = sampling or ReplySampling()
         limit = None
-        if llm.context_length is not None:  # room for the answer past the history
+        if llm is not None and llm.context_length is not None:  # room for the answer
             limit = llm.context_length - (self.sampling.max_tokens or 256)
-        self.turns = TurnTaker(history, rules, _token_counter(llm), limit)
+        counter = None if llm is None else _token_counter(llm)
+        self.turns = TurnTaker(history, rules, counter, limit)
         self.latencies = LatencyLog()
         self._make_speech = make_speech
         self._on_event = on_event or (lambda event: None)
         self._speaker_delay = speaker_delay or (lambda: 0.0)
-        self.listen_job = ListenJob(stt, self._heard_on_thread)
-        self.speak_job = SpeakJob()
+        self.listen_job = ListenJob(stt, self._heard_on_thread, max_backlog)
+        on_frame = None if on_audio is None else (lambda: self._to_loop(on_audio))
+        self.speak_job = SpeakJob(on_frame)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._silence = np.zeros(FRAME_SIZE, np.float32)
         self._last_voiced: float | None = None
@@ -162,6 +194,33 @@ class Assistant:
         if greeting:
             self._run(self.turns.greet())
 
+    def commit(self) -> None:
+        """End the user's turn now (`TurnTaker.commit`)."""
+        self._run(self.turns.commit())
+
+    def respond(self) -> bool:
+        """Start an answer to the conversation so far; False if one cannot start now (the
+        user's turn is being flushed, an answer runs, or there is no LLM)."""
+        if self.llm is None:
+            return False
+        actions = self.turns.respond()
+        self._run(actions)
+        return bool(actions)
+
+    def cancel(self) -> None:
+        """Stop the answer running, kept in the history as far as it was heard."""
+        self._run(self.turns.cancel())
+
+    def clear_input(self) -> None:
+        """Forget the user's words not yet part of a turn (the mic frames queued too)."""
+        self.listen_job.clear()
+        self.turns.clear()
+
+    def renew_speech(self) -> None:
+        """The TTS stream opened ahead is stale (the voice changed): open another."""
+        self._drop_spare()
+        self._prepare_speech()
+
     async def close(self) -> None:
         """Stop the jobs and wait for a step running now to end; what comes after is dropped."""
         self._closed = True
@@ -183,12 +242,14 @@ class Assistant:
                 self._times = TurnTimes(last_voiced=self._last_voiced, end_of_turn=now)
                 self.listen_job.flush(self.stt.delay_steps)
                 self.thread.wake()
+                self._on_event(action)
             elif isinstance(action, StartReply):
                 self._answer += 1
                 self._shown = 0
                 if self._times is not None:
                     self._timed[self._answer] = self._times
                     self._times = None
+                self._on_event(action)
                 self._reply = asyncio.create_task(self._answer_with(action.messages))
             elif isinstance(action, Speak | CloseSpeech):
                 self.speak_job.push(action.text, close=isinstance(action, CloseSpeech))
@@ -198,6 +259,7 @@ class Assistant:
                     self._reply.cancel()
                 self.speak_job.stop()
                 self._prepare_speech()
+                self._on_event(action)
             else:
                 if isinstance(action, AnswerEnded) and not action.cut_off:
                     self._prepare_speech()
@@ -229,7 +291,7 @@ class Assistant:
         self._run(self.turns.reply_ended())
 
     def _prepare_speech(self) -> None:
-        if self._spare is None:
+        if self._spare is None and self._make_speech is not None:
             self._spare = asyncio.wrap_future(self.thread.call_soon(self._make_speech))
 
     async def _take_speech(self) -> Speech:
@@ -297,10 +359,20 @@ class Assistant:
     def exchange(self, pcm: np.ndarray) -> np.ndarray:
         """A mic frame (float32 (1920,), echo removed) in, the speaker's next frame out: the
         answer's, or silence. Called by the audio worker every 80 ms."""
-        now = time.monotonic()
+        self.hear(pcm)
+        frame = self.speak()
+        return self._silence if frame is None else frame
+
+    def hear(self, pcm: np.ndarray) -> None:
+        """A mic frame (float32 (1920,), echo removed) for the STT; from any thread."""
         pcm = np.array(pcm, np.float32)
-        self.listen_job.push(pcm, level_dbfs(pcm) > VOICED_DBFS, now)
+        self.listen_job.push(pcm, level_dbfs(pcm) > VOICED_DBFS, time.monotonic())
         self.thread.wake()
+
+    def speak(self) -> np.ndarray | None:
+        """The answer's next frame for the speaker (float32 (1920,)), or None: none is
+        ready. One thread only calls it (the audio worker, or the app's event loop)."""
+        now = time.monotonic()
         frame, over, answer = self.speak_job.pop()
         if frame is not None:
             if answer != self._played_answer:
@@ -312,7 +384,7 @@ class Assistant:
         if over:
             self.speak_job.release()
             self._to_loop(self._answer_over, answer)
-        return self._silence
+        return None
 
 
 def _token_counter(llm: ReplyModel) -> Callable[[Sequence[dict[str, str]]], int]:

@@ -14,6 +14,11 @@ the `Action`s the pipeline must take, at once, in order.
   below `barge_in_below`: the user is surely speaking) stops it (`StopReply`: LLM and TTS
   cancelled, audio dropped); the answer stays in the history as far as it was heard, marked
   cut off, and the user's new turn is taken.
+
+A client may also drive the turns (`/v1/realtime`): `commit` ends the user's turn now,
+`respond` starts an answer, `cancel` stops one, `clear` forgets the user's words so far; the
+rules may leave ending turns, answering and barge-in to it (`TurnRules.ends_turns`,
+`replies`, `barge_in`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class TurnRules:
     ignore_start: float = 1.0  # seconds of a stream in which the pause head is not read
     barge_in_below: float = 0.05  # head "done" below this while answering: barge-in (0: off)
     head: int = TURN_HEAD
+    ends_turns: bool = True  # the pause head ends the user's turn (False: only `commit` does)
+    replies: bool = True  # the end of the user's turn starts the answer (False: `respond`)
+    barge_in: bool = True  # the user's speech stops an answer
 
 
 class State(enum.Enum):
@@ -43,6 +51,13 @@ class State(enum.Enum):
     USER_SPEAKING = "user speaking"
     FLUSHING = "flushing"  # the user is done; the STT's last words are coming out
     ANSWERING = "answering"  # the LLM writes and the TTS speaks
+
+
+@dataclass(frozen=True)
+class UserStarted:
+    """The user's turn has begun: their first word, at `time` in the STT's stream (s)."""
+
+    time: float
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,10 @@ class CloseSpeech:
 
 @dataclass(frozen=True)
 class StopReply:
-    """Barge-in: cancel the LLM and the TTS, drop the audio not played yet."""
+    """Barge-in: cancel the LLM and the TTS, drop the audio not played yet; `heard` is what
+    the speaker had played of the answer."""
+
+    heard: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,7 +109,9 @@ class AnswerEnded:
     cut_off: bool
 
 
-Action = FlushStt | StartReply | Speak | CloseSpeech | StopReply | UserSaid | AnswerEnded
+Action = (
+    UserStarted | FlushStt | StartReply | Speak | CloseSpeech | StopReply | UserSaid | AnswerEnded
+)
 TokenCounter = Callable[[Sequence[dict[str, str]]], int]
 
 
@@ -115,6 +135,7 @@ class TurnTaker:
         self._words = SpokenWords()
         self._reply = ""  # the cleaned words sent to the TTS
         self._heard = ""  # the part of it the speaker has played
+        self._committed = False  # the turn being flushed was ended by `commit`
         self.trimmed_turns = 0
 
     # --- the conversation's start ---
@@ -133,19 +154,43 @@ class TurnTaker:
         head_trusted = done is not None and time >= rules.ignore_start
         if self.state is State.ANSWERING:
             speaking = head_trusted and done < rules.barge_in_below
+            if not rules.barge_in:
+                self._user_words.extend(words)
+                return []
             if not (words or speaking):
                 return []
-            actions = self._barge_in()
+            actions = [*self._barge_in(), UserStarted(time)]
             self._user_words = list(words)
             self.state = State.USER_SPEAKING
             return actions
         self._user_words.extend(words)
+        actions: list[Action] = []
         if self.state is State.LISTENING and words:
             self.state = State.USER_SPEAKING
-        if self.state is State.USER_SPEAKING and head_trusted and done > rules.pause_threshold:
+            actions.append(UserStarted(time))
+        if (
+            self.state is State.USER_SPEAKING
+            and rules.ends_turns
+            and head_trusted
+            and done > rules.pause_threshold
+        ):
             self.state = State.FLUSHING
-            return [FlushStt()]
-        return []
+            actions.append(FlushStt())
+        return actions
+
+    def commit(self) -> list[Action]:
+        """End the user's turn now (a client's commit): flush the STT, then `flushed`."""
+        if self.state not in (State.LISTENING, State.USER_SPEAKING):
+            return []
+        self.state = State.FLUSHING
+        self._committed = True
+        return [FlushStt()]
+
+    def clear(self) -> None:
+        """Forget the user's words not yet part of a turn."""
+        self._user_words = []
+        if self.state is State.USER_SPEAKING:
+            self.state = State.LISTENING
 
     def flushed(self) -> list[Action]:
         """The STT's flush is over: its last words have come through `listen`."""
@@ -153,11 +198,29 @@ class TurnTaker:
             return []
         text = " ".join(self._user_words).strip()
         self._user_words = []
+        committed, self._committed = self._committed, False
         if not text:
             self.state = State.LISTENING
-            return []
+            return [UserSaid("")] if committed else []
         self.history.add("user", text)
+        if not self.rules.replies:
+            self.state = State.LISTENING
+            return [UserSaid(text)]
         return [UserSaid(text), *self._start_reply()]
+
+    def respond(self) -> list[Action]:
+        """Start an answer to the conversation so far (a client's request); none while the
+        user's turn is being flushed or an answer runs."""
+        if self.state not in (State.LISTENING, State.USER_SPEAKING):
+            return []
+        return self._start_reply()
+
+    def cancel(self) -> list[Action]:
+        """Stop the answer running (a client's request), kept as far as it was heard."""
+        if self.state is not State.ANSWERING:
+            return []
+        self.state = State.LISTENING
+        return self._barge_in()
 
     # --- the LLM ---
     def reply_text(self, piece: str) -> list[Action]:
@@ -210,7 +273,7 @@ class TurnTaker:
 
     def _barge_in(self) -> list[Action]:
         heard = self._heard.strip()
-        actions: list[Action] = [StopReply()]
+        actions: list[Action] = [StopReply(heard)]
         if heard:
             self.history.add("assistant", heard, cut_off=True)
             actions.append(AnswerEnded(heard, cut_off=True))

@@ -134,7 +134,9 @@ class Conversation:
         }
 
     def _on_event(self, event: Event) -> None:
-        self._queue(event_message(event))
+        message = event_message(event)
+        if message is not None:
+            self._queue(message)
 
     def _queue(self, message: bytes) -> None:
         self._outbox.put_nowait(message)

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 from moshi_mlx.assistant.latency import STAGES, TurnLatency
 from moshi_mlx.assistant.pipeline import AssistantWords, Event, Notice, UserWords
-from moshi_mlx.assistant.turns import AnswerEnded, UserSaid
+from moshi_mlx.assistant.turns import (
+    AnswerEnded,
+    FlushStt,
+    StartReply,
+    StopReply,
+    UserSaid,
+    UserStarted,
+)
 from moshi_mlx.serve.chat import protocol
 
 
-def event_message(event: Event) -> bytes:
-    """The protocol message that tells the client about `event`."""
+def event_message(event: Event) -> bytes | None:
+    """The protocol message that tells the client about `event`; None for the turn-taking's
+    own steps (a turn begins or ends, an answer starts or stops), which the page does not
+    show."""
     if isinstance(event, AssistantWords):
         return protocol.text(f"{event.text} ")
     if isinstance(event, UserWords):
@@ -35,4 +44,6 @@ def event_message(event: Event) -> bytes:
         return protocol.metadata({"latency": {**split, "total": round(event.total * 1000, 1)}})
     if isinstance(event, Notice):
         return protocol.metadata({"notice": event.text})
+    if isinstance(event, UserStarted | FlushStt | StartReply | StopReply):
+        return None
     raise TypeError(f"not an assistant event: {event!r}")

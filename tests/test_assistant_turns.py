@@ -104,7 +104,7 @@ def test_barge_in_stops_the_answer_and_keeps_what_was_heard_marked_cut_off():
     assert turns.listen(5.0, [], DONE) == []  # the user is silent: no barge-in
     actions = turns.listen(5.08, ["wait"], SPEAKING)
     cut = AnswerEnded("Once upon", cut_off=True)
-    assert actions == [StopReply("Once upon"), cut, UserStarted(5.08)]
+    assert actions == [UserStarted(5.08), StopReply("Once upon"), cut]
     assert turns.state is State.USER_SPEAKING
     assert turns.reply_text("a dragon ") == []  # the cancelled LLM's last piece is ignored
     actions = _user_turn(turns, "stop", start=5.16)
@@ -121,7 +121,7 @@ def test_a_confident_speaking_from_the_pause_head_barges_in_too():
     _user_turn(turns, "hello")
     assert turns.listen(4.0, [], UNSURE) == []
     # nothing heard yet: no answer
-    assert turns.listen(4.08, [], SPEAKING) == [StopReply(), UserStarted(4.08)]
+    assert turns.listen(4.08, [], SPEAKING) == [UserStarted(4.08), StopReply()]
     assert turns.state is State.USER_SPEAKING
     off = TurnTaker(History(""), TurnRules(barge_in_below=0.0))
     _user_turn(off, "hello")

@@ -87,9 +87,11 @@ class ReplySampling:
 
 @dataclass(frozen=True)
 class UserWords:
-    """Words of the user, as the STT recognises them."""
+    """Words of the user, as the STT recognises them, and when each began in the STT's
+    stream (seconds)."""
 
     text: str
+    starts: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,13 +313,14 @@ class Assistant:
         if self._closed:
             return
         step = heard.step
-        words = [e.text for e in step.events if isinstance(e, WordStarted)]
+        started = [e for e in step.events if isinstance(e, WordStarted)]
+        words = [e.text for e in started]
         if heard.voiced and self.turns.state is not State.FLUSHING:
             self._last_voiced = heard.arrived
         # A barge-in ends the answer (its event first) before the user's new words show.
         self._run(self.turns.listen(step.index * FRAME_SECONDS, words, step.pause_probabilities))
         if words:
-            self._on_event(UserWords(" ".join(words)))
+            self._on_event(UserWords(" ".join(words), tuple(e.start for e in started)))
         if heard.flush_done:
             if self._times is not None:
                 self._times.flushed = time.monotonic()
@@ -378,6 +381,7 @@ class Assistant:
             if answer != self._played_answer:
                 self._played_answer, self._played = answer, 0
             self._played += 1
+            self.thread.wake()  # the TTS may step again: a frame of its lead went
             at_speaker = now + self._speaker_delay() if self._played == 1 else None
             self._to_loop(self._answer_played, answer, self._played, at_speaker)
             return frame

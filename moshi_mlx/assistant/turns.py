@@ -159,7 +159,7 @@ class TurnTaker:
                 return []
             if not (words or speaking):
                 return []
-            actions = [*self._barge_in(), UserStarted(time)]
+            actions = [UserStarted(time), *self._barge_in()]
             self._user_words = list(words)
             self.state = State.USER_SPEAKING
             return actions

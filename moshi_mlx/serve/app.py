@@ -21,6 +21,7 @@ from moshi_mlx.serve.guard import ConnectionGuard
 from moshi_mlx.serve.http import loopback_only
 from moshi_mlx.serve.openai import audio as openai_audio
 from moshi_mlx.serve.openai import chat as openai_chat
+from moshi_mlx.serve.realtime import server as realtime_routes
 from moshi_mlx.serve.stt import server as stt_routes
 from moshi_mlx.serve.tts import server as tts_routes
 
@@ -45,6 +46,9 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
     openai_chat.add_routes(app, context)  # /v1/models for every model; completions with an LLM
     if context.stt is not None and context.tts is not None and context.llm is not None:
         assistant_routes.add_routes(app, context)  # the spoken assistant's page and websocket
+    if context.stt is not None:
+        realtime_routes.add_routes(app, context)  # OpenAI's /v1/realtime (a conversation
+        # with the STT, TTS and LLM; transcription with the STT alone)
     return app
 
 

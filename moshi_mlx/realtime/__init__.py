@@ -1,0 +1,14 @@
+"""OpenAI's Realtime API without a socket: the conversation engine behind `/v1/realtime` and
+an app's in-process session (`RealtimeSession`)."""
+
+from moshi_mlx.realtime.config import REALTIME, TRANSCRIPTION, SessionConfig, SessionError
+from moshi_mlx.realtime.session import RealtimeSession, SessionParts
+
+__all__ = [
+    "REALTIME",
+    "TRANSCRIPTION",
+    "RealtimeSession",
+    "SessionConfig",
+    "SessionError",
+    "SessionParts",
+]

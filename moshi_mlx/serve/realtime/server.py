@@ -1,0 +1,168 @@
+"""`/v1/realtime` on `python -m moshi_mlx.serve`: OpenAI's Realtime API over the server's
+models, mounted when an STT is loaded.
+
+The handshake is what the `openai` package's `client.realtime.connect(model=...)` sends:
+`GET /v1/realtime?model=M` (M a model `GET /v1/models` lists; none: the server's), an
+`Authorization: Bearer KEY` header when the server has API keys, no subprotocol;
+`?intent=transcription` opens a transcription session (the STT alone), any other a
+conversation with the assistant (the STT, the LLM and the TTS, all loaded). A refused
+handshake gets OpenAI's JSON error (401, 400, 404); a session over the cap gets an `error`
+event and a close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from moshi_mlx.assistant import ReplySampling, TurnRules
+from moshi_mlx.realtime import (
+    REALTIME,
+    TRANSCRIPTION,
+    RealtimeSession,
+    SessionConfig,
+    SessionError,
+    SessionParts,
+)
+from moshi_mlx.realtime.events import error
+from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.guard import CLOSE_SECONDS
+from moshi_mlx.serve.openai.errors import ApiError, answers_api_errors, check_bearer_key
+from moshi_mlx.serve.openai.voices import VoiceCatalog
+from moshi_mlx.serve.realtime.connection import MAX_MESSAGE_BYTES, RealtimeConnection
+from moshi_mlx.serve.sessions import Sessions, close_ended, live_websocket
+from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
+
+PATH = "/v1/realtime"
+# Conversations at once (each steps its STT and TTS in real time on the one model thread)
+# and transcription sessions at once.
+MAX_CONVERSATIONS = 1
+MAX_TRANSCRIPTIONS = 4
+
+log = logging.getLogger("moshi_mlx.serve.realtime")
+
+MakeParts = Callable[[str], Awaitable[SessionParts]]  # session kind -> its parts
+
+
+@dataclass(frozen=True)
+class RealtimeOptions:
+    """What every session of the route shares: the turn-taking and the LLM's sampling."""
+
+    rules: TurnRules = field(default_factory=TurnRules)
+    sampling: ReplySampling = field(default_factory=ReplySampling)
+
+
+def add_routes(
+    app: web.Application,
+    context: ServeContext,
+    options: RealtimeOptions | None = None,
+    make_parts: MakeParts | None = None,
+) -> None:
+    """Mount `PATH` on `app`: sessions on `context`'s models (or the parts `make_parts`
+    gives for a session kind)."""
+    handler = _RealtimeHandler(context, options or RealtimeOptions(), make_parts)
+    app.router.add_get(PATH, answers_api_errors(handler.handle))
+    app.on_shutdown.append(handler.close_all)
+
+
+def _parts_maker(context: ServeContext) -> MakeParts:
+    """A new STT stream per session; for a conversation the server's LLM and TTS streams in
+    a voice of the server's voice repo (OpenAI's voice names: the default voice)."""
+    catalog = None
+    if context.tts is not None:
+        from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
+
+        repo = context.voice_repo or context.tts.voice_repo or DEFAULT_VOICE_REPO
+        catalog = VoiceCatalog(context.tts.config, repo)
+
+    async def find_voice(name: str):
+        try:
+            return await asyncio.to_thread(catalog.resolve, name)
+        except ApiError as exc:
+            param, code = "session.audio.output.voice", "voice_not_found"
+            raise SessionError(exc.message, param, code) from None
+
+    def open_speech(voice_file):
+        return context.tts.stream(voice=voice_file, cfg_coef=DEFAULT_CFG_COEF)
+
+    async def make_parts(kind: str) -> SessionParts:
+        stt = await context.thread.call(context.stt.speech_to_text)
+        if kind == TRANSCRIPTION:
+            return SessionParts(stt)
+        return SessionParts(stt, context.llm, open_speech, find_voice)
+
+    return make_parts
+
+
+class _RealtimeHandler:
+    def __init__(self, context: ServeContext, options: RealtimeOptions, make_parts):
+        self._context = context
+        self._options = options
+        self._converses = make_parts is not None or (
+            context.llm is not None and context.tts is not None
+        )
+        self._make_parts = make_parts or _parts_maker(context)
+        self._sessions = {
+            REALTIME: Sessions(MAX_CONVERSATIONS, context.tally, log, "realtime session"),
+            TRANSCRIPTION: Sessions(MAX_TRANSCRIPTIONS, context.tally, log, "transcription"),
+        }
+
+    async def close_all(self, app: web.Application) -> None:
+        for sessions in self._sessions.values():
+            await sessions.close_all(app)
+
+    def _kind_and_model(self, request: web.Request) -> tuple[str, str]:
+        context = self._context
+        kind = TRANSCRIPTION if request.query.get("intent") == "transcription" else REALTIME
+        names = context.model_names
+        if kind == REALTIME and not self._converses:
+            raise ApiError(
+                400,
+                "this server transcribes only (no --llm and --tts): "
+                "connect with ?intent=transcription",
+                "intent",
+            )
+        default = names.get("llm" if kind == REALTIME else "stt", "")
+        model = request.query.get("model") or default
+        if model != default and model not in names.values():
+            served = ", ".join(sorted(set(names.values()))) or "none"
+            raise ApiError(
+                404, f"model {model[:100]!r} is not served here (GET /v1/models: {served})",
+                "model", "model_not_found",
+            )  # fmt: skip
+        return kind, model
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        check_bearer_key(request, self._context.key_allowed)
+        kind, model = self._kind_and_model(request)
+        ws = live_websocket(self._context.limits, max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+        options = self._options
+
+        async def make_session(emit) -> RealtimeSession:
+            parts = await self._make_parts(kind)
+            config = SessionConfig(kind=kind, model=model)
+            thread = self._context.thread
+            return RealtimeSession(thread, parts, config, emit, options.rules, options.sampling)
+
+        async def refuse() -> None:
+            busy = error(
+                f"the server runs its most {kind} sessions at once; try later",
+                None, "session_limit", "server_error",
+            )  # fmt: skip
+            with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+                await asyncio.wait_for(ws.send_str(json.dumps(busy)), CLOSE_SECONDS)
+            await close_ended(ws)
+
+        await self._sessions[kind].run(
+            request.remote,
+            lambda: RealtimeConnection(ws, make_session, self._context.limits),
+            refuse,
+        )
+        return ws

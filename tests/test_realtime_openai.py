@@ -1,0 +1,366 @@
+"""`/v1/realtime` through the `openai` package's own realtime client, unmodified, on a guarded
+server with scripted parts (tests/realtime_helpers.py): a spoken turn with server VAD, a text
+turn with no mic audio, a manual commit, a cancel, a barge-in, a transcription session, the
+API key and G.711 audio. Every server event is validated against the package's types."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+
+import openai
+import pytest
+from realtime_helpers import (
+    ANSWER,
+    LONG_ANSWER,
+    LOUD,
+    MODELS,
+    QUIET,
+    Parts,
+    checked,
+    pcm16,
+    serving,
+)
+
+from moshi_mlx.realtime.config import WORD_TIMINGS
+from moshi_mlx.realtime.formats import PCMU, AudioFormat
+
+WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return Parts()
+
+
+@pytest.fixture(scope="module")
+def address(parts):
+    with serving(parts, frozenset({"sk-test"})) as host_port:
+        yield host_port
+
+
+class Events:
+    """A connection's server events (validated dicts) as they come."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.all: list[dict] = []
+        self._changed = asyncio.Condition()
+        self.failure: BaseException | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                data = await self.connection.recv_bytes()
+                event = checked(json.loads(data))
+                assert self.connection.parse_event(data).type == event["type"]
+                async with self._changed:
+                    self.all.append(event)
+                    self._changed.notify_all()
+        except Exception as exc:  # noqa: BLE001 - the test that waits reports it
+            self.failure = exc
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def wait(self, kind: str, after: int = 0, **fields) -> int:
+        """The index of the first event of `kind` (with `fields`) from `after` on."""
+
+        def found() -> int | None:
+            for i, event in enumerate(self.all[after:], after):
+                if event["type"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                    return i
+            return None
+
+        def ready() -> bool:
+            return found() is not None or self.failure is not None
+
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(ready), WAIT)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"no {kind} after {after}: {self.kinds()}") from None
+        if found() is None:
+            raise AssertionError(f"the connection failed: {self.failure!r}")
+        return found()
+
+    def kinds(self, start: int = 0, end: int | None = None) -> list[str]:
+        return [event["type"] for event in self.all[start:end]]
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+
+@contextlib.asynccontextmanager
+async def connected(address: str, **query):
+    client = openai.AsyncOpenAI(api_key="sk-test", base_url=f"http://{address}/v1")
+    async with client.realtime.connect(
+        model=query.pop("model", MODELS["llm"]), extra_query=query
+    ) as connection:
+        events = Events(connection)
+        try:
+            await events.wait("session.created")
+            yield connection, events
+        finally:
+            events.close()
+
+
+async def speak(connection, loud: int = 5, quiet: int = 15) -> None:
+    await connection.input_audio_buffer.append(audio=pcm16([LOUD] * loud + [QUIET] * quiet))
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 60))
+
+
+def test_a_spoken_turn_with_server_vad(address, parts):
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.session.update(
+                session={
+                    "type": "realtime",
+                    "instructions": "Be brief.",
+                    "audio": {
+                        "output": {"voice": "marin"},
+                        "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}},
+                    },
+                }
+            )
+            updated = events.all[await events.wait("session.updated")]["session"]
+            assert updated["instructions"] == "Be brief." and updated["model"] == MODELS["llm"]
+            assert updated["audio"]["input"]["turn_detection"]["eagerness"] == "high"
+            await speak(connection)
+            started = await events.wait("input_audio_buffer.speech_started")
+            stopped = await events.wait("input_audio_buffer.speech_stopped", started)
+            item = events.all[started]["item_id"]
+            assert events.all[stopped]["item_id"] == item
+            done = await events.wait("response.done")
+            completed = events.all[
+                await events.wait("conversation.item.input_audio_transcription.completed")
+            ]
+            assert completed["item_id"] == item and completed["transcript"] == "u0 u1 u2 u3 u4"
+            response = events.all[done]["response"]
+            assert response["status"] == "completed", response
+            transcript = response["output"][0]["content"][0]["transcript"]
+            assert transcript == "Paris is lovely."
+            kinds = events.kinds(stopped, done + 1)
+            order = [
+                "input_audio_buffer.committed",
+                "conversation.item.input_audio_transcription.completed",
+                "response.created",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_audio.delta",
+                "response.output_audio_transcript.delta",
+                "response.output_audio.done",
+                "response.output_audio_transcript.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.done",
+            ]
+            assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order)
+            deltas = [e for e in events.all[stopped:done] if e["type"].endswith("audio.delta")]
+            assert len(deltas) == 3 * 3  # three words, three frames each
+            audio = base64.b64decode(deltas[0]["delta"])
+            assert len(audio) == 2 * 1920
+            spoken = "".join(
+                e["delta"] for e in events.all if e["type"].endswith("transcript.delta")
+            )
+            assert spoken == transcript
+            assert parts.llm.prompts[-1][0] == {"role": "system", "content": "Be brief."}
+            assert parts.voices[-1] == "marin"
+
+    run(body())
+
+
+def test_a_text_turn_with_no_mic_audio(address, parts):
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Where is Paris?"}],
+                }
+            )
+            added = events.all[await events.wait("conversation.item.added")]["item"]
+            assert added["content"][0]["text"] == "Where is Paris?"
+            await connection.response.create()
+            done = events.all[await events.wait("response.done")]["response"]
+            assert done["status"] == "completed"
+            assert parts.llm.prompts[-1][-1] == {"role": "user", "content": "Where is Paris?"}
+
+    run(body())
+
+
+def test_a_manual_commit_then_a_response(address, parts):
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.session.update(
+                session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+            )
+            await events.wait("session.updated")
+            await speak(connection, loud=4, quiet=20)
+            await asyncio.sleep(0.5)  # the pause head does not end the turn
+            assert "input_audio_buffer.speech_stopped" not in events.kinds()
+            await connection.input_audio_buffer.commit()
+            committed = await events.wait("input_audio_buffer.committed")
+            text = events.all[
+                await events.wait("conversation.item.input_audio_transcription.completed")
+            ]["transcript"]
+            assert text == "u0 u1 u2 u3"
+            await asyncio.sleep(0.3)
+            assert "response.created" not in events.kinds(committed)  # none until asked
+            await connection.response.create()
+            await events.wait("response.done", committed)
+            await connection.input_audio_buffer.commit()  # nothing appended since
+            error = events.all[await events.wait("error", committed)]["error"]
+            assert error["code"] == "input_audio_buffer_commit_empty"
+
+    run(body())
+
+
+def test_cancel_ends_the_response_cancelled(address, parts):
+    parts.words = LONG_ANSWER
+
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Count."}],
+                }
+            )
+            await connection.response.create()
+            await events.wait("response.output_audio.delta")
+            await connection.response.cancel()
+            done = events.all[await events.wait("response.done")]["response"]
+            assert done["status"] == "cancelled"
+            assert done["status_details"]["reason"] == "client_cancelled"
+            await connection.response.cancel()  # none runs now
+            error = events.all[await events.wait("error")]["error"]
+            assert error["code"] == "response_cancel_not_active"
+
+    try:
+        run(body())
+    finally:
+        parts.words = ANSWER
+
+
+def test_a_barge_in_cancels_the_answer_within_a_frame(address, parts):
+    parts.words = LONG_ANSWER
+
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Talk."}],
+                }
+            )
+            await connection.response.create()
+            first = await events.wait("response.output_audio.delta")
+            await asyncio.sleep(0.5)
+            await speak(connection, loud=3, quiet=15)
+            started = await events.wait("input_audio_buffer.speech_started", first)
+            done = await events.wait("response.done", first)
+            assert started < done
+            response = events.all[done]["response"]
+            assert response["status"] == "cancelled"
+            assert response["status_details"]["reason"] == "turn_detected"
+            truncated = events.all[await events.wait("conversation.item.truncated", first)]
+            assert truncated["item_id"] == response["output"][0]["id"]
+            assert 0 < truncated["audio_end_ms"] < 40 * 3 * 80
+            deltas_after = [
+                e for e in events.all[done:] if e["type"] == "response.output_audio.delta"
+            ]
+            assert not deltas_after
+            heard = response["output"][0]["content"][0]["transcript"]
+            assert heard and LONG_ANSWER[0] in heard and len(heard.split()) < 40
+            # the user's turn goes on and is answered
+            await events.wait("response.created", done + 1)
+
+    try:
+        run(body())
+    finally:
+        parts.words = ANSWER
+
+
+def test_a_transcription_session_with_word_timings(address):
+    async def body():
+        async with connected(address, intent="transcription", model=MODELS["stt"]) as (
+            connection,
+            events,
+        ):
+            created = events.all[0]["session"]
+            assert created["type"] == "transcription"
+            await connection.session.update(
+                session={"type": "transcription", "include": [WORD_TIMINGS]}
+            )
+            await events.wait("session.updated")
+            await speak(connection, loud=3, quiet=10)
+            delta = await events.wait("conversation.item.input_audio_transcription.delta")
+            first = await events.wait("conversation.item.input_audio_transcription.completed")
+            completed = events.all[first]
+            assert completed["transcript"] == "u0 u1 u2"
+            assert completed["item_id"] == events.all[delta]["item_id"]
+            segments = [
+                e for e in events.all if e["type"].endswith("input_audio_transcription.segment")
+            ]
+            assert [s["text"] for s in segments] == ["u0", "u1", "u2"]
+            assert all(s["start"] <= s["end"] for s in segments)
+            await speak(connection, loud=2, quiet=10)  # a second turn, a second item
+            second = events.all[
+                await events.wait(
+                    "conversation.item.input_audio_transcription.completed", first + 1
+                )
+            ]
+            assert second["item_id"] != completed["item_id"]
+            await connection.response.create()
+            error = events.all[await events.wait("error")]["error"]
+            assert "transcription" in error["message"]
+            assert "response.created" not in events.kinds()
+
+    run(body())
+
+
+def test_telephony_audio_is_resampled_both_ways(address):
+    pcmu = AudioFormat(PCMU)
+
+    async def body():
+        async with connected(address) as (connection, events):
+            g711 = {"type": PCMU}
+            await connection.session.update(
+                session={
+                    "type": "realtime",
+                    "audio": {"input": {"format": g711}, "output": {"format": g711}},
+                }
+            )
+            await events.wait("session.updated")
+            frames = [LOUD] * 4 + [QUIET] * 15
+            import numpy as np
+
+            data = base64.b64encode(pcmu.encode(np.concatenate(frames))).decode()
+            await connection.input_audio_buffer.append(audio=data)
+            completed = await events.wait("conversation.item.input_audio_transcription.completed")
+            assert events.all[completed]["transcript"].startswith("u0 u1 u2")
+            delta = events.all[await events.wait("response.output_audio.delta")]
+            assert len(base64.b64decode(delta["delta"])) == 640  # 80 ms at 8 kHz, a byte each
+
+    run(body())
+
+
+def test_a_wrong_key_or_model_is_refused(address):
+    async def attempt(key: str, model: str):
+        client = openai.AsyncOpenAI(api_key=key, base_url=f"http://{address}/v1")
+        async with client.realtime.connect(model=model) as connection:
+            await connection.recv()
+
+    with pytest.raises(Exception, match="401"):
+        run(attempt("wrong", MODELS["llm"]))
+    with pytest.raises(Exception, match="404"):
+        run(attempt("sk-test", "gpt-realtime"))

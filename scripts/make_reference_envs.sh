@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the reference environments that some tests and the bench compare against:
-#   /opt/venvs/ref          PyTorch (CPU) + Kyutai's `moshi` 0.2.13: the truth for numerics
+#   /opt/venvs/ref          PyTorch (CPU) + Kyutai's `moshi` 0.2.13 and `hibiki-zero` 0.0.4: the
+#                           truth for numerics
 #   /opt/venvs/kyutai       Kyutai's `moshi_mlx` 0.3.0 on mlx 0.26.5: side-by-side speed
 #   /opt/venvs/personaplex  PyTorch (CPU) + NVIDIA's PersonaPlex package (its `moshi/` folder,
 #                           not on PyPI: clone https://github.com/NVIDIA/personaplex and pass
@@ -28,6 +29,10 @@ for target in "${targets[@]}"; do
         "$root/ref/bin/pip" install "${pip_quiet[@]}" "numpy>=1.26,<2.3" "safetensors>=0.4,<0.8" \
             einops sentencepiece "huggingface_hub>=0.24,<1.0" "aiohttp>=3.10.5,<3.12" sphn \
             sounddevice==0.5
+        # Hibiki-Zero's inference code (hibiki_zero/inference.py drives LMGen); its gradio and
+        # jupyter pins are for its demo and notebooks, IPython is what its modules import.
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" --no-deps hibiki-zero==0.0.4
+        "$root/ref/bin/pip" install "${pip_quiet[@]}" ipython typer
         ;;
     kyutai)
         python3 -m venv "$root/kyutai"

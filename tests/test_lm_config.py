@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.config import LmConfig
@@ -160,3 +161,30 @@ def test_personaplex_config_in_nvidias_terms_is_recognised():
     assert LmConfig.from_dict(LmConfig.personaplex_7b().to_dict()) == LmConfig.personaplex_7b()
     moshi = LmConfig.moshi_7b().to_dict()  # dep_q 8 of n_q 16: Moshi's, unchanged
     assert LmConfig.from_dict(moshi) == LmConfig.moshi_7b()
+
+
+def test_hibiki_zero_published_config_is_read_whole():
+    """kyutai/hibiki-zero-3b-pytorch-bf16 (reconstructed: tests/fixtures/kyutai_configs)."""
+    path = Path(__file__).parent / "fixtures/kyutai_configs/hibiki-zero-3b-pytorch-bf16.json"
+    cfg = LmConfig.from_dict(json.loads(path.read_text()))
+    assert cfg.model_name == "Hibiki-Zero"
+    assert (cfg.num_layers, cfg.kv_repeat, cfg.kv_dim, cfg.max_period) == (28, 2, 1024, 20000)
+    assert (cfg.positional_embedding, cfg.depformer_norm, cfg.text_card) == (
+        "rope_concat",
+        "layer_norm",
+        48000,
+    )
+    assert (cfg.num_user_codebooks, cfg.moshi_codebooks, cfg.ffn_hidden) == (16, 16, 8192)
+    assert LmConfig.from_dict(cfg.to_dict()) == cfg
+    lm = Lm(cfg)  # lazily made: shapes only
+    unique = {id(v): v.size for _, v in tree_flatten(lm.parameters())}  # shared once
+    assert 3.0e9 < sum(unique.values()) < 3.2e9  # the model card's 3B
+    assert lm.transformer.layers[0].self_attn.in_proj.weight.shape == (4096, 2048)
+    for change, message in (
+        ({"kv_repeat": 3}, "kv_repeat = 3 must divide num_heads = 16"),
+        ({"depformer_norm": "rms_norm"}, "depformer_norm 'rms_norm' is not supported"),
+        ({"depformer_kv_repeat": 2}, "'depformer_kv_repeat' = 2 is not supported"),
+        ({"positional_embedding": "sin"}, "positional_embedding must be one of"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            LmConfig.from_dict(cfg.to_dict() | change)

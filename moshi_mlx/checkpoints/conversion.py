@@ -36,8 +36,9 @@ from moshi_mlx.checkpoints.names import (
 )
 from moshi_mlx.errors import WeightsError
 
-# Parts only some models have (the TTS's cross-attention and low-rank depformer embeddings).
-_OPTIONAL_PARTS = (".cross_attention.", ".norm_cross.", ".emb.low_rank.")
+# Parts only some models have (the TTS's cross-attention and low-rank depformer embeddings,
+# Hibiki-Zero's depformer output norms).
+_OPTIONAL_PARTS = (".cross_attention.", ".norm_cross.", ".emb.low_rank.", ".norm.")
 _SLICE_NAME = re.compile(r"depformer\.slices\.([0-9]+)\.")
 log = logging.getLogger("moshi_mlx.checkpoints")
 _MARKERS = {"pytorch": "out_norm.alpha", "mlx": "out_norm.weight"}

@@ -98,6 +98,8 @@ NAME_RULES: tuple[NameRule, ...] = (
         "depformer_in.{slice}.weight", "depformer.slices.{slice}.linear_in.weight", per_set=True
     ),
     NameRule("linears.{slice}.weight", "depformer.slices.{slice}.linear_out.weight"),
+    # Hibiki-Zero's norm of each slice's output (`depformer_norm`).
+    NameRule("depformer_norms.{slice}.{affine}", "depformer.slices.{slice}.norm.{affine}"),
     NameRule(
         "depformer.layers.{dep_layer}.self_attn.in_proj_weight",
         _DEP + "self_attn.in_proj.weight",

@@ -1,8 +1,9 @@
 """`LmConfig`: the architecture of every model of the family, in Kyutai's `config.json` terms.
 
 One schema for Moshi, PersonaPlex, Kyutai's speech-to-text (`model_type` "stt": no depformer,
-32 audio streams in, text and voice-activity heads out) and Hibiki (`model_type` "hibiki": a
-condition table summed into the input, classifier-free guidance). `LmConfig.from_dict` reads
+32 audio streams in, text and voice-activity heads out), Hibiki (`model_type` "hibiki": a
+condition table summed into the input, classifier-free guidance) and Hibiki-Zero (also "hibiki":
+grouped-query attention, split-halves RoPE, depformer output norms, no condition). `LmConfig.from_dict` reads
 every key those models publish; a key it does not know, or a value it does not support, is a
 `ConfigError` naming it, never ignored.
 """
@@ -23,7 +24,8 @@ from moshi_mlx.modules.transformer import TransformerConfig
 
 MOSHI_DELAYS = (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 NORM_EPS = {"rms_norm_f32": 1e-8, "rms_norm": 1e-5}
-_POSITIONAL = ("rope", "none")
+_POSITIONAL = ("rope", "rope_concat", "none")  # interleaved, split-halves or no RoPE
+_DEPFORMER_NORMS = (None, "layer_norm")
 _GENERATORS = ("moshi", "personaplex")
 MODEL_TYPES = ("moshi", "stt", "hibiki", "tts")
 
@@ -36,12 +38,11 @@ _FIXED_KEYS: dict[str, Any] = {
     "depformer_layer_scale": None,
     "depformer_multi_linear": True,
     "depformer_weights_per_step": True,
-    "depformer_norm": None,
     "norm_emb": False,
     "bias_proj": False,
     "bias_ff": False,
     "bias_attn": False,
-    "kv_repeat": 1,
+    "depformer_kv_repeat": 1,
     "text_card_out": None,
     "depformer_gating": "silu",
     "lora_name": None,
@@ -93,6 +94,10 @@ class LmConfig:
     depformer_context: int = 8
     depformer_max_period: float = 10_000.0
     depformer_pos_emb: str = "none"
+    # Each key/value head serves `kv_repeat` query heads (grouped-query attention, Hibiki-Zero).
+    kv_repeat: int = 1
+    # A norm of each depformer slice's output before its head (Hibiki-Zero: "layer_norm").
+    depformer_norm: str | None = None
     # Slice k of the depformer uses the weights of slice schedule[k] (Hibiki); None: its own.
     depformer_weights_per_step_schedule: tuple[int, ...] | None = None
     # Depformer token embeddings of this rank, projected up to depformer_dim (Hibiki).
@@ -247,7 +252,11 @@ class LmConfig:
         if self.dep_q == 0:
             for key in (*_DEPFORMER_KEYS, "depformer_dim_feedforward"):
                 del data[key]
-        for key in ("depformer_weights_per_step_schedule", "depformer_low_rank_embeddings"):
+        for key in (
+            "depformer_weights_per_step_schedule",
+            "depformer_low_rank_embeddings",
+            "depformer_norm",
+        ):
             if data[key] is None:
                 del data[key]
             elif key.endswith("schedule"):
@@ -266,6 +275,8 @@ class LmConfig:
                 del data[key]
             elif key == "tts_config":
                 data[key] = value.to_dict()
+        if self.kv_repeat == 1:
+            del data["kv_repeat"]
         if not self.cross_attention:
             del data["cross_attention"]
         if not self.demux_second_stream:
@@ -311,6 +322,16 @@ class LmConfig:
             raise ConfigError(
                 "LM config cross_attention must be true exactly when the fuser has 'cross' "
                 f"conditions, got cross_attention {self.cross_attention} and {list(self.fuser.cross)}"
+            )
+        _check_positive_int("kv_repeat", self.kv_repeat)
+        if self.num_heads % self.kv_repeat:
+            raise ConfigError(
+                f"LM config kv_repeat = {self.kv_repeat} must divide num_heads = {self.num_heads}"
+            )
+        if self.depformer_norm not in _DEPFORMER_NORMS:
+            raise ConfigError(
+                f"LM config depformer_norm {self.depformer_norm!r} is not supported "
+                "(null or 'layer_norm')"
             )
         heads = [("", self.dim, self.num_heads)]
         if self.dep_q:
@@ -370,9 +391,12 @@ class LmConfig:
 
     @property
     def model_name(self) -> str:
-        """What users call this model: Moshi, PersonaPlex, Hibiki, Kyutai STT or Kyutai TTS."""
+        """What users call this model: Moshi, PersonaPlex, Hibiki, Hibiki-Zero (a Hibiki
+        with grouped-query attention), Kyutai STT or Kyutai TTS."""
         if self.generator == "personaplex":
             return "PersonaPlex"
+        if self.model_type == "hibiki" and self.kv_repeat > 1:
+            return "Hibiki-Zero"
         names = {"hibiki": "Hibiki", "stt": "Kyutai STT", "tts": "Kyutai TTS"}
         return names.get(self.model_type, "Moshi")
 
@@ -404,6 +428,12 @@ class LmConfig:
         return max(self.delays)
 
     @property
+    def kv_dim(self) -> int:
+        """Width of one position's keys (and values) in a temporal layer: `dim`, or its
+        `kv_repeat`-th part under grouped-query attention."""
+        return self.dim // self.kv_repeat
+
+    @property
     def ffn_hidden(self) -> int:
         return gated_hidden(self.dim, int(self.hidden_scale * self.dim))
 
@@ -422,6 +452,7 @@ class LmConfig:
             positional_embedding=self.positional_embedding,
             max_period=self.max_period,
             cross_attention=self.cross_attention,
+            kv_repeat=self.kv_repeat,
         )
 
     def depformer_config(self) -> TransformerConfig:

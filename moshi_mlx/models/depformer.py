@@ -9,7 +9,8 @@ With a weights-per-step schedule (the TTS: 32 slices over 11 sets of weights), s
 its input projection and transformer layers from set `schedule[k]`: the slices of one set
 share those modules (one copy in memory; each slice's name still lists them, as in Kyutai's
 MLX files). Embeddings may be low-rank, and slice 0's text embedding two-stream
-(`moshi_mlx.modules.embeddings`).
+(`moshi_mlx.modules.embeddings`). Hibiki-Zero's slices norm their output (a LayerNorm each)
+before their head.
 """
 
 from __future__ import annotations
@@ -45,12 +46,20 @@ def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
 
 
 class DepformerSlice(nn.Module):
-    def __init__(self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig):
+    def __init__(
+        self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig, norm: bool = False
+    ):
         super().__init__()
         self.emb = emb
         self.linear_in = Linear(lm_dim, cfg.d_model, bias=False)
         self.transformer = Transformer(cfg)
+        if norm:  # `depformer_norm` "layer_norm", as Kyutai's reference makes it
+            self.norm = nn.LayerNorm(cfg.d_model, eps=1e-5)
         self.linear_out = Linear(cfg.d_model, card, bias=False)
+
+    def _head(self, x: mx.array) -> mx.array:
+        """The logits of the transformer's output x (..., d_model)."""
+        return self.linear_out(self.norm(x) if "norm" in self else x)
 
     def __call__(
         self, temporal_out: mx.array, prev_token: mx.array, caches: list[KVCache]
@@ -58,7 +67,7 @@ class DepformerSlice(nn.Module):
         """temporal_out (B, 1, lm_dim), prev_token (B,) -> logits (B, card)."""
         x = self.linear_in(temporal_out) + embed(self.emb, prev_token)[:, None]
         x = self.transformer(x, caches)
-        return self.linear_out(x[:, 0])
+        return self._head(x[:, 0])
 
     def step(
         self,
@@ -79,7 +88,7 @@ class DepformerSlice(nn.Module):
         else:
             token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
         x = self.linear_in(temporal_out) + token
-        return self.linear_out(self.transformer.step(x, ring))
+        return self._head(self.transformer.step(x, ring))
 
 
 class Depformer(nn.Module):
@@ -98,6 +107,7 @@ class Depformer(nn.Module):
                 cfg.dim,
                 cfg.card,
                 tcfg,
+                cfg.depformer_norm is not None,
             )
             for k in range(cfg.moshi_codebooks if num_slices is None else num_slices)
         ]

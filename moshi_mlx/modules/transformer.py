@@ -2,7 +2,9 @@
 
 Helium and the depformer use RMSNorm and a gated SiLU feed-forward; Mimi uses LayerNorm, a
 GELU feed-forward and layer scale. Attention is causal over a window of `context` positions,
-with interleaved ("traditional") RoPE as in Kyutai's reference, or no positional embedding.
+with interleaved ("traditional", "rope") or split-halves ("rope_concat", Hibiki-Zero) RoPE as
+in Kyutai's reference, or no positional embedding; with `kv_repeat` > 1 each key/value head
+serves that many query heads (grouped-query attention: the caches hold the fewer heads).
 The TTS's temporal layers also attend, after self-attention, to a fixed sequence (its
 speaker embeddings) through a LayerNorm'd cross-attention without positions or mask, whose
 keys and values are computed once per sequence (`Transformer.cross_keys_values`).
@@ -10,7 +12,6 @@ keys and values are computed once per sequence (`Transformer.cross_keys_values`)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,7 @@ from mlx import nn
 from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import QUANTIZED_PARTS, Linear, StepWeight
+from moshi_mlx.modules.rope import rope_tables
 
 Cache = (
     KVCache | RingLayer | StepKVLayer
@@ -38,14 +40,24 @@ class TransformerConfig:
     norm: Literal["rms_norm", "layer_norm"] = "rms_norm"
     norm_eps: float = 1e-8
     gated: bool = True  # gated SiLU (Helium) or plain GELU (Mimi) feed-forward
-    positional_embedding: Literal["rope", "none"] = "rope"
+    positional_embedding: Literal["rope", "rope_concat", "none"] = "rope"
     max_period: float = 10_000.0
     layer_scale: float | None = None
     cross_attention: bool = False
+    kv_repeat: int = 1  # query heads per key/value head
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads // self.kv_repeat
+
+    @property
+    def rope_interleaved(self) -> bool:
+        """Whether RoPE rotates adjacent pairs ("rope"), not the two halves ("rope_concat")."""
+        return self.positional_embedding == "rope"
 
 
 class RMSNorm(nn.Module):
@@ -90,40 +102,68 @@ class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.use_rope = cfg.positional_embedding == "rope"
+        self.use_rope = cfg.positional_embedding != "none"
+        self.interleaved = cfg.rope_interleaved
         self.max_period = cfg.max_period
-        self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        # Rows: the queries, then the keys and the values of the num_kv_heads heads.
+        kv_dim = 2 * cfg.num_kv_heads * cfg.head_dim
+        self.in_proj = Linear(cfg.d_model, cfg.d_model + kv_dim, bias=False)
         self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
         return mx.fast.rope(
-            x, self.head_dim, traditional=True, base=self.max_period, scale=1.0, offset=offset
+            x,
+            self.head_dim,
+            traditional=self.interleaved,
+            base=self.max_period,
+            scale=1.0,
+            offset=offset,
         )
 
     def _project(self, x: mx.array, offset: int | mx.array) -> tuple[mx.array, ...]:
-        """Queries, keys and values (B, H, T, head_dim) of x (B, T, D), RoPE from `offset`."""
+        """Queries (B, H, T, head_dim), keys and values (B, H_kv, T, head_dim) of x (B, T, D),
+        RoPE from `offset`."""
         batch, steps, _ = x.shape
-        qkv = self.in_proj(x).reshape(batch, steps, 3, self.num_heads, self.head_dim)
-        qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
-        queries, keys, values = qkv[0], qkv[1], qkv[2]
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = self.in_proj(x).reshape(batch, steps, heads, self.head_dim)
+        if self.num_kv_heads == self.num_heads:
+            qkv = qkv.reshape(batch, steps, 3, self.num_heads, self.head_dim)
+            qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
+            queries, keys, values = qkv[0], qkv[1], qkv[2]
+        else:
+            qkv = qkv.transpose(0, 2, 1, 3)  # (B, H + 2 H_kv, T, head_dim)
+            queries, keys, values = mx.split(qkv, self._kv_splits(), axis=1)
         if self.use_rope:
             queries = self._rope(queries, offset)
             keys = self._rope(keys, offset)
         return queries, keys, values
 
     def _project_one(self, x: mx.array, rope: RopeTables | None) -> tuple[mx.array, ...]:
-        """Queries, keys and values (B, H, 1, head_dim) of one position x (B, D), RoPE'd with
-        a step's `rope_tables`: no transposes of a single position."""
-        batch = x.shape[0]
+        """Queries, keys and values (B, H or H_kv, 1, head_dim) of one position x (B, D),
+        RoPE'd with a step's `rope_tables`: no transposes of a single position."""
+        batch, half = x.shape[0], self.head_dim // 2
+        grouped = self.num_kv_heads != self.num_heads
         qkv = self.in_proj(x)
         if self.use_rope:
-            cos, sin = rope  # interleaved pairs: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
-            qkv = qkv.reshape(batch, 3, self.num_heads, self.head_dim // 2, 2)
-            qkv = qkv * cos + qkv[..., ::-1] * sin
-        qkv = qkv.reshape(batch, 3 * self.num_heads, 1, self.head_dim)
-        return mx.split(qkv, 3, axis=1)
+            # Pairs (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin): adjacent (interleaved)
+            # or i and i + half (split halves).
+            cos, sin = rope
+            heads = (self.num_heads + 2 * self.num_kv_heads,) if grouped else (3, self.num_heads)
+            if self.interleaved:
+                qkv = qkv.reshape(batch, *heads, half, 2)
+                qkv = qkv * cos + qkv[..., ::-1] * sin
+            else:
+                qkv = qkv.reshape(batch, *heads, 2, half)
+                qkv = qkv * cos + qkv[..., ::-1, :] * sin
+        qkv = qkv.reshape(batch, self.num_heads + 2 * self.num_kv_heads, 1, self.head_dim)
+        return mx.split(qkv, self._kv_splits() if grouped else 3, axis=1)
+
+    def _kv_splits(self) -> list[int]:
+        """Where the keys' and the values' heads start among the projection's heads."""
+        return [self.num_heads, self.num_heads + self.num_kv_heads]
 
     def __call__(self, x: mx.array, cache: Cache, rope: Rope = None) -> mx.array:
         """x (B, T, D) -> (B, T, D), attending through `cache` (a `KVCache`, or a layer of a
@@ -163,7 +203,18 @@ def scaled_dot_product_attention(
     """Attention over what a cache returned: packed through its quantization's attention
     when the buffers are a quantized ring's, else MLX's fused attention. `scale` None: the
     queries come scaled, and where the backend decomposes attention (`fused_kernels`) it is
-    MLX's decomposition less the scaling, the same operations on the same values."""
+    MLX's decomposition less the scaling, the same operations on the same values. Grouped
+    queries (more heads than the keys) attend there as `rep` rows of one key head each."""
+    heads, kv_heads = queries.shape[1], (keys[0] if isinstance(keys, tuple) else keys).shape[1]
+    fused = scale is not None or fused_kernels()
+    if heads != kv_heads and (isinstance(keys, tuple) or not fused):
+        batch, _, steps, head_dim = queries.shape
+        rep = heads // kv_heads
+        grouped = queries.reshape(batch, kv_heads, rep * steps, head_dim)
+        if isinstance(mask, mx.array) and mask.ndim >= 2:  # rows (r, t): mask row t each
+            mask = mx.tile(mask, (rep, 1))
+        out = scaled_dot_product_attention(grouped, keys, values, cache, scale, mask)
+        return out.reshape(batch, heads, steps, head_dim)
     if scale is None and not fused_kernels() and not isinstance(keys, tuple):
         scores = queries @ keys.swapaxes(-1, -2)
         if mask is not None:
@@ -262,28 +313,6 @@ class CrossAttention(nn.Module):
             queries.transpose(0, 2, 1, 3), *cross, scale=self.scale
         )
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(shape))
-
-
-def rope_tables(
-    position: mx.array, head_dim: int, base: float, dtype: mx.Dtype, query_scale: float = 1.0
-) -> tuple[mx.array, mx.array]:
-    """Interleaved RoPE at `position` as (3, 1, head_dim / 2, 2) cos and sin tables over a
-    fused q/k/v projection viewed as (B, 3, H, head_dim / 2, 2): the q and k thirds rotate
-    (the q third also scaled by `query_scale`: attention's scale, in the rotation's one
-    fused operation rather than one of its own), v is multiplied by 1 and 0. The angles are
-    computed as `mx.fast.rope` computes them, so the rotated values are the same."""
-    half = head_dim // 2
-    log_step = mx.array(math.log(base) / half, mx.float32)
-    inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * log_step)
-    theta = (position.astype(mx.float32) * inv_freqs)[:, None]  # (half, 1)
-    # Per third (q, k, v) a factor and, for cos, an offset; per pair member the sine's sign.
-    factors = mx.array([[[[query_scale]]], [[[1.0]]], [[[0.0]]]], mx.float32)  # (3, 1, 1, 1)
-    offsets = mx.array([[[[0.0]]], [[[0.0]]], [[[1.0]]]], mx.float32)
-    signs = mx.array([-1.0, 1.0], mx.float32)
-    cos_table = (mx.cos(theta) * factors + offsets).astype(dtype)
-    sin_table = (mx.sin(theta) * signs * factors).astype(dtype)
-    shape = (3, 1, half, 2)
-    return mx.broadcast_to(cos_table, shape), mx.broadcast_to(sin_table, shape)
 
 
 class GatedFeedForward(nn.Module):
@@ -398,7 +427,7 @@ class Transformer(nn.Module):
     ) -> KVRing:
         """Fresh streaming state for `step`; `dtype` is the activations' (and keys') dtype."""
         cfg = self.cfg
-        shape = (batch, cfg.num_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, cfg.head_dim)
         return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
 
     def prefill(
@@ -424,9 +453,15 @@ class Transformer(nn.Module):
         numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
         cfg = self.cfg
         rope = None
-        if cfg.positional_embedding == "rope":
+        if cfg.positional_embedding != "none":
             rope = rope_tables(
-                ring.position, cfg.head_dim, cfg.max_period, ring.dtype, cfg.head_dim**-0.5
+                ring.position,
+                cfg.head_dim,
+                cfg.max_period,
+                ring.dtype,
+                cfg.head_dim**-0.5,
+                cfg.rope_interleaved,
+                None if cfg.kv_repeat == 1 else (cfg.num_heads, cfg.num_kv_heads),
             )
         if cfg.norm == "rms_norm" and cfg.layer_scale is None:  # no cast before each norm
             wide = x.astype(mx.float32)

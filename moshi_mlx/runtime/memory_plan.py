@@ -124,7 +124,7 @@ def kv_cache_bytes(
     context), in the compute dtype or packed by the KV quantization (plus its unquantized
     ring of the newest positions), for each of the `guidance_rows`."""
     positions = config.context if positions is None else positions
-    per_position = 2 * config.num_layers * config.dim * guidance_rows(config)  # keys, values
+    per_position = 2 * config.num_layers * config.kv_dim * guidance_rows(config)  # k and v
     values = per_position * positions
     if kv is None:
         return values * dtype.size

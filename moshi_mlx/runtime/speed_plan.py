@@ -113,7 +113,7 @@ def frame_bytes(lm: Lm, n_q: int | None = None, full_context: bool = True) -> tu
         weights -= _nbytes(lm.condition_provider)
     act = 2 if lm.out_norm.weight.dtype != mx.float32 else 4
     positions = cfg.context if full_context else 1
-    others = 2 * cfg.num_layers * positions * cfg.dim * act
+    others = 2 * cfg.num_layers * positions * cfg.kv_dim * act
     if cfg.cross_attention:
         others += 2 * cfg.num_layers * 125 * cfg.dim * act  # a published voice: 125 frames
     return weights, others

@@ -1,0 +1,77 @@
+"""Hibiki-Zero against Kyutai's PyTorch `LMGen` as the `hibiki-zero` package drives it (golden
+outputs of `scripts/make_hibiki_zero_fixtures.py`: tiny random weights in the layout of
+kyutai/hibiki-zero-3b-pytorch-bf16, float32, greedy): grouped-query attention, split-halves
+RoPE, depformer output norms and 16 slices over 9 weight sets, over 60 source frames (the
+context is 16, so past the attention window) with the end-of-input frame at 50.
+"""
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.runtime.sampling import SamplingConfig
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hibiki_zero"
+RELATIVE = 1e-4
+SKIPPED = 2  # LMGen.step returns None while the delays (2) fill
+
+
+@pytest.fixture(scope="module")
+def hibiki_zero():
+    return load_lm(FIXTURES / "weights.safetensors", dtype=mx.float32)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return np.load(FIXTURES / "golden.npz")
+
+
+def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
+    return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+
+def test_the_published_layout_is_read(hibiki_zero):
+    cfg = hibiki_zero.cfg
+    assert (cfg.kv_repeat, cfg.positional_embedding, cfg.depformer_norm) == (
+        2,
+        "rope_concat",
+        "layer_norm",
+    )
+    assert cfg.depformer_weights_per_step_schedule == (*range(8), *[8] * 8)
+    assert cfg.temporal_config().num_kv_heads == 2
+    ring = hibiki_zero.make_ring()
+    assert ring.keys[0].shape[1] == 2  # the ring holds the key/value heads, not the queries'
+
+
+def test_teacher_forced_logits_step_by_step(hibiki_zero, golden):
+    """The reference's inputs through `forward_text` and the depformer's slices (KV caches)."""
+    caches, dep_caches = hibiki_zero.make_caches(), hibiki_zero.depformer.make_caches()
+    for t, column in enumerate(golden["input_tokens"]):
+        out, logits = hibiki_zero.forward_text(mx.array(column[None, :, None]), caches)
+        assert _relative(np.array(logits[0, 0]), golden["text_logits"][t]) < RELATIVE, t
+        prev = mx.array(golden["depformer_prev"][t][None])
+        dep_logits = hibiki_zero.depformer.logits(out, prev, dep_caches)[0]
+        assert _relative(np.array(dep_logits), golden["depformer_logits"][t]) < RELATIVE, t
+
+
+def test_greedy_generation_matches_pytorch(hibiki_zero, golden):
+    """The compiled step (KV ring past its window) gives the reference's tokens exactly."""
+    generator = LmGen(hibiki_zero, SamplingConfig.greedy(), seed=0)
+    inputs, sampled, codes = [], [], []
+    for frame in golden["source_codes"]:
+        step = generator.step(frame)
+        inputs.append(np.array(step.input_tokens))
+        sampled.append(np.array(step.sampled_tokens))
+        moshi = step.moshi_codes
+        codes.append(np.full(16, -1) if moshi is None else moshi)
+    sampled = np.stack(sampled)
+    np.testing.assert_array_equal(np.stack(inputs), golden["input_tokens"])
+    np.testing.assert_array_equal(sampled[:, 0], golden["sampled_text"])
+    np.testing.assert_array_equal(sampled[:, 1:], golden["sampled_audio"])
+    np.testing.assert_array_equal(np.stack(codes)[SKIPPED:], golden["tokens"][SKIPPED:, 1:])
+    np.testing.assert_array_equal(sampled[:-SKIPPED, 0], golden["tokens"][SKIPPED:, 0])
+    assert len(np.unique(golden["sampled_text"])) > 10  # a stream worth comparing

@@ -57,7 +57,8 @@ LM_SHAPES: dict[str, dict] = {
     "7b": {**_COMMON, "dim": 4096, "num_heads": 32, "num_layers": 32},
     # 7B's structure (32 temporal layers and heads, 8 depformer slices of 6 layers, real
     # vocabularies) at widths of 64: kernels cost next to nothing, so a step is the host's
-    # overhead (graph building, dispatch, syncs). bf16 files only (176-wide FFN hidden layers).
+    # overhead (graph building, dispatch, syncs). A q8/q4 file keeps the 176-wide FFN output
+    # layers in bf16 (not a multiple of a group): the same operations, one kind changed.
     "7b-structure": {
         **_COMMON,
         "dim": 64,
@@ -88,7 +89,7 @@ LM_SHAPES["stt-1b"] = {
     "extra_heads_dim": 6,
 }
 # stt-1b's structure (16 layers and heads, 32 streams in, the 4 heads) at width 64: a step is
-# its overhead (operations, dispatch, syncs), as `7b-structure`. bf16 files only.
+# its overhead (operations, dispatch, syncs), as `7b-structure`.
 LM_SHAPES["stt-1b-structure"] = {**LM_SHAPES["stt-1b"], "dim": 64}
 # stt-1b's structure at 128 wide and 2 layers: the `stt` part's tests.
 LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num_layers": 2}

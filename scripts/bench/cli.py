@@ -7,7 +7,7 @@ from pathlib import Path
 
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES
 
-from .kyutai import KYUTAI_PYTHON, SCRIPTS
+from .kyutai import KYUTAI_PYTHON
 from .parts import PARTS
 from .shapes import DTYPES, LM_SHAPES, QUANT_BITS, TTS_SHAPES
 
@@ -36,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant (stt: shapes "
+        help="ops,lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant (ops: a "
+        "step's operations as this backend, CUDA and Metal build it, untimed; stt: shapes "
         "stt-*; assistant: its own tiny models)",
     )
     parser.add_argument(
@@ -78,19 +79,16 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--kyutai-python", default=KYUTAI_PYTHON)
     parser.add_argument("--json", "-o", type=Path, help="write all results here")
     parser.add_argument(
-        "--floor", action="store_true", help="print the 7B bandwidth floor per Apple chip and exit"
-    )
-    parser.add_argument(
-        "--formats-dir",
-        type=Path,
-        default=SCRIPTS.parent / "tests" / "manifests",
-        help="folder of the published checkpoints' .tsv manifests",
+        "--floor",
+        action="store_true",
+        help="print where a step's bytes are, per published model and Apple chip, and exit",
     )
     parser.add_argument(
         "--suite",
         choices=SUITES,
         help="gpu: every figure that needs a GPU, each on its own flags (of the others only "
-        "--tiny, --seed, --weights-dir and --json apply), into one JSON file",
+        "--tiny, --seed, --weights-dir, --kyutai, --kyutai-python and --json apply), into one "
+        "JSON file",
     )
     parser.add_argument(
         "--tiny", action="store_true", help="--suite on tiny shapes and few steps (tests)"

@@ -1,88 +1,180 @@
-"""The floors a step cannot go under: `--floor`, ms per 7B step at each Apple chip's memory
-bandwidth from the published files' manifests; `op_costs_us`, what one operation of each kind
-costs to evaluate on this machine's backend at the tiny widths of the `*-structure` shapes."""
+"""The floors a step cannot go under. `--floor`: where a step's bytes are (weights and KV
+cache read per step of each published model, `speed_plan.frame_bytes` of the model built
+lazily at its published shape), the time they take at each Apple chip class's bandwidth
+(`speed_plan.CHIP_BANDWIDTH_GBS`) and at this machine's (`read_bandwidth`), and whether a
+Mac of the class holds real time with the step's operations (Metal's form, counted at the
+model's `*-structure` shape) at the speed plan's cost per operation. `op_costs_us`: what one
+operation of each kind costs to evaluate on this machine's backend at the tiny widths of the
+`*-structure` shapes."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, replace
+from functools import cache
 
 import mlx.core as mx
 import numpy as np
+from bench_stats import FRAME_MS, LM_SHAPES, TTS_SHAPES
 
-from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.runtime.memory_plan import kv_cache_bytes
+from moshi_mlx.checkpoints.lm import quantize_lm
+from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.runtime.speed_plan import CHIP_BANDWIDTH_GBS, OP_SECONDS, frame_bytes
 
-# Memory bandwidth specs of Apple chip classes, GB/s (the vendor's published figures).
-APPLE_BANDWIDTH_GBS = {
-    "M1": 68,
-    "M1 Pro": 200,
-    "M1 Max": 400,
-    "M2": 100,
-    "M2 Pro": 200,
-    "M2 Max": 400,
-    "M3": 100,
-    "M3 Pro": 150,
-    "M3 Max (30-core GPU)": 300,
-    "M3 Max (40-core GPU)": 400,
-    "M4": 120,
-    "M4 Pro": 273,
-    "M4 Max (32-core GPU)": 410,
-    "M4 Max (40-core GPU)": 546,
-    "M1/M2 Ultra": 800,
-}
-_MANIFEST_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint32": 4}
-# Embedding tables are gathered: a step reads one row of each (text, 16 audio, 8 depformer).
-_TABLE_PREFIXES = ("text_emb.", "audio_embs.")
+from .step_ops import step_for, step_ops
+
+# The chip classes of the table, from the slowest memory.
+CHIPS = ("M1", "M2", "M3 Pro", "M3 Max", "M2 Max", "M2 Ultra")
 
 
-def weight_bytes_per_step(manifest: Path) -> tuple[int, int]:
-    """(file bytes, weight bytes one LM step reads) from a `moshiko_mlx_*.tsv` manifest.
+@dataclass(frozen=True)
+class Published:
+    """A published model as the table reads it: its config, the file's bits (None: bf16),
+    and the bench shape with its structure at width 64 (where its operations are counted)."""
 
-    Every matrix is read once per step (each depformer slice's own weights once); of the
-    embedding tables only the looked-up row (and its scales/biases row) is read.
-    """
-    total = read = 0
-    for line in manifest.read_text().splitlines()[1:]:
-        name, shape, dtype = line.split("\t")
-        dims = [int(d) for d in shape.split(",")]
-        size = int(np.prod(dims)) * _MANIFEST_BYTES[dtype]
-        total += size
-        is_table = name.startswith(_TABLE_PREFIXES) or ".emb." in name
-        read += size // dims[0] if is_table else size
-    return total, read
+    name: str
+    config: Callable[[], LmConfig]
+    bits: int | None
+    structure: Callable[[], LmConfig]
 
 
-def format_floor(formats_dir: Path) -> str:
-    """Markdown table: ms per step at each chip's bandwidth, for the published 7B files."""
-    config = LmConfig.moshi_7b()
-    kv_full = kv_cache_bytes(config, mx.bfloat16)
-    variants = {
-        q: weight_bytes_per_step(formats_dir / f"moshiko_mlx_{q}.tsv") for q in ("bf16", "q8", "q4")
+def _shape(name: str) -> Callable[[], LmConfig]:
+    return lambda: LmConfig.from_dict({**LM_SHAPES, **TTS_SHAPES}[name])
+
+
+def _personaplex(config: Callable[[], LmConfig]) -> Callable[[], LmConfig]:
+    """PersonaPlex's structure over a Moshi config (`LmConfig.personaplex_7b`'s changes)."""
+    changes = {"dep_q": 16, "user_codebooks": 8, "generator": "personaplex"}
+    return lambda: replace(config(), **changes)
+
+
+PUBLISHED = (
+    Published("Moshi 7B q4", LmConfig.moshi_7b, 4, _shape("7b-structure")),
+    Published("Moshi 7B q8", LmConfig.moshi_7b, 8, _shape("7b-structure")),
+    Published(
+        "PersonaPlex 7B q8", LmConfig.personaplex_7b, 8, _personaplex(_shape("7b-structure"))
+    ),
+    Published("STT 1B bf16", _shape("stt-1b"), None, _shape("stt-1b-structure")),
+    Published("TTS 1.6B bf16", _shape("tts-1.6b"), None, _shape("tts-1.6b-structure")),
+    Published("TTS 1.6B q8", _shape("tts-1.6b"), 8, _shape("tts-1.6b-structure")),
+)
+
+
+def _lazy_lm(config: LmConfig, bits: int | None) -> Lm:
+    """`config`'s Lm in bf16, quantized as Kyutai's files are to `bits`: unevaluated, so
+    its bytes are known without memory for them."""
+    lm = Lm(config)
+    lm.set_dtype(mx.bfloat16)
+    if bits is not None:
+        quantize_lm(lm, bits)
+    return lm
+
+
+def step_bytes(config: LmConfig, bits: int | None) -> tuple[int, int]:
+    """(weight bytes, KV cache bytes at full context) one step of `config` reads
+    (`speed_plan.frame_bytes` of the lazily built model; the generated codebooks only)."""
+    return frame_bytes(_lazy_lm(config, bits), config.moshi_codebooks or None)
+
+
+def metal_ops(structure: LmConfig, bits: int | None) -> int:
+    """Operations of one step in Metal's form (`form.kernel_form`) at `structure`'s shape,
+    on random weights (tiny at width 64, evaluated)."""
+    lm = _lazy_lm(structure, bits)
+    mx.eval(lm.parameters())
+    return step_ops(lm, "metal", step_for(lm))["ops"]
+
+
+def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """This machine's memory read bandwidth, bytes/s: a sum over `megabytes` of float32, the
+    best of `repeats` with MLX on its default device and with numpy (MLX's CPU backend
+    reduces on one thread)."""
+    data = mx.ones((megabytes * 2**20 // 4,), mx.float32)
+    host = np.ones(data.size, np.float32)
+    mx.eval(data)
+    best = float("inf")
+    for _ in range(repeats):
+        for total in (lambda: mx.eval(data.sum()), host.sum):
+            start = time.perf_counter()
+            total()
+            best = min(best, time.perf_counter() - start)
+    return data.nbytes / best
+
+
+@cache
+def machine_bandwidth() -> float:
+    """`read_bandwidth`, measured once per process."""
+    return read_bandwidth()
+
+
+def step_floor(lm: Lm, step_ms: float) -> dict:
+    """Where a loaded model's step bytes are on this machine: weights and KV cache (at full
+    context) read per step (`speed_plan.frame_bytes`), this machine's bandwidth, the floor
+    they imply and the step's ratio to it (`step_ms` over the floor)."""
+    weights, kv = frame_bytes(lm, lm.cfg.moshi_codebooks or None)
+    gbs = machine_bandwidth() / 1e9
+    floor_ms = (weights + kv) / gbs / 1e6
+    return {
+        "weights_gb": weights / 1e9,
+        "kv_gb": kv / 1e9,
+        "machine_gbs": gbs,
+        "floor_ms": floor_ms,
+        "step_over_floor": step_ms / floor_ms,
     }
-    lines = ["| | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
-    lines.append("| file GB | " + " | ".join(f"{t / 1e9:.2f}" for t, _ in variants.values()) + " |")
-    lines.append(
-        "| weights read per step, GB | "
-        + " | ".join(f"{r / 1e9:.2f}" for _, r in variants.values())
-        + " |"
-    )
-    lines.append(
-        f"| + KV cache at {config.context} positions, GB | "
-        + " | ".join(f"{(r + kv_full) / 1e9:.2f}" for _, r in variants.values())
-        + " |"
-    )
+
+
+def bytes_table(machine_gbs: float | None = None) -> list[dict]:
+    """Per published model: GB read per step (weights, KV at full context), its operations
+    in Metal's form, and per chip class (and this machine at `machine_gbs`, when given) the
+    floor (bytes over bandwidth), the estimate (floor plus operations at
+    `speed_plan.OP_SECONDS`) in ms and whether that holds real time (<= 80 ms a step)."""
+    rows = []
+    bandwidths = {chip: CHIP_BANDWIDTH_GBS[chip] for chip in CHIPS}
+    if machine_gbs is not None:
+        bandwidths["this machine"] = machine_gbs
+    for model in PUBLISHED:
+        weights, kv = step_bytes(model.config(), model.bits)
+        ops = metal_ops(model.structure(), model.bits)
+        row = {"model": model.name, "weights_gb": weights / 1e9, "kv_gb": kv / 1e9, "ops": ops}
+        for chip, gbs in bandwidths.items():
+            floor_ms = (weights + kv) / gbs / 1e6
+            estimate_ms = floor_ms + 1000 * ops * OP_SECONDS
+            row[chip] = {
+                "gbs": gbs,
+                "floor_ms": floor_ms,
+                "estimate_ms": estimate_ms,
+                "real_time": estimate_ms <= FRAME_MS,
+            }
+        rows.append(row)
+    return rows
+
+
+def format_floor(machine_gbs: float | None = None) -> str:
+    """`bytes_table` as Markdown: per model and chip, floor / estimate ms and real time."""
+    rows = bytes_table(machine_gbs)
+    chips = [key for key in rows[0] if isinstance(rows[0][key], dict)]
+    heads = [f"{chip} {rows[0][chip]['gbs']:.0f} GB/s" for chip in chips]
+    lines = [
+        "| model | weights GB | KV GB | ops (Metal) | " + " | ".join(heads) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(chips),
+    ]
+    for row in rows:
+        cells = [
+            f"{row[c]['floor_ms']:.1f} / {row[c]['estimate_ms']:.1f} "
+            + ("yes" if row[c]["real_time"] else "**no**")
+            for c in chips
+        ]
+        head = f"| {row['model']} | {row['weights_gb']:.2f} | {row['kv_gb']:.2f} | {row['ops']} | "
+        lines.append(head + " | ".join(cells) + " |")
     lines += [
         "",
-        "| chip | GB/s | " + " | ".join(f"{q} ms (full context)" for q in variants) + " |",
-        "|---|---:|" + "---:|" * len(variants),
+        (
+            "Per step: the weights read (every matrix once, one row of each embedding table), "
+            "the KV cache at full context, and per chip class `floor / estimate ms real-time?`: "
+            "the bytes at the bandwidth, then plus the operations at "
+            f"{OP_SECONDS * 1e6:.0f} us each (real time: <= {FRAME_MS:.0f} ms a step)."
+        ),
     ]
-    for chip, gbs in APPLE_BANDWIDTH_GBS.items():
-        cells = [
-            f"{r / gbs / 1e6:.1f} ({(r + kv_full) / gbs / 1e6:.1f})" for _, r in variants.values()
-        ]
-        lines.append(f"| {chip} | {gbs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

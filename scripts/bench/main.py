@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Run the bench with `argv`'s flags; the results (a suite's: its JSON report's figures)."""
     args = parse_args(argv)
     if args.floor:
-        print(format_floor(args.formats_dir))
+        print(format_floor())
         return []
     if args.suite is not None:
         return run_suite(args)

@@ -1,6 +1,8 @@
 """`--suite gpu`: every figure that needs a GPU, on the full published shapes, in one run that
 writes one JSON file (`-o FILE.json`), so that a session lent a GPU fills them all in with one
-call. `--tiny` runs the same figures on tiny shapes and few steps (the tests).
+call. `--tiny` runs the same figures on tiny shapes and few steps (the tests). With `--kyutai`
+(and `--kyutai-python`), the TTS, STT and Moshi steps are measured beside Kyutai's
+`moshi_mlx` on the same files, and their summaries hold Kyutai's p50s and ours over them.
 
 Each figure is a bench run with its own flags; the report keeps, per figure, those flags,
 its cases (as a plain run's JSON) and a summary of the numbers it is for. The file is
@@ -27,29 +29,48 @@ from .tables import final_table
 @dataclass(frozen=True)
 class Figure:
     """A figure of a suite: the bench flags that measure it on the published shapes, the same
-    on tiny shapes (`--tiny`), and the numbers its summary keeps from its cases."""
+    on tiny shapes (`--tiny`), the numbers its summary keeps from its cases, and whether
+    Kyutai's side is measured beside ours with the suite's `--kyutai`."""
 
     name: str
     flags: str
     tiny: str
     summary: Callable[[list[dict]], dict]
+    kyutai: bool = False
 
 
 def _p50s(result: dict, *metrics: str) -> dict:
     return {f"{m}_p50": result[m]["p50"] for m in metrics if result.get(m) is not None}
 
 
+def _against_kyutai(ours: dict, theirs: dict | None, *metrics: str) -> dict:
+    """Kyutai's p50 of each metric both measured (`kyutai_{metric}_p50`) and ours over it
+    (`{metric}_over_kyutai`); nothing without Kyutai's result."""
+    figures = {}
+    for metric in metrics:
+        if theirs is None or not ours.get(metric) or not theirs.get(metric):
+            continue
+        figures[f"kyutai_{metric}_p50"] = theirs[metric]["p50"]
+        figures[f"{metric}_over_kyutai"] = ours[metric]["p50"] / theirs[metric]["p50"]
+    return figures
+
+
 def _lm_step(cases: list[dict]) -> dict:
-    """The step, and its overhead: host time outside evaluation, syncs, graph operations."""
-    ours = cases[0]["ours"]
-    figures = _p50s(ours, "step_ms", "host_ms", "eval_ms", "temporal_ms", "depformer_ms")
+    """The step, and its overhead: host time outside evaluation, syncs, graph operations
+    (compiled here and in each GPU's form), the bytes it reads; beside Kyutai's where run."""
+    case = cases[0]
+    ours = case["ours"]
+    metrics = ("step_ms", "temporal_ms", "depformer_ms")
+    figures = _p50s(ours, *metrics, "host_ms", "eval_ms")
     figures["step_ms_p95"] = ours["step_ms"]["p95"]
     figures.update(
         dtype=ours["dtype"],
         syncs_per_step=ours["syncs_per_step"],
         graph_ops=ours["graph_ops"],
+        bytes=ours.get("bytes"),
         peak_memory_gb=ours["peak_memory_gb"],
     )
+    figures.update(_against_kyutai(ours, case.get("kyutai"), *metrics))
     return figures
 
 
@@ -86,7 +107,8 @@ def _persona_prefill(cases: list[dict]) -> dict:
 
 def _tts_rtf(cases: list[dict]) -> dict:
     """Per quantization (key prefix `bf16_`, `q8_`, `q4_`): the real-time factor at batch 1,
-    audio per second of each batch, first audio, the LM step and Mimi's decoding."""
+    audio per second of each batch, first audio, the LM step and Mimi's decoding; beside
+    Kyutai's where run (bf16)."""
     figures = {}
     for case in cases:
         ours, quant = case["ours"], case["quant"]
@@ -97,6 +119,10 @@ def _tts_rtf(cases: list[dict]) -> dict:
             one.update(_p50s(ours, f"step_ms_b{batch}", f"decode_ms_b{batch}"))
         one["real_time_factor_b1"] = ours["real_time_factor_b1"]
         one["peak_memory_gb"] = ours["peak_memory_gb"]
+        theirs = case.get("kyutai")
+        one.update(_against_kyutai(ours, theirs, "step_ms_b1", "frame_ms_b1", "ttfa_ms_b1"))
+        if theirs is not None and theirs.get("real_time_factor_b1"):
+            one["kyutai_real_time_factor_b1"] = theirs["real_time_factor_b1"]
         figures.update({f"{quant}_{key}": value for key, value in one.items()})
     return figures
 
@@ -107,6 +133,7 @@ GPU_SUITE = (
         "--parts tts --shapes tts-1.6b --quant bf16,q8,q4 --streams 2 --steps 50 --warmup 5",
         "--parts tts --shapes tts-tiny --quant bf16,q8,q4 --streams 2 --steps 2 --warmup 1",
         _tts_rtf,
+        kyutai=True,
     ),
     Figure(
         "stt_batch_8_vs_1",
@@ -119,6 +146,14 @@ GPU_SUITE = (
         "--parts lm --shapes 7b --quant q4 --steps 100 --split-steps 50 --warmup 10",
         "--parts lm --shapes tiny --quant q4 --steps 3 --split-steps 2 --warmup 1",
         _lm_step,
+        kyutai=True,
+    ),
+    Figure(
+        "stt_1b_step",
+        "--parts lm --shapes stt-1b --quant bf16 --steps 100 --warmup 10",
+        "--parts lm --shapes stt-tiny --quant bf16 --steps 3 --warmup 1",
+        _lm_step,
+        kyutai=True,
     ),
     Figure(
         "moshi_7b_q4_frame",
@@ -153,6 +188,8 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
         for figure in SUITES[args.suite]:
             flags = (figure.tiny if args.tiny else figure.flags).split()
             flags += ["--seed", str(args.seed)]
+            if args.kyutai and figure.kyutai:
+                flags += ["--kyutai", "--kyutai-python", args.kyutai_python]
             print(f"\n{figure.name}: {' '.join(flags)}", flush=True)
             entry: dict = {"flags": flags}
             started = time.perf_counter()

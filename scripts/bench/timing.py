@@ -117,26 +117,33 @@ def syncs_per_frame(frames: Iterable[T], run: Callable[[T], object]) -> float | 
     return float(np.mean(syncs)) if syncs else None
 
 
+def _dot(outputs, names: dict[str, mx.array] | None = None) -> str:
+    """MLX's own export (`mx.export_to_dot`) of the lazy graph computing `outputs`, the
+    arrays of `names` named by their keys."""
+    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.dot"
+        mx.export_to_dot(str(path), *arrays, **(names or {}))
+        return path.read_text()
+
+
 def count_graph_ops(outputs) -> int:
     """Operations (primitives) in the lazy graph that computes `outputs`, evaluated inputs
     excluded, from MLX's own graph export (`mx.export_to_dot`)."""
-    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "step.dot"
-        mx.export_to_dot(str(path), *arrays)
-        return path.read_text().count("shape=rectangle")
+    return _dot(outputs).count("shape=rectangle")
 
 
-def ops_by_primitive(outputs) -> dict[str, int]:
+def ops_by_primitive(outputs, names: dict[str, mx.array] | None = None) -> dict[str, int]:
     """`count_graph_ops` by primitive name, most frequent first; `mx.compile`'s fused
-    elementwise kernels (`Compiled...`) counted together as "Compiled"."""
-    arrays = [a for _, a in tree_flatten(list(outputs)) if isinstance(a, mx.array)]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "step.dot"
-        mx.export_to_dot(str(path), *arrays)
-        names = re.findall(r'label ="?([A-Za-z_]+)[^"]*"?, shape=rectangle', path.read_text())
-    counts = Counter("Compiled" if name.startswith("Compiled") else name for name in names)
-    return dict(counts.most_common())
+    elementwise kernels (`Compiled...`) counted together as "Compiled". A `Depends` node fed
+    by an array of `names` counts under its name (`form.kernel_form`'s kernels)."""
+    text = _dot(outputs, names)
+    labels = dict(re.findall(r'(\d+) \[label ="?([A-Za-z_]+)[^"]*"?, shape=rectangle', text))
+    for name in names or {}:
+        for node in re.findall(rf'"{name}" -> (\d+)', text):
+            labels[node] = name
+    kinds = ("Compiled" if name.startswith("Compiled") else name for name in labels.values())
+    return dict(Counter(kinds).most_common())
 
 
 def timed_step(gen: LmGen, codes: np.ndarray) -> float:

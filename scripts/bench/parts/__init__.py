@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from ..part import Part
-from . import assistant, echo, kv, kv_fidelity, lm, mimi, persona, pipeline, serve, stt, tts, web
+from . import (
+    assistant,
+    echo,
+    kv,
+    kv_fidelity,
+    lm,
+    mimi,
+    ops,
+    persona,
+    pipeline,
+    serve,
+    stt,
+    tts,
+    web,
+)
 
 PARTS: dict[str, Part] = {
     part.name: part
@@ -12,6 +26,7 @@ PARTS: dict[str, Part] = {
         mimi.PART,
         pipeline.PART,
         echo.PART,
+        ops.PART,
         kv.PART,
         kv_fidelity.PART,
         stt.PART,

@@ -23,9 +23,11 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
 from moshi_mlx.stt.stepper import ListenStepper
 
+from ..floor import step_floor
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
+from ..step_ops import form_lines, gpu_form_ops, moshi_step, stt_step
 from ..timing import (
     SyncMeter,
     compiled_temporal_step,
@@ -93,7 +95,7 @@ def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> di
     token and Moshi's codes read on the host): host time outside evaluation (Python and
     graph building), time in evaluation (launching it and waiting for it), syncs; and the
     operations in the step's graph before and after `mx.compile` (`LmGen.step_graph` at the
-    last step's state)."""
+    last step's state), and compiled in each GPU's form (`step_ops.gpu_form_ops`)."""
     gen = LmGen(lm, sampling, seed=seed)
     user = [mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed)]
     mx.eval(user)
@@ -114,6 +116,7 @@ def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> di
         "eager": count_graph_ops(gen.step_graph(user[0], compiled=False)),
         "compiled": count_graph_ops(compiled),
         "compiled_by_kind": ops_by_primitive(compiled),
+        "gpu_forms": gpu_form_ops(lm, moshi_step),
     }
     return {"host": host, "eval": wait, "syncs": syncs, "graph_ops": graph_ops}
 
@@ -171,6 +174,7 @@ def bench_lm(
         "load_s": load_s,
         **lm_result(samples),
         "syncs_per_step": float(np.mean(anatomy["syncs"][warmup:])) if anatomy else None,
+        "bytes": step_floor(lm, 1000 * float(np.median(step_times[warmup:]))),
         "graph_ops": anatomy.get("graph_ops"),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak,
@@ -183,8 +187,8 @@ def bench_listen(
     """Our STT step (a shape without a depformer) as `SttModel` takes it: `ListenStepper.step`
     on one frame of audio codes, then its text token and heads' probabilities on the host;
     per step (p50/p95), peak memory, the host syncs per step over `warmup` more steps (none
-    without a warm-up) and the step's graph operations (eager, compiled, and compiled by
-    kind)."""
+    without a warm-up) and the step's graph operations (eager, compiled, compiled by kind,
+    and compiled in each GPU's form)."""
     fresh_memory()
     config = LmConfig.from_dict(LM_SHAPES[shape])
     start = time.perf_counter()
@@ -212,6 +216,7 @@ def bench_listen(
         "eager": count_graph_ops(stepper.step_graph(codes[0], compiled=False)),
         "compiled": count_graph_ops(compiled),
         "compiled_by_kind": ops_by_primitive(compiled),
+        "gpu_forms": gpu_form_ops(lm, stt_step),
     }
     return {
         "impl": "ours",
@@ -220,6 +225,7 @@ def bench_listen(
         "load_s": load_s,
         **lm_result({"step_ms": step_times[warmup:]}),
         "syncs_per_step": syncs_per_frame(codes[:warmup], read_in_one_wait),
+        "bytes": step_floor(lm, 1000 * float(np.median(step_times[warmup:]))),
         "graph_ops": graph_ops,
         "first_audio_step": None,
         "peak_memory_gb": peak,
@@ -258,7 +264,8 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
 
 
 def _anatomy_notes(label: str, data: dict, case: dict) -> list[str]:
-    """Syncs per step where measured; the step's graph operations, the compiled ones by kind."""
+    """Syncs per step where measured; the step's graph operations, the compiled ones by kind
+    and in each GPU's form; where its bytes are."""
     ops = data.get("graph_ops")
     if ops is None:
         return []
@@ -266,7 +273,19 @@ def _anatomy_notes(label: str, data: dict, case: dict) -> list[str]:
     if data.get("syncs_per_step") is not None:
         line = f"syncs per step {data['syncs_per_step']:.2f}, {line}"
     kinds = ", ".join(f"{name} {count}" for name, count in ops.get("compiled_by_kind", {}).items())
-    return [f"  {line}"] + ([f"  compiled by kind: {kinds}"] if kinds else [])
+    lines = [f"  {line}"] + ([f"  compiled by kind: {kinds}"] if kinds else []) + form_lines(ops)
+    return lines + _bytes_lines(data)
+
+
+def _bytes_lines(data: dict) -> list[str]:
+    """Where the step's bytes are, and its ratio to the floor they imply on this machine."""
+    read = data.get("bytes")
+    if read is None:
+        return []
+    line = f"  reads {read['weights_gb']:.3f} GB of weights and {read['kv_gb']:.3f} GB of KV "
+    line += f"cache (full context) a step: {read['floor_ms']:.2f} ms at this machine's "
+    line += f"{read['machine_gbs']:.1f} GB/s; the step is {read['step_over_floor']:.1f}x that floor"
+    return [line]
 
 
 PART = Part("lm", cases, metrics=lambda case: LM_METRICS, notes=_anatomy_notes)

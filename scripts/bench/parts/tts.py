@@ -19,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,15 +32,16 @@ from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
-from moshi_mlx.tts.stepper import TtsSampling, TtsStepper
+from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
 from ..floor import op_costs_us
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, dtype_label, tts_shapes
+from ..step_ops import form_lines, gpu_form_ops, next_step, tts_frame
 from ..timing import fresh_memory, ops_by_primitive, peak_gb, syncs_per_frame
-from ..weights import TTS_TOKENIZER, TTS_VOICE_FRAMES, mimi_weights, tts_lm_file, tts_weights
+from ..weights import TTS_TOKENIZER, mimi_weights, tts_lm_file, tts_weights
 
 
 class _TimedMimi:
@@ -116,24 +118,13 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
     text sampling and schedule choice, the depformer's slices with their sampling), those of
     the step without the depformer (`temporal_ops`: the first `delay_steps` frames' step), the
     host syncs per frame (`SyncMeter`) of a caller reading the predicted token and the frame
-    in one evaluation, over `steps` steps past the audio delay, and what one operation of each
-    kind costs on this backend (`op_costs_us`)."""
-    cfg = lm.cfg
-    dtype = lm.out_norm.weight.dtype
-    condition = mx.zeros((1, cfg.dim), dtype)
-    cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, cfg.dim), dtype))
-    mx.eval(condition, cross)
-    stepper = TtsStepper(lm, condition, cross, delay_steps=0)
-    functions = stepper._functions
+    in one evaluation, over `steps` steps past the audio delay, what one operation of each
+    kind costs on this backend (`op_costs_us`), and the frame's operations in each GPU's form
+    (`step_ops.gpu_form_ops`)."""
+    stepper, full = tts_frame(lm)
     mx.eval(stepper._state)  # a step's state is evaluated: its zeros are no operations
-    choices = (mx.array([0], mx.int32), mx.array([3], mx.int32))
-    graphs = {
-        name: function(stepper._state, condition, cross, *choices)
-        for name, function in (("full", functions.full), ("temporal", functions.text_only))
-    }
-    ops, temporal = (
-        ops_by_primitive([graph.state, graph.text, graph.frame]) for graph in graphs.values()
-    )
+    ops = ops_by_primitive(full())
+    temporal = ops_by_primitive(next_step(lm, partial(tts_frame, full=False)))
 
     def frame(_) -> None:
         out = stepper.step([0], [3])
@@ -144,9 +135,10 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
         "ops": sum(ops.values()),
         "ops_by_kind": ops,
         "temporal_ops": sum(temporal.values()),
-        "slices": functions.n_q,
+        "slices": stepper._functions.n_q,
         "syncs": syncs_per_frame(range(steps), frame),
         "op_costs_us": op_costs_us(),
+        "gpu_forms": gpu_form_ops(lm, tts_frame),
     }
 
 
@@ -254,7 +246,7 @@ def _anatomy_line(label: str, data: dict) -> str | None:
     if "op_costs_us" in anatomy:
         costs = ", ".join(f"{kind} {us:.1f}" for kind, us in anatomy["op_costs_us"].items())
         line += f"\n  {label}: us per op here: {costs}"
-    return line
+    return "\n".join([line, *form_lines(anatomy)])
 
 
 def _tts_line(label: str, data: dict, batches: list[int]) -> str:

@@ -1,0 +1,100 @@
+"""The operations of a step, counted in each form (`form.FORMS`): Moshi's `LmGen` step, the
+STT's `ListenStepper` step and the TTS's full frame (`TtsStepper`, depformer included), each
+the next step of a fresh stepper whose state is evaluated (its zeros are no operations),
+compiled as a step runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.models.lm import Lm
+from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.tts.stepper import TtsStepper
+
+from .form import kernel_form
+from .timing import ops_by_primitive
+from .weights import TTS_VOICE_FRAMES
+
+GPU_FORMS = ("cuda", "metal")  # counted beside this backend's own form
+
+StepGraph = Callable[[], object]  # a stepper's next step, lazily
+
+
+def moshi_step(lm: Lm) -> tuple[object, StepGraph]:
+    """A fresh `LmGen` (default sampling) and its next step on zero user codes."""
+    gen = LmGen(lm, SamplingConfig(), seed=0)
+    codes = np.zeros((lm.cfg.n_q - lm.cfg.moshi_codebooks,), np.int32)
+    return gen, lambda: gen.step_graph(codes)
+
+
+def stt_step(lm: Lm) -> tuple[object, StepGraph]:
+    """A fresh `ListenStepper` of one stream and its next step on zero audio codes."""
+    stepper = ListenStepper(lm)
+    codes = np.zeros((1, lm.cfg.n_q), np.int32)
+    return stepper, lambda: stepper.step_graph(codes)
+
+
+def tts_frame(lm: Lm, full: bool = True) -> tuple[TtsStepper, StepGraph]:
+    """A fresh `TtsStepper` on zero conditions and voices and its next frame: with the
+    depformer (`full`), or the temporal step and text alone (the first `delay_steps` frames)."""
+    cfg = lm.cfg
+    dtype = lm.out_norm.weight.dtype
+    condition = mx.zeros((1, cfg.dim), dtype)
+    cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, cfg.dim), dtype))
+    mx.eval(condition, cross)
+    stepper = TtsStepper(lm, condition, cross, delay_steps=0)
+    functions = stepper._functions
+    function = functions.full if full else functions.text_only
+    choices = (mx.array([0], mx.int32), mx.array([3], mx.int32))
+
+    def graph():
+        out = function(stepper._state, condition, cross, *choices)
+        return [out.state, out.text, out.frame]
+
+    return stepper, graph
+
+
+def step_for(lm: Lm) -> Step:
+    """The step a model runs: the TTS frame (cross-attention), Moshi's (a depformer), else
+    the STT's."""
+    if lm.cfg.cross_attention:
+        return tts_frame
+    return moshi_step if lm.cfg.dep_q else stt_step
+
+
+Step = Callable[[Lm], tuple[object, StepGraph]]  # `moshi_step`, `stt_step`, `tts_frame`
+
+
+def next_step(lm: Lm, step: Step) -> object:
+    """The lazy next step of a fresh `step(lm)` stepper, its state evaluated first."""
+    stepper, graph = step(lm)
+    mx.eval(stepper._state)
+    return graph()
+
+
+def step_ops(lm: Lm, form: str, step: Step) -> dict:
+    """The operations of `step(lm)`'s next step in `form`, by kind (`ops_by_primitive`):
+    {"ops": total, "by_kind": {...}}."""
+    with kernel_form(form) as tags:
+        by_kind = ops_by_primitive(next_step(lm, step), tags)
+    return {"ops": sum(by_kind.values()), "by_kind": by_kind}
+
+
+def gpu_form_ops(lm: Lm, step: Step | None = None) -> dict:
+    """`step_ops` in each of `GPU_FORMS`, by form (`step`: `step_for(lm)` when None)."""
+    step = step or step_for(lm)
+    return {form: step_ops(lm, form, step) for form in GPU_FORMS}
+
+
+def form_lines(graph_ops: dict) -> list[str]:
+    """Printed lines of the GPU forms' counts in `graph_ops["gpu_forms"]` (none without)."""
+    lines = []
+    for form, counted in graph_ops.get("gpu_forms", {}).items():
+        kinds = ", ".join(f"{name} {count}" for name, count in counted["by_kind"].items())
+        lines.append(f"  {form} form: {counted['ops']} compiled ops ({kinds})")
+    return lines

@@ -454,3 +454,23 @@ def test_gpu_suite_on_tiny_shapes(tmp_path):
         rtf, audio_b2 = tts[f"{quant}_real_time_factor_b1"], tts[f"{quant}_audio_per_s_b2"]
         assert rtf == tts[f"{quant}_audio_per_s_b1"] > 0 and audio_b2 > 0
     assert figures["moshi_7b_q4_frame"]["summary"]["syncs_per_frame"] == 1.0
+
+
+@needs_kyutai
+def test_gpu_suite_beside_kyutai_on_tiny_shapes(tmp_path):
+    """`--suite gpu --kyutai` measures Kyutai's TTS, STT and Moshi steps beside ours, each
+    summary with Kyutai's p50s and ours over them."""
+    out = tmp_path / "gpu.json"
+    command = [sys.executable, str(SCRIPTS / "bench.py"), "--suite", "gpu", "--tiny", "--kyutai"]
+    command += ["-o", str(out)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert all("error" not in entry for entry in figures.values())
+    for name in ("moshi_7b_q4_step", "stt_1b_step"):
+        summary = figures[name]["summary"]
+        assert summary["kyutai_step_ms_p50"] > 0 and summary["step_ms_over_kyutai"] > 0
+        assert "--kyutai" in figures[name]["flags"]
+    tts = figures["tts_real_time_factor"]["summary"]
+    assert tts["bf16_step_ms_b1_over_kyutai"] > 0 and "q8_step_ms_b1_over_kyutai" not in tts
+    assert "--kyutai" not in figures["moshi_7b_q4_frame"]["flags"]

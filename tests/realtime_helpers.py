@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import threading
 import typing
 
 import numpy as np
+import openai
 from aiohttp import web
 from assistant_fakes import FrameSpeech, ScriptedStt
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
@@ -34,6 +36,8 @@ TONE = (0.5 * np.sin(2 * np.pi * 330 * _TIME)).astype(np.float32)
 ANSWER = ["Paris", "is", "**lovely**."]
 LONG_ANSWER = [f"word{i}" for i in range(40)]
 MODELS = {"llm": "scripted-llm", "stt": "scripted-stt", "tts": "scripted-tts"}
+
+WAIT = 30.0  # seconds any one event may take on a loaded machine
 
 _MODELS_OF_TYPE = {
     typing.get_args(model.model_fields["type"].annotation)[0]: model
@@ -123,3 +127,69 @@ def serving(parts: Parts, api_keys: frozenset[str] = frozenset()):
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(10)
         thread.stop()
+
+
+class Events:
+    """A connection's server events (validated dicts) as they come."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.all: list[dict] = []
+        self._changed = asyncio.Condition()
+        self.failure: BaseException | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                data = await self.connection.recv_bytes()
+                event = checked(json.loads(data))
+                assert self.connection.parse_event(data).type == event["type"]
+                async with self._changed:
+                    self.all.append(event)
+                    self._changed.notify_all()
+        except Exception as exc:  # noqa: BLE001 - the test that waits reports it
+            self.failure = exc
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def wait(self, kind: str, after: int = 0, **fields) -> int:
+        """The index of the first event of `kind` (with `fields`) from `after` on."""
+
+        def found() -> int | None:
+            for i, event in enumerate(self.all[after:], after):
+                if event["type"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                    return i
+            return None
+
+        def ready() -> bool:
+            return found() is not None or self.failure is not None
+
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(ready), WAIT)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"no {kind} after {after}: {self.kinds()}") from None
+        if found() is None:
+            raise AssertionError(f"the connection failed: {self.failure!r} after {self.all[-3:]}")
+        return found()
+
+    def kinds(self, start: int = 0, end: int | None = None) -> list[str]:
+        return [event["type"] for event in self.all[start:end]]
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+
+@contextlib.asynccontextmanager
+async def connected(address: str, model: str = MODELS["llm"], key: str = "sk-test", **query):
+    """The `openai` package's realtime connection to `address` and its `Events`, once the
+    session is created."""
+    client = openai.AsyncOpenAI(api_key=key, base_url=f"http://{address}/v1")
+    async with client.realtime.connect(model=model, extra_query=query) as connection:
+        events = Events(connection)
+        try:
+            await events.wait("session.created")
+            yield connection, events
+        finally:
+            events.close()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import json
 
 import openai
 import pytest
@@ -19,15 +17,13 @@ from realtime_helpers import (
     MODELS,
     QUIET,
     Parts,
-    checked,
+    connected,
     pcm16,
     serving,
 )
 
 from moshi_mlx.realtime.config import WORD_TIMINGS
 from moshi_mlx.realtime.formats import PCMU, AudioFormat
-
-WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -39,72 +35,6 @@ def parts():
 def address(parts):
     with serving(parts, frozenset({"sk-test"})) as host_port:
         yield host_port
-
-
-class Events:
-    """A connection's server events (validated dicts) as they come."""
-
-    def __init__(self, connection):
-        self.connection = connection
-        self.all: list[dict] = []
-        self._changed = asyncio.Condition()
-        self.failure: BaseException | None = None
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                data = await self.connection.recv_bytes()
-                event = checked(json.loads(data))
-                assert self.connection.parse_event(data).type == event["type"]
-                async with self._changed:
-                    self.all.append(event)
-                    self._changed.notify_all()
-        except Exception as exc:  # noqa: BLE001 - the test that waits reports it
-            self.failure = exc
-            async with self._changed:
-                self._changed.notify_all()
-
-    async def wait(self, kind: str, after: int = 0, **fields) -> int:
-        """The index of the first event of `kind` (with `fields`) from `after` on."""
-
-        def found() -> int | None:
-            for i, event in enumerate(self.all[after:], after):
-                if event["type"] == kind and all(event.get(k) == v for k, v in fields.items()):
-                    return i
-            return None
-
-        def ready() -> bool:
-            return found() is not None or self.failure is not None
-
-        try:
-            async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(ready), WAIT)
-        except asyncio.TimeoutError:
-            raise AssertionError(f"no {kind} after {after}: {self.kinds()}") from None
-        if found() is None:
-            raise AssertionError(f"the connection failed: {self.failure!r}")
-        return found()
-
-    def kinds(self, start: int = 0, end: int | None = None) -> list[str]:
-        return [event["type"] for event in self.all[start:end]]
-
-    def close(self) -> None:
-        self._reader.cancel()
-
-
-@contextlib.asynccontextmanager
-async def connected(address: str, **query):
-    client = openai.AsyncOpenAI(api_key="sk-test", base_url=f"http://{address}/v1")
-    async with client.realtime.connect(
-        model=query.pop("model", MODELS["llm"]), extra_query=query
-    ) as connection:
-        events = Events(connection)
-        try:
-            await events.wait("session.created")
-            yield connection, events
-        finally:
-            events.close()
 
 
 async def speak(connection, loud: int = 5, quiet: int = 15) -> None:

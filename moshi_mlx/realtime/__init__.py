@@ -2,11 +2,14 @@
 an app's in-process session (`RealtimeSession`)."""
 
 from moshi_mlx.realtime.config import REALTIME, TRANSCRIPTION, SessionConfig, SessionError
+from moshi_mlx.realtime.local import LocalRealtime, LocalSession
 from moshi_mlx.realtime.session import RealtimeSession, SessionParts
 
 __all__ = [
     "REALTIME",
     "TRANSCRIPTION",
+    "LocalRealtime",
+    "LocalSession",
     "RealtimeSession",
     "SessionConfig",
     "SessionError",

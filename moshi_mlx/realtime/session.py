@@ -100,6 +100,8 @@ class RealtimeSession:
         self._response: Answer | None = None
         self._pump_timer: asyncio.TimerHandle | None = None
         self.assistant: Assistant | None = None
+        # Each frame of the answer as it goes out (float32 24 kHz), for an in-process app.
+        self.on_frame: Callable[[np.ndarray], None] | None = None
 
     @property
     def speaks(self) -> bool:
@@ -426,6 +428,8 @@ class RealtimeSession:
                 return
             if response is not None:  # else a frame of an answer that has ended
                 response.frame(frame, now)
+                if self.on_frame is not None:
+                    self.on_frame(frame)
 
 
 _HANDLERS: dict[str, Callable[[RealtimeSession, dict], Awaitable[None]]] = {

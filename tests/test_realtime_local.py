@@ -1,0 +1,68 @@
+"""`moshi_mlx.realtime.LocalRealtime`, the Realtime API inside an app: mic frames pushed from
+an "audio callback" thread (never blocking), events and the answer's frames back, a text turn
+sent from another thread; scripted parts (tests/realtime_helpers.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from realtime_helpers import LOUD, QUIET, Parts, checked
+
+from moshi_mlx.assistant import TurnRules
+from moshi_mlx.realtime import LocalRealtime
+
+
+def _events_until(session, kind: str, timeout: float = 30.0) -> list[dict]:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = session.next_event(0.5)
+        if event is None:
+            continue
+        seen.append(checked(event))
+        if event["type"] == kind:
+            return seen
+    raise AssertionError(f"no {kind}: {[e['type'] for e in seen]}")
+
+
+def test_an_app_talks_to_the_assistant_in_process():
+    realtime = LocalRealtime(Parts().make, rules=TurnRules(ignore_start=0.0))
+    try:
+        session = realtime.session({"type": "realtime", "instructions": "Be brief."})
+        assert session.next_event(5)["type"] == "session.created"
+        pulled: list[np.ndarray] = []
+        push_seconds: list[float] = []
+
+        def audio_callback_thread():  # 80 ms frames, as a sound card's callback would
+            for frame in [LOUD] * 4 + [QUIET] * 40:
+                start = time.perf_counter()
+                session.push(frame)
+                reply = session.pull()
+                push_seconds.append(time.perf_counter() - start)
+                if reply is not None:
+                    pulled.append(reply)
+                time.sleep(0.02)
+
+        callback = threading.Thread(target=audio_callback_thread)
+        callback.start()
+        seen = _events_until(session, "response.done")
+        callback.join()
+        kinds = [event["type"] for event in seen]
+        assert "input_audio_buffer.speech_started" in kinds
+        assert seen[-1]["response"]["status"] == "completed"
+        while (frame := session.pull()) is not None:
+            pulled.append(frame)
+        assert len(pulled) == 9 and all(f.shape == (1920,) for f in pulled)
+        assert max(push_seconds) < 0.005, max(push_seconds)  # never blocks the callback
+
+        session.send({"type": "conversation.item.create", "item": {"type": "message",
+                      "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
+        session.send({"type": "response.create"})
+        assert _events_until(session, "response.done")[-1]["response"]["status"] == "completed"
+        session.send({"type": "bogus"})
+        assert _events_until(session, "error")[-1]["error"]["code"] == "unknown_event"
+        session.close()
+    finally:
+        realtime.close()

@@ -11,8 +11,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.chat.check import compare_generation
 from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.runtime.sampling import SamplingConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hibiki_zero"
@@ -75,3 +77,16 @@ def test_greedy_generation_matches_pytorch(hibiki_zero, golden):
     np.testing.assert_array_equal(np.stack(codes)[SKIPPED:], golden["tokens"][SKIPPED:, 1:])
     np.testing.assert_array_equal(sampled[:-SKIPPED, 0], golden["tokens"][SKIPPED:, 0])
     assert len(np.unique(golden["sampled_text"])) > 10  # a stream worth comparing
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_our_quantizer_reads_the_published_layout(hibiki_zero, bits, tmp_path):
+    """The PyTorch-named bf16 file to our q8 / q4 (grouped attention rows, the norms kept in
+    float), loaded and run beside the bf16 model."""
+    out = tmp_path / f"model.q{bits}.safetensors"
+    quantize_checkpoint(FIXTURES / "weights.safetensors", out, bits, progress=False)
+    weights = FIXTURES / "weights.safetensors"
+    check = compare_generation(weights, out, hibiki_zero.cfg, steps=20)
+    print(f"q{bits}", check.summary())
+    assert check.text_agreement >= (0.8 if bits == 8 else 0.3), check.summary()
+    assert check.relative_logit_error < (0.08 if bits == 8 else 0.4), check.summary()

@@ -15,10 +15,12 @@ import pytest
 from mlx.utils import tree_flatten
 from tiny_moshi import (
     cached_tiny_hibiki,
+    cached_tiny_hibiki_zero,
     cached_tiny_moshi,
     cached_tiny_personaplex,
     cached_tiny_stt,
     fast_codec,
+    tiny_hibiki_zero_config,
 )
 
 import moshi_mlx
@@ -55,6 +57,18 @@ def _folder_of(kind: str, root: Path, tmp_path_factory) -> Path:
         folder = _repo_folder(root, {**shared, "model.safetensors": files["moshi"]})
         _nvidia_config(folder / CONFIG_FILE, files["lm_config"])
         return folder
+    if kind == "hibiki-zero":  # the published file names
+        files = cached_tiny_hibiki_zero(tmp_path_factory)
+        config = tiny_hibiki_zero_config()
+        return _repo_folder(
+            root,
+            {
+                config.moshi_name: files["moshi"],
+                config.tokenizer_name: moshi["tokenizer"],
+                config.mimi_name: moshi["mimi"],
+                CONFIG_FILE: files["lm_config"],
+            },
+        )
     if kind == "hibiki":
         files = cached_tiny_hibiki(tmp_path_factory)
     elif kind == "stt":
@@ -80,6 +94,7 @@ KINDS = {
     "moshi": (moshi_mlx.MoshiModel, "bfloat16"),
     "personaplex": (moshi_mlx.MoshiModel, "float32"),
     "hibiki": (moshi_mlx.MoshiModel, "float16"),
+    "hibiki-zero": (moshi_mlx.MoshiModel, "bfloat16"),
     "stt": (moshi_mlx.SttModel, "bfloat16"),
     "tts": (moshi_mlx.TtsModel, "float16"),
 }

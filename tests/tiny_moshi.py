@@ -218,6 +218,40 @@ def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
+def tiny_hibiki_zero_config():
+    """The Hibiki-Zero parity fixture's config (tests/fixtures/hibiki_zero: grouped-query
+    attention, split-halves RoPE, depformer norms and schedule) over Mimi's 2048 tokens per
+    codebook, with the published file names."""
+    import json
+
+    from moshi_mlx.models.config import LmConfig
+
+    fixture = Path(__file__).parent / "fixtures" / "hibiki_zero" / "config.json"
+    return LmConfig.from_dict(
+        json.loads(fixture.read_text())
+        | {
+            "card": 2048,
+            "moshi_name": "hibiki-pytorch-77f82164@110.safetensors",
+            "tokenizer_name": "tokenizer_spm_48k_multi6_2.model",
+        }
+    )
+
+
+def cached_tiny_hibiki_zero(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random Hibiki-Zero (`tiny_hibiki_zero_config`, bf16, MLX naming) and its
+    config.json with `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
+    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
+
+    root = tmp_path_factory.getbasetemp() / "tiny_hibiki_zero"
+    files = cached_tiny_moshi(tmp_path_factory) | {
+        "moshi": root / "model.safetensors",
+        "lm_config": root / "config.json",
+    }
+    if not all(path.is_file() for path in files.values()):
+        write_random_lm_checkpoint(root, tiny_hibiki_zero_config(), seed=5, write_config=True)
+    return files
+
+
 def tiny_stt_config(heads: int = 4):
     """A tiny model in Kyutai's STT layout (32 audio streams in, no depformer, voice-activity
     heads, text 0.5 s behind the audio) over Mimi's 2048 tokens per codebook."""

@@ -8,9 +8,9 @@ import pytest
 import soundfile as sf
 
 from moshi_mlx.audio.live import LiveLoop
-from moshi_mlx.audio.resample import resample
+from moshi_mlx.audio.resample import Resampler, resample
 from moshi_mlx.audio.ring import FrameRing, StampLog
-from moshi_mlx.audio.wav import WavRecorder, read_audio
+from moshi_mlx.audio.wav import WavRecorder, decode_audio, read_audio
 from moshi_mlx.errors import AudioError
 
 FRAME = 1920
@@ -167,7 +167,47 @@ def test_read_audio_mixes_to_mono_and_resamples(tmp_path):
     assert np.abs(pcm[300:-300] - ideal[300:-300]).max() < 1e-3
 
 
+def test_resampling_block_by_block_is_resampling_the_whole():
+    pcm = np.random.default_rng(0).standard_normal(30_011).astype(np.float32)
+    resampler = Resampler(44100, 24000)
+    parts = [resampler.push(pcm[start : start + 777]) for start in range(0, len(pcm), 777)]
+    blocks = np.concatenate([*parts, resampler.finish()])
+    np.testing.assert_array_equal(blocks, resample(pcm, 44100, 24000))
+
+
+@pytest.mark.parametrize(("rate", "channels"), [(96_000, 6), (192_000, 2), (16_000, 3)])
+def test_any_rate_and_channel_count_is_mixed_down_and_resampled(tmp_path, rate, channels):
+    """A 6-channel 96 kHz file (and others) reads as 24 kHz mono, also under a cap in
+    seconds: its memory is the output's, whatever the source's rate."""
+    tone = _sine(rate, 440.0, 0.5)
+    multi = np.zeros((len(tone), channels))
+    multi[:, 0] = tone  # mono mix = tone / channels
+    sf.write(tmp_path / "m.flac", multi, rate, subtype="PCM_24")
+    ideal = _sine(24000, 440.0, 0.5) / channels
+    for pcm in (
+        read_audio(tmp_path / "m.flac"),
+        decode_audio((tmp_path / "m.flac").read_bytes(), 24000, max_seconds=1.0),
+    ):
+        assert pcm.shape == (12000,)
+        assert np.abs(pcm[300:-300] - ideal[300:-300]).max() < 1e-3
+    with pytest.raises(AudioError, match="lasts 0.5 s, more than the 0.25 s allowed"):
+        decode_audio((tmp_path / "m.flac").read_bytes(), 24000, max_seconds=0.25)
+
+
+def test_bytes_that_are_no_audio_or_nothing_say_so_without_a_python_object():
+    with pytest.raises(AudioError) as caught:
+        decode_audio(b"these are not the samples\n" * 20, name="the file")
+    assert str(caught.value) == (
+        "cannot read the file as audio (Format not recognised.); give a valid wav/flac/ogg file"
+    )
+    with pytest.raises(AudioError, match="^the file is empty; give a wav/flac/ogg file$"):
+        decode_audio(b"", name="the file")
+
+
 def test_read_audio_errors(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    with pytest.raises(AudioError, match="empty.wav is empty"):
+        read_audio(tmp_path / "empty.wav")
     with pytest.raises(AudioError, match="not found"):
         read_audio(tmp_path / "missing.wav")
     (tmp_path / "bad.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk" * 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -11,13 +12,13 @@ import numpy as np
 import soundfile as sf
 
 from moshi_mlx.audio import SAMPLE_RATE
-from moshi_mlx.audio.resample import resample
+from moshi_mlx.audio.resample import Resampler
 from moshi_mlx.errors import AudioError
 
 MIN_SAMPLE_RATE = 8000  # below this a file cannot carry intelligible speech
-# The highest sample rate a decode capped in seconds accepts (which bounds its memory).
-MAX_CAPPED_RATE = 48_000
-BLOCK_SECONDS = 10  # decoded at once
+BLOCK_SAMPLES = 1 << 20  # decoded at once (all channels): 4 MB of float32
+# libsndfile names a file object by its repr in messages: "<_io.BytesIO object at 0x...>".
+_OBJECT_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -28,6 +29,8 @@ def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"audio file not found: {path}")
+    if path.stat().st_size == 0:
+        raise AudioError(f"{path} is empty; give a wav/flac/ogg file")
     return _decode(str(path), str(path), sample_rate, None)
 
 
@@ -39,14 +42,17 @@ def decode_audio(
 ) -> np.ndarray:
     """`read_audio` of a file's bytes; `AudioError` (naming it `name`) for bytes that are not
     audio libsndfile reads, or audio longer than `max_seconds` (checked before decoding)."""
+    if not data:
+        raise AudioError(f"{name} is empty; give a wav/flac/ogg file")
     return _decode(io.BytesIO(data), name, sample_rate, max_seconds)
 
 
 def _decode(
     source: str | io.BytesIO, name: str, sample_rate: int, max_seconds: float | None
 ) -> np.ndarray:
-    """Decode block by block, mixing each to mono, so that a capped decode holds at most
-    `max_seconds` of mono audio whatever the file's channels or its header claim."""
+    """Decode block by block, mixing each to mono and resampling it as it comes, so that a
+    decode holds the output and one block, whatever the file's rate, channels or header say
+    (a capped decode: at most `max_seconds` of output)."""
     try:
         with sf.SoundFile(source) as file:
             rate = file.samplerate
@@ -55,27 +61,25 @@ def _decode(
                     f"{name} has a sample rate of {rate} Hz, too low for speech; "
                     f"record it at {MIN_SAMPLE_RATE} Hz or more (24000 Hz is best)"
                 )
-            if max_seconds is not None and rate > MAX_CAPPED_RATE:
-                raise AudioError(
-                    f"{name} has a sample rate of {rate} Hz; give it at {MAX_CAPPED_RATE} Hz "
-                    "or less"
-                )
             limit = None if max_seconds is None else int(max_seconds * rate)
             if limit is not None and file.frames > limit:
                 raise _too_long(name, file.frames / rate, max_seconds)
+            resampler = Resampler(rate, sample_rate)
             blocks, frames = [], 0
-            for block in file.blocks(rate * BLOCK_SECONDS, dtype="float32", always_2d=True):
+            block_frames = max(1, BLOCK_SAMPLES // file.channels)
+            for block in file.blocks(block_frames, dtype="float32", always_2d=True):
                 frames += len(block)
                 if limit is not None and frames > limit:
                     raise _too_long(name, frames / rate, max_seconds)
-                blocks.append(block.mean(axis=1))
+                blocks.append(resampler.push(block.mean(axis=1)))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        detail = getattr(exc, "error_string", None) or _OBJECT_REPR.sub("the file", str(exc))
         raise AudioError(
-            f"cannot read {name} as audio ({exc}); give a valid wav/flac/ogg file"
+            f"cannot read {name} as audio ({detail}); give a valid wav/flac/ogg file"
         ) from None
     if frames == 0:
         raise AudioError(f"{name} contains no audio samples")
-    return resample(np.concatenate(blocks), rate, sample_rate)
+    return np.concatenate([*blocks, resampler.finish()])
 
 
 def _too_long(name: str, seconds: float, max_seconds: float) -> AudioError:

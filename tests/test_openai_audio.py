@@ -85,6 +85,8 @@ def server(tmp_path_factory):
     context.stt = thread.call_soon(lambda: load_tiny_stt(files)).result(300)
     context.tts = thread.call_soon(lambda: load_tiny_tts(files["mimi"])).result(300)
     context.voice_repo = str(_voice_folder(tmp_path_factory.mktemp("voices"), context.tts.config))
+    context.add_model("stt", str(files["moshi"].parent))
+    context.add_model("tts", "kyutai/tts-tiny")
     server = Server(context)
     yield server
     server.close()
@@ -110,6 +112,16 @@ def _idle(thread: ModelThread, timeout: float = 30.0) -> bool:
     while thread._jobs and time.monotonic() < deadline:
         time.sleep(0.05)
     return not thread._jobs
+
+
+def test_models_lists_every_served_model_and_each_is_found(server):
+    """`/v1/models` lists the STT and the TTS under the ids the routes answer to (a folder's
+    base name, no path); `models.retrieve` finds each."""
+    ids = [model.id for model in server.client.models.list().data]
+    assert ids == [server.context.model_names["stt"], "kyutai/tts-tiny"]
+    assert "/" not in ids[0]
+    for model_id in ids:
+        assert server.client.models.retrieve(model_id).id == model_id
 
 
 # --- transcriptions --------------------------------------------------------------------------
@@ -281,9 +293,7 @@ def test_uploads_that_are_no_audio_or_too_big_or_too_long_are_refused(server, tm
     sf.write(long, np.zeros(int(seconds * 8000), np.int16), 8000, subtype="PCM_16")
     assert "more than the" in _error(lambda: _transcribe(server, long), 400, "file")
 
-    high_rate = tmp_path / "high.flac"  # a decode's memory is bounded by its rate
-    sf.write(high_rate, np.zeros(96_000, np.int16), 96_000, subtype="PCM_16")
-    assert "96000 Hz" in _error(lambda: _transcribe(server, high_rate), 400, "file")
+    assert "BytesIO" not in _error(lambda: _transcribe(server, text), 400, "file")
 
     _error(lambda: _transcribe(server, text, response_format="tsv"), 400, "response_format")
     part = b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'

@@ -20,6 +20,7 @@ from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.openai import chat
+from moshi_mlx.serve.openai.errors import add_fallback_route
 from moshi_mlx.testing.llm import write_tiny_llm
 
 MODEL = "tiny-llm"
@@ -36,7 +37,8 @@ class _Server:
         self.context = ServeContext(
             thread=self.thread, tally=EventTally(logging.getLogger("test")), llm=llm
         )
-        self.context.model_names["llm"] = MODEL
+        self.folder = folder
+        self.context.add_model("llm", str(folder))  # a folder: its base name is the id
         self.loop = asyncio.new_event_loop()
         self.port = 0
         started = threading.Event()
@@ -49,6 +51,7 @@ class _Server:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         chat.add_routes(app, self.context)
+        add_fallback_route(app, self.context.key_allowed)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -92,6 +95,36 @@ def test_models_lists_the_served_model(client):
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
+
+
+def test_the_chat_model_answers_to_its_folder_and_an_error_names_its_id(client, server):
+    """Served from a folder, the model's id is the folder's base name (no path is listed);
+    the folder as given on the command line is accepted too."""
+    assert MODEL == server.folder.name and str(server.folder) not in str(client.models.list())
+    done = client.chat.completions.create(model=str(server.folder), messages=HELLO, max_tokens=2)
+    assert done.model == MODEL
+    with pytest.raises(openai.NotFoundError, match=f"served: '{MODEL}'"):
+        client.chat.completions.create(model="llama", messages=HELLO, max_tokens=2)
+
+
+def test_a_route_not_served_answers_in_openai_shape(client, server):
+    """Unknown /v1 routes, and the audio routes of a server without --stt/--tts: OpenAI's
+    JSON error (the client raises its typed error), not aiohttp's plain text."""
+    with pytest.raises(openai.NotFoundError, match="no such route: POST /v1/embeddings"):
+        client.embeddings.create(model=MODEL, input="hi")
+    with pytest.raises(openai.NotFoundError, match="no such route"):
+        client.responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.NotFoundError, match="start the server with --stt"):
+        client.audio.transcriptions.create(model="stt", file=("a.wav", b"RIFF"))
+    with pytest.raises(openai.NotFoundError, match="start the server with --tts"):
+        client.audio.speech.create(model="tts", voice="alloy", input="hi")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.request("GET", "/v1/chat/completions")
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    assert response.status == 405 and "takes POST" in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    connection.close()
 
 
 def test_a_completion_with_usage(client, server):

@@ -5,6 +5,7 @@ the server's hardening (keys that are not UTF-8, msgpack bombs, capped log value
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import tracemalloc
@@ -24,7 +25,7 @@ from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.stt import protocol as stt_protocol
 from moshi_mlx.serve.tts import protocol
-from moshi_mlx.serve.tts.server import TTS_PATH, log
+from moshi_mlx.serve.tts.server import MAX_POST_BYTES, TTS_PATH, log
 from moshi_mlx.tts.voices import VOICE_TENSOR
 from tests.tiny_moshi import load_tiny_tts
 
@@ -57,7 +58,8 @@ def server(full_mimi_checkpoint):
     thread.stop()
 
 
-HEADERS = {"kyutai-api-key": "secret"}
+API_KEY = "kyutai-api-key"
+HEADERS = {API_KEY: "secret"}
 QUERY = f"?format=PcmMessagePack&voice={ALICE}&cfg_alpha=1.5&seed=1"
 
 
@@ -230,15 +232,20 @@ def test_client_values_in_log_lines_are_capped():
 
 
 def test_modules_and_build_info(server):
+    """`/api/build_info` is open (Unmute's health check); `/api/modules_info` wants the key."""
     address, _ = server
 
     async def get():
         async with aiohttp.ClientSession() as session:
-            modules = await (await session.get(f"http://{address}/api/modules_info")).json()
+            url = f"http://{address}/api/modules_info"
+            refused = [(await session.get(url, headers=h)).status for h in ({}, {API_KEY: "no"})]
+            modules = await (await session.get(url, headers=HEADERS)).json()
+            by_query = (await session.get(f"{url}?auth_id=secret")).status
             build = await (await session.get(f"http://{address}/api/build_info")).json()
-            return modules, build
+            return refused, modules, by_query, build
 
-    modules, build = asyncio.run(get())
+    refused, modules, by_query, build = asyncio.run(get())
+    assert refused == [401, 401] and by_query == 200
     assert modules == [
         {
             "type": "py",
@@ -250,3 +257,31 @@ def test_modules_and_build_info(server):
     ]
     assert "git_describe" in build and "moshi_mlx" in build["git_describe"]
     assert np.isfinite(len(modules))
+
+
+def test_post_bodies_that_are_no_request_get_a_4xx_and_log_no_traceback(server, caplog):
+    """JSON nested 100,000 deep (a RecursionError in `json.loads`), bytes that are not UTF-8,
+    a body past the cap, JSON of the wrong type: each a 4xx, none a traceback in the log."""
+    address, _ = server
+    bodies = [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b"\xff\xfe{}",
+        b"[1, 2]",
+        b'{"text": 5}',
+        b"null",
+        b'{"text": "' + b"a" * (MAX_POST_BYTES + 10) + b'"}',
+    ]
+
+    async def post(body: bytes) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://{address}{TTS_PATH}"
+            async with session.post(url, data=body, headers=HEADERS) as response:
+                return response.status, await response.text()
+
+    with caplog.at_level(logging.DEBUG):
+        answers = [asyncio.run(post(body)) for body in bodies]
+    statuses = [status for status, _ in answers]
+    assert statuses == [400, 400, 400, 400, 400, 400, 413], answers
+    assert "nests too deep" in answers[0][1] and "not UTF-8" in answers[2][1]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

@@ -151,17 +151,17 @@ async def _load(args: argparse.Namespace, context: ServeContext) -> None:
     if args.stt:
         _say(f"loading STT {args.stt}...")
         context.stt = await thread.call(lambda: SttModel.load(args.stt))
-        context.model_names["stt"] = args.stt
+        context.add_model("stt", args.stt)
     if args.tts:
         _say(f"loading TTS {args.tts}...")
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
-        context.model_names["tts"] = args.tts
+        context.add_model("tts", args.tts)
     if args.llm:
         _say(f"loading LLM {args.llm}...")
         context.llm = await thread.call(
             lambda: LlmModel.load(args.llm, default_max_tokens=args.llm_max_tokens)
         )
-        context.model_names["llm"] = args.llm
+        context.add_model("llm", args.llm)
 
 
 async def _serve(args: argparse.Namespace) -> None:

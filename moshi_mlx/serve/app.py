@@ -21,6 +21,7 @@ from moshi_mlx.serve.guard import ConnectionGuard
 from moshi_mlx.serve.http import loopback_only
 from moshi_mlx.serve.openai import audio as openai_audio
 from moshi_mlx.serve.openai import chat as openai_chat
+from moshi_mlx.serve.openai.errors import add_fallback_route
 from moshi_mlx.serve.realtime import server as realtime_routes
 from moshi_mlx.serve.stt import server as stt_routes
 from moshi_mlx.serve.tts import server as tts_routes
@@ -49,6 +50,7 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
     if context.stt is not None:
         realtime_routes.add_routes(app, context)  # OpenAI's /v1/realtime (a conversation
         # with the STT, TTS and LLM; transcription with the STT alone)
+    add_fallback_route(app, context.key_allowed)  # any other /v1 route: OpenAI's error shape
     return app
 
 
@@ -76,5 +78,6 @@ async def _build_info(_request: web.Request) -> web.Response:
     return web.json_response(build_info())
 
 
-async def _modules_info(context: ServeContext, _request: web.Request) -> web.Response:
+async def _modules_info(context: ServeContext, request: web.Request) -> web.Response:
+    context.check_kyutai_key(request)
     return web.json_response([module() for module in context.modules])

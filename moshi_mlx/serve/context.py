@@ -11,6 +11,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
 
 from moshi_mlx.llm import LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
@@ -34,8 +37,11 @@ class ServeContext:
     stt: SttModel | None = None
     tts: TtsModel | None = None
     llm: LlmModel | None = None
-    # The name each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id.
+    # The id each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id
+    # (`add_model` sets it: a local folder's base name, so that no path goes to a client).
     model_names: dict[str, str] = field(default_factory=dict)
+    # Where each model was loaded from (a hub repo id or a folder): accepted as its id too.
+    model_sources: dict[str, str] = field(default_factory=dict)
     max_streams: int = 8  # live STT streams (the rows of the STT batch)
     max_tts_streams: int = 2  # live TTS streams (the rows of each TTS batch)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
@@ -43,6 +49,25 @@ class ServeContext:
     # One entry per mounted moshi-server module for `/api/modules_info`: a function giving its
     # fields ("type", "path", "used_slots", "total_slots", ... as strings, as Kyutai's).
     modules: list[Callable[[], dict[str, str]]] = field(default_factory=list)
+
+    def add_model(self, kind: str, source: str) -> None:
+        """Name the model of `kind` ("stt", "tts", "llm") loaded from `source`: its id is the
+        folder's base name for a local folder, else the repo id."""
+        folder = Path(source).expanduser()
+        self.model_names[kind] = folder.resolve().name if folder.is_dir() else source
+        self.model_sources[kind] = source
+
+    def is_model(self, kind: str, name: str) -> bool:
+        """Whether a client's `name` names the model of `kind`: its id or its source."""
+        return name in (self.model_names.get(kind), self.model_sources.get(kind))
+
+    def check_kyutai_key(self, request: web.Request) -> None:
+        """Raise a 401 unless `request` carries an allowed key the way Kyutai's clients send
+        it: the `kyutai-api-key` header or `?auth_id=`."""
+        key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
+        if not self.key_allowed(key):
+            self.tally.count("requests refused for a missing or wrong API key", request.remote)
+            raise web.HTTPUnauthorized(text=f"send a valid {API_KEY_HEADER} header")
 
     def key_allowed(self, key: str | None) -> bool:
         """Whether a client's key passes (`key_matches` against `api_keys`)."""

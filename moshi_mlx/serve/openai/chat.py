@@ -1,10 +1,11 @@
 """OpenAI's `GET /v1/models` and `POST /v1/chat/completions` on the server's models.
 
-`/v1/models` lists exactly the served chat model when there is an LLM (clients such as Unmute
-pick the one model listed), else the STT and TTS models the audio routes answer for; each
-served id is found by `/v1/models/{id}`. Mount these routes whenever the server has a model;
-`/v1/chat/completions` answers 404 without an LLM. A completion runs on the model thread as a background job, one token per step; a client
-that disconnects or stops reading ends its generation.
+`/v1/models` lists every served model, the chat model first (Unmute picks a model itself only
+when one is listed: with more, it wants `KYUTAI_LLM_MODEL`), each under the id its routes
+accept (a local folder's base name, never its path); `/v1/models/{id}` finds each. Mount these
+routes whenever the server has a model; `/v1/chat/completions` answers 404 without an LLM. A
+completion runs on the model thread as a background job, one token per step; a client that
+disconnects or stops reading ends its generation.
 """
 
 from __future__ import annotations
@@ -66,17 +67,16 @@ class _ChatRoutes:
     @answers_api_errors
     async def list_models(self, request: web.Request) -> web.Response:
         check_bearer_key(request, self.context.key_allowed)
-        served = self.served_models()
-        listed = [m for m, kind in served.items() if kind == "llm"] or list(served)
-        data = [self.model_object(model_id) for model_id in listed]
+        data = [self.model_object(model_id) for model_id in self.served_models()]
         return web.json_response({"object": "list", "data": data})
 
     @answers_api_errors
     async def get_model(self, request: web.Request) -> web.Response:
         check_bearer_key(request, self.context.key_allowed)
         model_id = request.match_info["model"]
-        if model_id not in self.served_models():
-            raise _no_such_model(model_id)
+        served = self.served_models()
+        if model_id not in served:
+            raise _no_such_model(model_id, served)
         return web.json_response(self.model_object(model_id))
 
     @answers_api_errors
@@ -87,8 +87,8 @@ class _ChatRoutes:
             raise ApiError(404, "this server runs no chat model", "model", "model_not_found")
         chat = parse_chat_request(await read_json_object(request))
         model_id = self.context.model_names.get("llm", llm.name)
-        if chat.model is not None and chat.model != model_id:
-            raise _no_such_model(chat.model)
+        if chat.model not in (None, model_id) and not self.context.is_model("llm", chat.model):
+            raise _no_such_model(chat.model, {model_id: "llm"})
         if self.generations >= MAX_GENERATIONS:
             raise ApiError(429, f"{MAX_GENERATIONS} chat completions are running: retry later")
         self.generations += 1
@@ -113,9 +113,11 @@ class _ChatRoutes:
             self.generations -= 1
 
 
-def _no_such_model(model_id: str) -> ApiError:
-    shown = model_id[:100]
-    return ApiError(404, f"the model '{shown}' does not exist here", "model", "model_not_found")
+def _no_such_model(model_id: str, served: dict[str, str]) -> ApiError:
+    """A 404 naming the ids this server answers to."""
+    ids = ", ".join(f"'{served_id}'" for served_id in served) or "none"
+    message = f"the model '{model_id[:100]}' does not exist here; served: {ids}"
+    return ApiError(404, message, "model", "model_not_found")
 
 
 class _Reply:

@@ -9,21 +9,23 @@ A handler raises `ApiError` and `answers_api_errors` turns it into that response
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from moshi_mlx.serve import bodies
+from moshi_mlx.serve.logtext import capped, without_paths
+
 # A chat request carries the whole conversation: 2 MiB holds some 500k tokens of text.
 MAX_JSON_BYTES = 2 * 1024 * 1024
-_READ_CHUNK = 64 * 1024
 
 _TYPE_OF_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -32,11 +34,13 @@ _TYPE_OF_STATUS = {
 
 
 class ApiError(Exception):
-    """A request an OpenAI route refuses: the HTTP status and OpenAI's error fields."""
+    """A request an OpenAI route refuses: the HTTP status and OpenAI's error fields (the
+    message without the server's file paths, `logtext.without_paths`)."""
 
     def __init__(
         self, status: int, message: str, param: str | None = None, code: str | None = None
     ):
+        message = without_paths(message)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -76,6 +80,42 @@ def answers_api_errors(handler: Handler) -> Handler:
     return answer
 
 
+# The OpenAI routes and the model each needs: without it, the route says which flag serves it.
+_ROUTE_FLAGS = {
+    "/v1/audio/transcriptions": "--stt",
+    "/v1/audio/speech": "--tts",
+    "/v1/audio/voices": "--tts",
+}
+
+
+def add_fallback_route(app: web.Application, key_allowed: Callable[[str | None], bool]) -> None:
+    """Answer every `/v1` request no other route takes in OpenAI's error shape: 404 for a
+    route not served (naming the flag that serves it), 405 for a method the route does not
+    take. Mount it after every other route."""
+
+    @answers_api_errors
+    async def not_served(request: web.Request) -> web.Response:
+        check_bearer_key(request, key_allowed)
+        path, method = request.path, request.method
+        methods = sorted(
+            route.method
+            for resource in request.app.router.resources()
+            if resource.canonical == path
+            for route in resource
+            if route.method != "*"
+        )
+        if methods:
+            message = f"{path} takes {', '.join(methods)}, not {capped(method, 10)}"
+            raise ApiError(405, message, code="method_not_allowed")
+        if flag := _ROUTE_FLAGS.get(path):
+            raise ApiError(404, f"{path} is not served here: start the server with {flag}")
+        raise ApiError(
+            404, f"no such route: {capped(method, 10)} {capped(path)}", code="unknown_url"
+        )
+
+    app.router.add_route("*", "/v1/{tail:.*}", not_served)
+
+
 def check_bearer_key(request: web.Request, key_allowed: Callable[[str | None], bool]) -> None:
     """Raise a 401 `ApiError` unless `Authorization: Bearer KEY` carries an allowed key."""
     header = request.headers.get("Authorization", "")
@@ -86,28 +126,12 @@ def check_bearer_key(request: web.Request, key_allowed: Callable[[str | None], b
 
 
 async def read_json_object(request: web.Request, max_bytes: int = MAX_JSON_BYTES) -> dict:
-    """The request's body as a JSON object; 413 past `max_bytes`, 400 for anything that is
-    not UTF-8 JSON holding an object. Reads at most `max_bytes + 1` bytes whatever the
-    client announces."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, f"the request body is over {max_bytes} bytes")
-    body = bytearray()
-    while True:
-        chunk = await request.content.read(_READ_CHUNK)
-        if not chunk:
-            break
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, f"the request body is over {max_bytes} bytes")
+    """The request's body as a JSON object (`bodies.read_json_object`); its refusal as an
+    `ApiError` (413 past `max_bytes`, 400 for anything else)."""
     try:
-        value = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not UTF-8 text") from None
-    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-        raise ApiError(400, "the request body is not valid JSON") from None
-    if not isinstance(value, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return value
+        return await bodies.read_json_object(request, max_bytes)
+    except bodies.BadBody as exc:
+        raise ApiError(exc.status, str(exc)) from None
 
 
 def optional_number(

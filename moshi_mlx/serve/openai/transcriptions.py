@@ -13,6 +13,7 @@ import numpy as np
 from aiohttp import web
 
 from moshi_mlx.runtime.codec import FRAME_SIZE
+from moshi_mlx.serve.bodies import BadBody, text_of
 from moshi_mlx.serve.openai.errors import ApiError
 from moshi_mlx.stt.events import SttEvent
 from moshi_mlx.stt.transcriber import SttModel
@@ -63,7 +64,9 @@ async def read_transcription_form(request: web.Request, max_file_bytes: int) -> 
             else:
                 too_long = ApiError(400, f"field {str(part.name)[:40]!r} is too long", part.name)
                 value = await _read_capped(part, MAX_FIELD_BYTES, too_long)
-                _set_field(form, part.name or "", value.decode("utf-8", "replace"))
+                _set_field(form, part.name or "", text_of(value, f"field {str(part.name)[:40]!r}"))
+    except BadBody as exc:
+        raise ApiError(exc.status, str(exc), part.name) from None
     except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # a malformed body
         raise ApiError(400, f"malformed multipart form: {str(exc)[:100]}") from None
     if not file:

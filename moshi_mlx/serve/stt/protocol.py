@@ -32,7 +32,7 @@ import numpy as np
 
 from moshi_mlx.audio import SAMPLE_RATE
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.serve.msgpack_bounds import unpack_bounded
+from moshi_mlx.serve.bodies import BadBody, unpack_msgpack
 
 MAX_AUDIO_SECONDS = 10
 MAX_AUDIO_SAMPLES = MAX_AUDIO_SECONDS * SAMPLE_RATE  # per Audio message
@@ -73,7 +73,7 @@ ClientMessage = Audio | Marker | Init
 def parse(data: bytes) -> ClientMessage:
     """The client message in `data`; `ProtocolError` naming what is wrong with it."""
     try:
-        message = unpack_bounded(
+        message = unpack_msgpack(
             data,
             _MAX_CONTAINERS,
             max_array_len=MAX_AUDIO_SAMPLES,
@@ -81,8 +81,8 @@ def parse(data: bytes) -> ClientMessage:
             max_str_len=_MAX_STRING,
             max_bin_len=MAX_MESSAGE_BYTES,
         )
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        if isinstance(exc, ValueError) and "max_array_len" in str(exc):
+    except BadBody as exc:
+        if "max_array_len" in str(exc):
             raise ProtocolError(
                 f"an Audio message may carry at most {MAX_AUDIO_SAMPLES} samples "
                 f"({MAX_AUDIO_SECONDS} s); send smaller chunks"

@@ -27,6 +27,7 @@ from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import loopback_only, origin_allowed
 from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.logtext import without_paths
 from moshi_mlx.serve.sessions import (
     BinaryMessages,
     Sessions,
@@ -158,7 +159,7 @@ class _StreamEnded(Exception):
 
 async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
     """Send the protocol's error with the reason, and close."""
-    await send_and_close(ws, protocol.error(reason))
+    await send_and_close(ws, protocol.error(without_paths(reason)))
 
 
 class _Connection:

@@ -18,7 +18,7 @@ import msgpack
 import numpy as np
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.serve.msgpack_bounds import unpack_bounded
+from moshi_mlx.serve.bodies import BadBody, unpack_msgpack
 
 FORMATS = ("PcmMessagePack", "Pcm", "OggOpus", "OggOpusMessagePack")
 END_OF_TEXT = b"\0"
@@ -59,7 +59,7 @@ def parse(data: bytes) -> ClientMessage:
     if data == END_OF_TEXT:
         return Eos()
     try:
-        message = unpack_bounded(
+        message = unpack_msgpack(
             data,
             _MAX_CONTAINERS,
             max_array_len=MAX_VOICE_FLOATS,
@@ -68,7 +68,7 @@ def parse(data: bytes) -> ClientMessage:
             max_bin_len=0,
             max_ext_len=0,
         )
-    except (ValueError, TypeError, msgpack.UnpackException):
+    except BadBody:
         raise ProtocolError("not a msgpack message of this protocol (Text, Voice or Eos)") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError('a message must be a msgpack map with a string "type"')

@@ -29,9 +29,10 @@ from aiohttp import web
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.sampling import MAX_SEED
-from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
+from moshi_mlx.serve.bodies import BadBody, read_json_object
+from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.http import origin_allowed
-from moshi_mlx.serve.logtext import capped
+from moshi_mlx.serve.logtext import capped, without_paths
 from moshi_mlx.serve.sessions import (
     Sessions,
     close_ended,
@@ -58,6 +59,8 @@ TTS_PATH = "/api/tts_streaming"
 SAMPLE_RATE = 24_000
 # Frames waiting for a client that does not read (40 s of audio); past this it is dropped.
 MAX_UNSENT = 500
+MAX_POST_CHARS = 64 * 1024  # the text of one POST
+MAX_POST_BYTES = 12 * MAX_POST_CHARS + 1024  # its JSON: an escaped character takes 12 bytes
 # Seconds a stream may wait for its first text, or for the end of a text that stopped coming.
 TEXT_IDLE_SECONDS = 120.0
 _DECODE_OFF_LOOP_BYTES = 64 * 1024  # larger messages are decoded on a worker thread
@@ -100,16 +103,8 @@ class _TtsHandler:
         self.streams = streams
         self.sessions = Sessions(context.max_tts_streams, context.tally, log, "speech stream")
 
-    def _check_key(self, request: web.Request) -> None:
-        key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
-        if not self.context.key_allowed(key):
-            self.context.tally.count(
-                "requests refused for a missing or wrong API key", request.remote
-            )
-            raise web.HTTPUnauthorized(text=f"send a valid {API_KEY_HEADER} header")
-
     async def websocket(self, request: web.Request) -> web.StreamResponse:
-        self._check_key(request)
+        self.context.check_kyutai_key(request)
         origin = request.headers.get("Origin")
         if not origin_allowed(origin, request.host):
             self.context.tally.count("websockets refused for their origin", request.remote)
@@ -139,13 +134,15 @@ class _TtsHandler:
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         """JSON `{text, voice}` -> a WAV streamed as it is spoken (16-bit, 24 kHz, mono)."""
-        self._check_key(request)
+        self.context.check_kyutai_key(request)
         try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise web.HTTPBadRequest(text="send a JSON object {text, voice}") from None
-        text = body.get("text") if isinstance(body, dict) else None
-        if not isinstance(text, str) or not text.strip() or len(text) > 64 * 1024:
+            body = await read_json_object(request, MAX_POST_BYTES)
+        except BadBody as exc:
+            return web.Response(
+                status=exc.status, text=f"{exc}; send a JSON object {{text, voice}}"
+            )
+        text = body.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_POST_CHARS:
             raise web.HTTPBadRequest(text='"text" must be a non-empty string (64 k chars at most)')
         voice = body.get("voice")
         options = await self._options(voice if isinstance(voice, str) else None, request.query)
@@ -198,7 +195,7 @@ class _TtsHandler:
             try:
                 path = await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)
             except MoshiError as exc:
-                raise web.HTTPServiceUnavailable(text=str(exc)) from None
+                raise web.HTTPServiceUnavailable(text=without_paths(str(exc))) from None
         sampling = TtsSampling()
         try:
             if "temperature" in query:
@@ -306,7 +303,8 @@ class _Connection:
             if self._session is not None:
                 self._streams.stop(self._session)
                 self._context.thread.wake()
-        if failure is not None and (message := self._encoder.message(protocol.error(failure))):
+        error = protocol.error(without_paths(failure)) if failure is not None else None
+        if error is not None and (message := self._encoder.message(error)):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._ws.send_bytes(message)
         await close_ended(self._ws)

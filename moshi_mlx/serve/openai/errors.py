@@ -85,6 +85,7 @@ _ROUTE_FLAGS = {
     "/v1/audio/transcriptions": "--stt",
     "/v1/audio/speech": "--tts",
     "/v1/audio/voices": "--tts",
+    "/v1/realtime": "--stt",
 }
 
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from moshi_mlx.errors import MoshiError, one_line
 from moshi_mlx.realtime import RealtimeSession, SessionError
 from moshi_mlx.realtime.events import error
+from moshi_mlx.serve.bodies import BadBody, json_value
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.sessions import (
@@ -105,9 +106,9 @@ class RealtimeConnection:
                 self._emit(error("send client events as JSON text messages", None, "bad_frame"))
                 continue
             try:
-                event = json.loads(message.data)
-            except (ValueError, RecursionError):
-                self._emit(error("the message is not valid JSON", None, "invalid_json"))
+                event = json_value(message.data, "the message")
+            except BadBody as exc:
+                self._emit(error(str(exc), None, "invalid_json"))
                 continue
             if not isinstance(event, dict):
                 self._emit(error("a client event is a JSON object", None, "invalid_event"))

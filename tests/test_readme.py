@@ -34,10 +34,8 @@ def _manifest_gb(name: str) -> float:
 
 def test_set_up_is_two_commands_the_first_in_a_virtual_environment():
     set_up = _section("Set up and talk to Moshi").split("\n### ")[0]
-    assert _commands(set_up) == [
-        "python3 -m venv .venv && . .venv/bin/activate && pip install -e . "
-        "&& python -m moshi_mlx.local"
-    ]
+    venv = "python3 -m venv .venv && . .venv/bin/activate"
+    assert _commands(set_up) == [f"{venv} && pip install -e . && python -m moshi_mlx.local"]
     assert _commands(_section("Run the tests")) == ["./scripts/run_tests.sh"]
     assert "externally-managed-environment" in set_up and "~/.cache/huggingface" in set_up
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moshi_mlx.checkpoints.io import read_safetensors
+from moshi_mlx.checkpoints.online import HubMiss, download
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
     DEFAULT_REPO,
@@ -126,17 +127,38 @@ def repo_file(repo: str, filename: str, parameter: str) -> Path:
         if not (folder / filename).is_file():
             raise WeightsError(f"{folder} has no {filename} (or pass {parameter}=PATH)")
         return folder / filename
-    from huggingface_hub import hf_hub_download
-
     try:
-        return Path(hf_hub_download(repo, filename))
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo/file, HTTP or disk errors
-        reason = type(exc).__name__
-        raise WeightsError(
-            f"cannot get {filename} from the Hugging Face repo {repo} ({reason}: offline or not "
-            f"downloaded); download it from https://huggingface.co/{repo} and put it in "
-            f"{weights_dir()}/ (or pass {parameter}=PATH)"
-        ) from None
+        return download(repo, filename)
+    except HubMiss as miss:
+        raise WeightsError(_missing(repo, filename, parameter, miss)) from None
+
+
+def _missing(repo: str, filename: str, parameter: str, miss: HubMiss) -> str:
+    """Why `filename` of the hub repo `repo` cannot be had, and what to do, in one line."""
+    # A repo id is also a relative path: a mistyped folder reads as a repo. Say so when the
+    # hub has no such repo, or when the id's owner is a folder here.
+    typo = miss.why == "no repo" or Path(repo).parent.is_dir() and Path(repo).parent != Path()
+    folder = f"there is no folder {repo} here, and " if typo else ""
+    instead = f"put it in {weights_dir()}/ (or pass {parameter}=PATH)"
+    if miss.why == "no repo":
+        return (
+            f"cannot get {filename}: {folder}there is no Hugging Face repo {repo} "
+            f"(https://huggingface.co/{repo}; a private or gated one needs `hf auth login`)"
+        )
+    if miss.why == "no file":
+        return f"the Hugging Face repo {repo} has no {filename}; {instead}"
+    if miss.why == "offline":
+        # A model's repo is downloaded whole (its files are what it needs); a voice alone.
+        command = f"hf download {repo}" + (f" {filename}" if parameter == "voice" else "")
+        return (
+            f"cannot get {filename} from the Hugging Face repo {repo}: {folder}the hub cannot "
+            f"be reached ({miss.detail}) and the file is not in the local cache; download it "
+            f"when online (`{command}`, or from https://huggingface.co/{repo}), or {instead}"
+        )
+    return (
+        f"cannot get {filename} from the Hugging Face repo {repo} ({miss.detail}); download "
+        f"it from https://huggingface.co/{repo} and {instead}"
+    )
 
 
 def find_config(

@@ -32,6 +32,7 @@ from moshi_mlx.serve.memory import memory_plan_line
 from moshi_mlx.serve.sessions import stop_on_sigterm
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.tts.synthesizer import TtsModel
+from moshi_mlx.tts.voices import default_voice_status
 
 # A client of these protocols may send nothing for long stretches (a TTS client listening to
 # a long answer): it is pinged after half of this, and dropped without a pong within a quarter.
@@ -156,6 +157,8 @@ async def _load(args: argparse.Namespace, context: ServeContext) -> None:
         _say(f"loading TTS {args.tts}...")
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
         context.add_model("tts", args.tts)
+        tts = context.tts
+        _say(await asyncio.to_thread(default_voice_status, tts.config, tts.voice_repo))
     if args.llm:
         _say(f"loading LLM {args.llm}...")
         context.llm = await thread.call(

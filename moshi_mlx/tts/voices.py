@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.hub import repo_file, weights_dir
+from moshi_mlx.checkpoints.hub import local_folder, repo_file, weights_dir
+from moshi_mlx.checkpoints.online import cached, hub_down
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError, WeightsError
 from moshi_mlx.models.config import LmConfig
@@ -94,6 +95,25 @@ def resolve_voice(
                 "voice (.safetensors file)"
             ) from None
         raise TtsError(f"voice {voice!r}: {exc}") from None
+
+
+def default_voice_status(config: LmConfig, voice_repo: str = DEFAULT_VOICE_REPO) -> str:
+    """One line for a server's start-up: where the default voice's file is, or that it will
+    be downloaded on first use, or (the hub cannot be reached) how to download it."""
+    name = voice_file_name(DEFAULT_VOICE, config)
+    folder = local_folder(voice_repo)
+    where = (weights_dir() / name, folder / name if folder else cached(voice_repo, name))
+    local = next((path for path in where if path is not None and path.is_file()), None)
+    if local is not None:
+        return f"the default voice ({DEFAULT_VOICE}) is local: {local}"
+    if folder is not None:
+        return f"the default voice's file {name} is neither in {folder} nor in {weights_dir()}/"
+    if (down := hub_down()) is not None:
+        return (
+            f"the default voice ({DEFAULT_VOICE}) is not downloaded and the hub cannot be "
+            f"reached ({down}): `hf download {voice_repo} {name}` when online"
+        )
+    return f"the default voice ({DEFAULT_VOICE}) will be downloaded from {voice_repo} on first use"
 
 
 def load_voice(path: str | Path, dim: int) -> mx.array:

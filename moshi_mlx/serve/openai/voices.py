@@ -8,16 +8,19 @@ outside the repo never starts a download.
 
 from __future__ import annotations
 
-import logging
 import threading
 from pathlib import Path
 
 from moshi_mlx.checkpoints.hub import local_folder, weights_dir
+from moshi_mlx.checkpoints.online import repo_files
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.serve.openai.errors import ApiError
-from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice, voice_file_name
-
-log = logging.getLogger("moshi_mlx.serve")
+from moshi_mlx.tts.voices import (
+    DEFAULT_VOICE,
+    default_voice_status,
+    resolve_voice,
+    voice_file_name,
+)
 
 # OpenAI's built-in voices: each stands for our default voice.
 OPENAI_VOICES = (
@@ -50,8 +53,17 @@ class VoiceCatalog:
 
     def resolve(self, voice: str) -> Path:
         """The embedding file of `voice` (a listed name, or an OpenAI voice name); a 400
-        `ApiError` for any other."""
+        `ApiError` for any other, a 503 for an OpenAI name while the default voice is not
+        downloaded."""
         name = DEFAULT_VOICE if voice in OPENAI_VOICES else voice
+        if name not in self.names() and name != voice:
+            raise ApiError(
+                503,
+                f"voice {voice!r} stands for the default voice, which is not downloaded: "
+                + default_voice_status(self.config, self.voice_repo),
+                "voice",
+                "voice_not_downloaded",
+            )
         if name not in self.names():
             raise ApiError(
                 400,
@@ -63,15 +75,7 @@ class VoiceCatalog:
 
     def _repo_files(self) -> list[str]:
         folder = local_folder(self.voice_repo)
-        if folder is not None:
-            return _folder_files(folder)
-        try:
-            from huggingface_hub import HfApi
-
-            return list(HfApi().list_repo_files(self.voice_repo))
-        except Exception as exc:  # noqa: BLE001 - offline, unknown repo: what is cached
-            log.warning("cannot list the voices of %s (%s)", self.voice_repo, type(exc).__name__)
-            return _cached_hub_files(self.voice_repo)
+        return _folder_files(folder) if folder is not None else repo_files(self.voice_repo)
 
 
 def _folder_files(folder: Path) -> list[str]:
@@ -79,20 +83,3 @@ def _folder_files(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     return [p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")]
-
-
-def _cached_hub_files(repo: str) -> list[str]:
-    """The files of the hub repo `repo` in the local Hugging Face cache."""
-    try:
-        from huggingface_hub import scan_cache_dir
-
-        cache = scan_cache_dir()
-    except Exception:  # noqa: BLE001 - no cache at all
-        return []
-    return [
-        file.file_path.relative_to(revision.snapshot_path).as_posix()
-        for cached in cache.repos
-        if cached.repo_id == repo
-        for revision in cached.revisions
-        for file in revision.files
-    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import socket
 import threading
@@ -406,3 +407,56 @@ def test_a_failing_model_is_a_500_and_the_server_goes_on(server, tmp_path, monke
     monkeypatch.undo()
     assert _transcribe(server, tone, response_format="text") is not None
     assert _idle(server.context.thread)
+
+
+def test_a_hostile_session_keeps_the_log_short_and_free_of_tracebacks(server, tmp_path, caplog):
+    """Junk on every route of a server with STT and TTS (deep JSON, bad UTF-8, wrong types,
+    broken forms, text uploaded as audio, msgpack bombs, unknown routes): every answer is a
+    4xx or a protocol Error, the log holds no traceback nor error, and stays short."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    junk_bodies = [deep, b"\xff\xfe", b"[1]", b'{"input": 5, "model": "tts", "voice": []}']
+    form = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+    forms = [form + b"not audio\r\n--b--\r\n", form + b"\r\n--b--\r\n", b"--b\r\n\xff" * 999]
+    bomb = b"\xdd" + (3_800_000).to_bytes(4, "big") + b"\x90" * 3_800_000
+
+    def status(path: str, body: bytes | None = None, content_type: str = "") -> int:
+        headers = {"Content-Type": content_type} if content_type else {}
+        request = urllib.request.Request(f"{server.url}{path}", body, headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    async def websocket_junk() -> list[str]:
+        import aiohttp
+
+        errors = []
+        async with aiohttp.ClientSession() as session:
+            for path, frames in (
+                ("/api/asr-streaming", [deep, bomb, "text"]),
+                ("/api/tts_streaming", [deep, bomb, b"\xc1"]),
+            ):
+                for frame in frames:
+                    async with session.ws_connect(f"ws://127.0.0.1:{server.port}{path}") as ws:
+                        await ws.receive(timeout=10)  # Ready
+                        await (ws.send_str if isinstance(frame, str) else ws.send_bytes)(frame)
+                        reply = await ws.receive(timeout=10)
+                        if reply.type == aiohttp.WSMsgType.BINARY:
+                            errors.append(__import__("msgpack").unpackb(reply.data)["type"])
+        return errors
+
+    with caplog.at_level(logging.DEBUG):
+        statuses = [status("/v1/audio/speech", body) for body in junk_bodies]
+        statuses += [status("/api/tts_streaming", body) for body in junk_bodies]
+        multipart = "multipart/form-data; boundary=b"
+        statuses += [status("/v1/audio/transcriptions", body, multipart) for body in forms]
+        statuses += [status(path) for path in ("/v1/embeddings", "/v1/responses", "/v1/x/../y")]
+        statuses.append(status("/api/tts_streaming?format=wav&seed=-1"))
+        replies = asyncio.run(websocket_junk())
+    assert all(400 <= code < 500 for code in statuses), str(list(enumerate(statuses)))
+    assert replies == ["Error"] * 6
+    records = caplog.records
+    assert not [r for r in records if r.exc_info or r.levelno >= logging.ERROR]
+    assert sum(len(r.getMessage()) for r in records) < 4000, [r.getMessage() for r in records]
+    assert _transcribe(server, _tone(tmp_path), response_format="text") is not None  # serving

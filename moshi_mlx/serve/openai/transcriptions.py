@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from moshi_mlx.errors import one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.serve.bodies import BadBody, text_of
 from moshi_mlx.serve.openai.errors import ApiError
@@ -67,8 +69,9 @@ async def read_transcription_form(request: web.Request, max_file_bytes: int) -> 
                 _set_field(form, part.name or "", text_of(value, f"field {str(part.name)[:40]!r}"))
     except BadBody as exc:
         raise ApiError(exc.status, str(exc), part.name) from None
-    except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # a malformed body
-        raise ApiError(400, f"malformed multipart form: {str(exc)[:100]}") from None
+    # A malformed body (aiohttp's multipart reader: bad headers are an HttpProcessingError).
+    except (ValueError, AssertionError, UnicodeDecodeError, HttpProcessingError) as exc:
+        raise ApiError(400, f"malformed multipart form: {one_line(exc)}") from None
     if not file:
         raise ApiError(400, "no audio: the form needs a non-empty 'file' field", "file")
     form.file = file

@@ -27,6 +27,7 @@ from ..floor import step_floor
 from ..kyutai import run_kyutai
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
+from ..steady import StepEvents, late_line, late_steps
 from ..step_ops import form_lines, gpu_form_ops, moshi_step, stt_step
 from ..timing import (
     SyncMeter,
@@ -130,7 +131,8 @@ def bench_lm(
     split_steps: int,
     dtype: mx.Dtype | None = None,
 ) -> dict:
-    """Our `LmGen.step` per step (p50/p95), its split, first audio step and peak memory.
+    """Our `LmGen.step` per step (p50/p95), its split, first audio step, peak memory, and its
+    late steps with what happened in them (`steady.late_steps`).
 
     `dtype` is the compute dtype (activations, norms, quantization scales): bf16 as
     Kyutai's loader, float32, or None for `load_lm`'s choice for the device.
@@ -146,13 +148,16 @@ def bench_lm(
     mx.reset_peak_memory()
     gen = LmGen(lm, sampling, seed=seed)
     step_times, first_audio_step = [], None
-    for index, codes in enumerate(user_codes(config.card, total, seed)):
-        t0 = time.perf_counter()
-        result = gen.step(codes)
-        moshi_codes, _ = result.moshi_codes, result.text_token  # on the host, as a caller
-        step_times.append(time.perf_counter() - t0)
-        if moshi_codes is not None and first_audio_step is None:
-            first_audio_step = index
+    with StepEvents(lambda: gen.ring.capacity) as events:
+        for index, codes in enumerate(user_codes(config.card, total, seed)):
+            events.before()
+            t0 = time.perf_counter()
+            result = gen.step(codes)
+            moshi_codes, _ = result.moshi_codes, result.text_token  # on the host, as a caller
+            step_times.append(time.perf_counter() - t0)
+            events.after()
+            if moshi_codes is not None and first_audio_step is None:
+                first_audio_step = index
     peak = peak_gb()
 
     samples = {"step_ms": step_times[warmup:]}
@@ -175,6 +180,7 @@ def bench_lm(
         **lm_result(samples),
         "syncs_per_step": float(np.mean(anatomy["syncs"][warmup:])) if anatomy else None,
         "bytes": step_floor(lm, 1000 * float(np.median(step_times[warmup:]))),
+        "late_steps": late_steps([1000 * s for s in step_times[warmup:]], events.per_step[warmup:]),
         "graph_ops": anatomy.get("graph_ops"),
         "first_audio_step": first_audio_step,
         "peak_memory_gb": peak,
@@ -274,7 +280,8 @@ def _anatomy_notes(label: str, data: dict, case: dict) -> list[str]:
         line = f"syncs per step {data['syncs_per_step']:.2f}, {line}"
     kinds = ", ".join(f"{name} {count}" for name, count in ops.get("compiled_by_kind", {}).items())
     lines = [f"  {line}"] + ([f"  compiled by kind: {kinds}"] if kinds else []) + form_lines(ops)
-    return lines + _bytes_lines(data)
+    late = [late_line(data["late_steps"])] if data.get("late_steps") else []
+    return lines + _bytes_lines(data) + late
 
 
 def _bytes_lines(data: dict) -> list[str]:

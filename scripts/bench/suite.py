@@ -57,7 +57,8 @@ def _against_kyutai(ours: dict, theirs: dict | None, *metrics: str) -> dict:
 
 def _lm_step(cases: list[dict]) -> dict:
     """The step, and its overhead: host time outside evaluation, syncs, graph operations
-    (compiled here and in each GPU's form), the bytes it reads; beside Kyutai's where run."""
+    (compiled here and in each GPU's form), the bytes it reads, its late steps and what
+    happened in them; beside Kyutai's where run."""
     case = cases[0]
     ours = case["ours"]
     metrics = ("step_ms", "temporal_ms", "depformer_ms")
@@ -68,6 +69,7 @@ def _lm_step(cases: list[dict]) -> dict:
         syncs_per_step=ours["syncs_per_step"],
         graph_ops=ours["graph_ops"],
         bytes=ours.get("bytes"),
+        late_steps=ours.get("late_steps"),
         peak_memory_gb=ours["peak_memory_gb"],
     )
     figures.update(_against_kyutai(ours, case.get("kyutai"), *metrics))

@@ -370,9 +370,25 @@ def test_assistant_case(tmp_path):
     assert "orchestration overhead: median" in done.stdout
 
 
+def test_realtime_case(tmp_path):
+    """The realtime part on one turn: `/v1/realtime`'s connection and session over the tiny
+    models through a loopback websocket; the turn's milestones from the client's clock, the
+    engine's split, and the socket and event layer's time per audio delta (under 5 ms)."""
+    done, report = _run_bench("--parts realtime --turns 1", tmp_path / "r.json", timeout=240)
+    (case,) = report["results"]
+    ours = case["ours"]
+    (turn,) = ours["turns"]
+    assert 0 < turn["speech_stopped"] < turn["first_audio_delta"]
+    stages = ("detection", "stt_flush", "llm_first_token", "tts_first_audio", "audio_out")
+    assert all(turn[stage] >= 0 for stage in stages)
+    assert ours["deltas"] > 0 and 0 <= ours["socket_ms_median"] < 5.0
+    assert turn["first_frame_to_client"] >= 0
+    assert "socket and event layer" in done.stdout
+
+
 PART_NAMES = {
     "lm", "mimi", "pipeline", "echo", "ops", "web", "kv", "kv-fidelity", "persona", "stt", "tts",
-    "serve", "assistant",
+    "serve", "assistant", "realtime",
 }  # fmt: skip
 
 

@@ -36,9 +36,9 @@ def parser() -> argparse.ArgumentParser:
         "--parts",
         type=_csv,
         default=["lm", "mimi", "pipeline", "echo"],
-        help="ops,lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant (ops: a "
-        "step's operations as this backend, CUDA and Metal build it, untimed; stt: shapes "
-        "stt-*; assistant: its own tiny models)",
+        help="ops,lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant,realtime "
+        "(ops: a step's operations as this backend, CUDA and Metal build it, untimed; stt: "
+        "shapes stt-*; assistant, realtime: their own tiny models)",
     )
     parser.add_argument(
         "--streams", type=int, default=8, help="stt, tts: streams (requests) in one batch"
@@ -47,7 +47,9 @@ def parser() -> argparse.ArgumentParser:
         "--kv-bits", type=_csv, default=["none", "8", "4"], help="KV caches of --parts kv"
     )
     parser.add_argument("--codec", type=_csv, default=["mlx", "rustymimi"], help="mlx,rustymimi")
-    parser.add_argument("--turns", type=int, default=3, help="assistant: user turns answered")
+    parser.add_argument(
+        "--turns", type=int, default=3, help="assistant, realtime: user turns answered"
+    )
     parser.add_argument("--steps", type=int, default=50, help="measured LM steps per case")
     parser.add_argument("--split-steps", type=int, default=20, help="steps timed part by part")
     parser.add_argument(

@@ -13,6 +13,7 @@ from . import (
     ops,
     persona,
     pipeline,
+    realtime,
     serve,
     stt,
     tts,
@@ -34,6 +35,7 @@ PARTS: dict[str, Part] = {
         tts.PART,
         serve.PART,
         assistant.PART,
+        realtime.PART,
         web.PART,
     )
 }

@@ -1,0 +1,240 @@
+"""The `realtime` part: `/v1/realtime`'s latency per turn, end to end through a websocket, on
+the assistant part's tiny models, and what the socket and event layer adds per frame.
+
+A server on loopback runs the route's connection (`serve.realtime.connection`) and session
+(`moshi_mlx.realtime`) over the real tiny STT (its words and pause head scripted, as the
+assistant part does), LLM and TTS; a websocket client sends mic frames as JSON appends, paced
+every `frame_ms` (80 ms where the models keep up, else slower, as the assistant part paces
+them), `USER_FRAMES` loud ones then quiet ones until the answer is done.
+
+Per turn, from the client's clock: the end of the user's speech (the last loud frame sent) ->
+`input_audio_buffer.speech_stopped` -> the first `response.output_audio.delta`; the engine's
+split (`moshi_mlx.assistant.latency`: detection, STT flush, LLM first token, TTS first audio,
+audio out); the first frame's way from the TTS step that made it to the client (event loop,
+encoding, JSON, socket). For every audio delta: the time from the session's emit to the
+client's receipt (JSON and socket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from moshi_mlx.assistant import ReplySampling, TurnRules
+from moshi_mlx.assistant.latency import STAGES
+from moshi_mlx.realtime import RealtimeSession, SessionConfig, SessionParts
+from moshi_mlx.runtime.codec import FRAME_SIZE
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.limits import Limits
+from moshi_mlx.serve.realtime.connection import MAX_MESSAGE_BYTES, RealtimeConnection
+
+from ..part import Part
+from .assistant import (
+    ALONE_STT_STEPS,
+    MAX_TOKENS,
+    SYSTEM,
+    USER_FRAMES,
+    _drop,
+    _frame_seconds,
+    _load,
+    _ScriptedStt,
+    _stt_alone,
+    _tts_alone,
+)
+
+
+class _FirstFrames:
+    """A TTS stream that notes when its first frame was made (monotonic s)."""
+
+    def __init__(self, speech, made: list[float]):
+        self._speech = speech
+        self._made = made
+        self.push, self.close = speech.push, speech.close
+
+    @property
+    def words(self):
+        return self._speech.words
+
+    @property
+    def waiting(self) -> bool:
+        return self._speech.waiting
+
+    def steps(self):
+        first = True
+        for step in self._speech.steps():
+            if first and step.pcm[0] is not None:
+                self._made.append(time.monotonic())
+                first = False
+            yield step
+
+
+async def _serve(thread: ModelThread, parts: SessionParts, sessions: list, emitted: dict):
+    """The route's connection and session on loopback: (runner, ws url)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+
+        async def make_session(emit):
+            def stamped(event: dict) -> None:
+                if event["type"] == "response.output_audio.delta":
+                    emitted[event["event_id"]] = time.monotonic()
+                emit(event)
+
+            rules = TurnRules(ignore_start=0.0)
+            sampling = ReplySampling(temperature=0.0, top_p=1.0, max_tokens=MAX_TOKENS)
+            config = SessionConfig(model="tiny", instructions=SYSTEM)
+            session = RealtimeSession(thread, parts, config, stamped, rules, sampling)
+            sessions.append(session)
+            return session
+
+        await RealtimeConnection(ws, make_session, Limits()).run()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"ws://127.0.0.1:{port}/v1/realtime"
+
+
+async def _converse(url: str, turns: int, frame_seconds: float, received: dict) -> list[dict]:
+    """The client's side: per turn the monotonic times of its milestones."""
+    loud = np.random.default_rng(1).normal(0, 0.1, FRAME_SIZE).astype(np.float32)
+    quiet = np.zeros(FRAME_SIZE, np.float32)
+
+    def append(pcm: np.ndarray) -> str:
+        data = (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
+        return json.dumps(
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}
+        )
+
+    timeline: list[dict] = []
+    async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
+
+        async def read() -> None:
+            async for message in ws:
+                event = json.loads(message.data)
+                now = time.monotonic()
+                if event["type"] == "response.output_audio.delta":
+                    received[event["event_id"]] = now
+                    timeline[-1].setdefault("first_audio", now)
+                elif event["type"] == "input_audio_buffer.speech_stopped":
+                    timeline[-1].setdefault("speech_stopped", now)
+                elif event["type"] == "response.done" and timeline:
+                    timeline[-1]["done"] = now
+
+        reader = asyncio.create_task(read())
+        loop = asyncio.get_running_loop()
+        tick = loop.time()
+        for _ in range(turns):
+            timeline.append({})
+            frames = 0
+            deadline = loop.time() + 60 + 200 * frame_seconds
+            while "done" not in timeline[-1]:
+                await ws.send_str(append(loud if frames < USER_FRAMES else quiet))
+                if frames == USER_FRAMES - 1:
+                    timeline[-1]["speech_end"] = time.monotonic()
+                frames += 1
+                tick += frame_seconds
+                await asyncio.sleep(max(0.0, tick - loop.time()))
+                if loop.time() > deadline:
+                    raise RuntimeError(f"no answer to turn {len(timeline)}")
+        reader.cancel()
+    return timeline
+
+
+def bench_realtime(folder: Path, turns: int) -> dict:
+    """The figures of `turns` spoken turns through the websocket."""
+    thread = ModelThread("bench-realtime")
+    thread.start()
+    held: dict = {}
+    try:
+        models = held["models"] = _load(folder, thread)
+        stt_alone = thread.call_soon(lambda: _stt_alone(models, ALONE_STT_STEPS)).result()
+        probe = thread.call_soon(lambda: _tts_alone(models, "Hello there, how are you?"))
+        tts_frames = probe.result()[1]
+        frame_seconds = _frame_seconds(float(np.median(stt_alone)), float(np.median(tts_frames)))
+        stt = held["stt"] = thread.call_soon(models["stt"].speech_to_text).result()
+        made: list[float] = []
+
+        def open_speech(_voice) -> _FirstFrames:  # the part's one voice, whatever is asked
+            return _FirstFrames(models["tts"].stream(voice=models["voice"]), made)
+
+        parts = SessionParts(_ScriptedStt(stt, []), models["llm"], open_speech)
+        sessions: list[RealtimeSession] = []
+        emitted: dict[str, float] = {}
+        received: dict[str, float] = {}
+
+        async def run():
+            runner, url = await _serve(thread, parts, sessions, emitted)
+            try:
+                return await _converse(url, turns, frame_seconds, received)
+            finally:
+                await runner.cleanup()
+
+        timeline = asyncio.run(run())
+        latencies = list(sessions[0].assistant.latencies.turns)
+    finally:
+        thread.call_soon(lambda: _drop(held)).result()
+        thread.stop()
+    socket_ms = [1000 * (received[key] - emitted[key]) for key in received if key in emitted]
+    result = {"frame_ms": 1000 * frame_seconds, "turns": [], "deltas": len(socket_ms)}
+    for index, marks in enumerate(timeline):
+        turn = {
+            "speech_stopped": 1000 * (marks["speech_stopped"] - marks["speech_end"]),
+            "first_audio_delta": 1000 * (marks["first_audio"] - marks["speech_end"]),
+            "first_frame_to_client": 1000 * (marks["first_audio"] - made[index]),
+        }
+        if index < len(latencies):
+            turn.update({stage: 1000 * getattr(latencies[index], stage) for stage in STAGES})
+        result["turns"].append(turn)
+    result["socket_ms_median"] = float(np.median(socket_ms))
+    result["socket_ms_p95"] = float(np.percentile(socket_ms, 95))
+    result["first_frame_to_client_ms_median"] = float(
+        np.median([t["first_frame_to_client"] for t in result["turns"]])
+    )
+    return result
+
+
+def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
+    yield {
+        "part": "realtime",
+        "shape": "stt-tiny+tts-tiny+llm-tiny",
+        "ours": bench_realtime(folder, args.turns),
+    }
+
+
+def summary(case: dict) -> str:
+    """A line per turn, and the layer's cost per frame."""
+    ours = case["ours"]
+    lines = [f"realtime {case['shape']}: mic appends every {ours['frame_ms']:.0f} ms"]
+    for number, turn in enumerate(ours["turns"], 1):
+        split = ", ".join(f"{stage} {turn[stage]:.0f}" for stage in STAGES if stage in turn)
+        lines.append(
+            f"  turn {number}: speech end -> speech_stopped {turn['speech_stopped']:.0f} ms, "
+            f"-> first audio delta {turn['first_audio_delta']:.0f} ms ({split} ms); first "
+            f"frame made -> client {turn['first_frame_to_client']:.1f} ms"
+        )
+    lines.append(
+        f"  socket and event layer: first frame made -> client median "
+        f"{ours['first_frame_to_client_ms_median']:.1f} ms; each audio delta emit -> client "
+        f"median {ours['socket_ms_median']:.1f} ms, p95 {ours['socket_ms_p95']:.1f} ms "
+        f"({ours['deltas']} deltas)"
+    )
+    return "\n".join(lines)
+
+
+PART = Part("realtime", cases, summary=summary)

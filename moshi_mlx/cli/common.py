@@ -54,10 +54,14 @@ class CliParser(argparse.ArgumentParser):
 def bounded(kind: type, low: float, high: float = math.inf, *, above: bool = False):
     """An argparse `type`: a finite `kind` (int or float) from `low` (excluded if `above`) to
     `high`, else argparse's one-line refusal (`argument --top-k: must be >= 0, got -5`)."""
+
+    def shown(bound: float) -> str:
+        return str(int(bound)) if kind is int else f"{bound:g}"
+
     if above:
-        span = f"> {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+        span = f"> {shown(low)}" + (f" and <= {shown(high)}" if high < math.inf else "")
     else:
-        span = f"from {low:g} to {high:g}" if high < math.inf else f">= {low:g}"
+        span = f"from {shown(low)} to {shown(high)}" if high < math.inf else f">= {shown(low)}"
 
     def parse(text: str):
         try:

@@ -43,17 +43,20 @@ def _shape(name: str) -> Callable[[], LmConfig]:
     return lambda: LmConfig.from_dict({**LM_SHAPES, **TTS_SHAPES}[name])
 
 
-def _personaplex(config: Callable[[], LmConfig]) -> Callable[[], LmConfig]:
-    """PersonaPlex's structure over a Moshi config (`LmConfig.personaplex_7b`'s changes)."""
-    changes = {"dep_q": 16, "user_codebooks": 8, "generator": "personaplex"}
-    return lambda: replace(config(), **changes)
+def _structure_widths(config: Callable[[], LmConfig], shape: str) -> Callable[[], LmConfig]:
+    """`config` at the widths of the bench shape `shape` (a `*-structure` one)."""
+    widths = ("dim", "depformer_dim", "depformer_dim_feedforward")
+    return lambda: replace(config(), **{name: LM_SHAPES[shape][name] for name in widths})
 
 
 PUBLISHED = (
     Published("Moshi 7B q4", LmConfig.moshi_7b, 4, _shape("7b-structure")),
     Published("Moshi 7B q8", LmConfig.moshi_7b, 8, _shape("7b-structure")),
     Published(
-        "PersonaPlex 7B q8", LmConfig.personaplex_7b, 8, _personaplex(_shape("7b-structure"))
+        "PersonaPlex 7B q8",
+        LmConfig.personaplex_7b,
+        8,
+        _structure_widths(LmConfig.personaplex_7b, "7b-structure"),
     ),
     Published("STT 1B bf16", _shape("stt-1b"), None, _shape("stt-1b-structure")),
     Published("TTS 1.6B bf16", _shape("tts-1.6b"), None, _shape("tts-1.6b-structure")),

@@ -58,6 +58,22 @@ def test_the_first_second_of_the_stream_and_silence_without_words_end_no_turn():
     assert turns.listen(1.0, [], DONE) == [FlushStt()]
 
 
+def test_without_pause_heads_a_gap_between_words_ends_the_turn():
+    """kyutai/stt-2.6b-en has no pause heads: `word_gap` seconds without a word end the turn;
+    while answering, a word barges in."""
+    turns = TurnTaker(History(""), TurnRules(word_gap=1.0))
+    assert turns.listen(0.5, [], ()) == []  # nobody spoke
+    assert turns.listen(3.0, ["hello"], ()) == [UserStarted(3.0)]
+    assert turns.listen(3.5, ["there"], ()) == []
+    assert turns.listen(4.42, [], ()) == []  # 0.92 s since the last word
+    assert turns.listen(4.5, [], ()) == [FlushStt()]
+    assert turns.listen(4.58, ["friend"], ()) == []  # the flush brings the last word
+    assert turns.flushed()[0] == UserSaid("hello there friend")
+    assert turns.state is State.ANSWERING
+    assert turns.listen(4.66, [], ()) == []  # silence does not stop the answer
+    assert turns.listen(9.08, ["wait"], ()) == [UserStarted(9.08), StopReply("")]
+
+
 def test_the_thresholds_are_settings():
     turns = TurnTaker(History(""), TurnRules(pause_threshold=0.2, ignore_start=0.0))
     turns.listen(0.0, ["hi"], SPEAKING)

@@ -9,6 +9,9 @@ the `Action`s the pipeline must take, at once, in order.
   above `pause_threshold` (Unmute: `prs[2] > 0.6`), never in the stream's first
   `ignore_start` seconds (the head is unreliable there); then the STT's delay is flushed with
   silence (`FlushStt`) so its last words come out, and the LLM starts (`StartReply`).
+  An STT without pause heads (kyutai/stt-2.6b-en) ends it by silence instead: no new word
+  for `word_gap` seconds of the STT's stream (so `word_gap` plus the STT's delay after the
+  user stopped), like a VAD's silence timeout; our rule, as Unmute has none for such a model.
 - The LLM's words go to the TTS whole and cleaned (`Speak`) as they come.
 - Barge-in: while the assistant answers, a word from the user (or the pause head's "done"
   below `barge_in_below`: the user is surely speaking) stops it (`StopReply`: LLM and TTS
@@ -42,6 +45,7 @@ class TurnRules:
     barge_in_below: float = 0.05  # head "done" below this while answering: barge-in (0: off)
     head: int = TURN_HEAD
     ends_turns: bool = True  # the pause head ends the user's turn (False: only `commit` does)
+    word_gap: float = 1.0  # no pause heads: seconds without a new word that end the turn
     replies: bool = True  # the end of the user's turn starts the answer (False: `respond`)
     barge_in: bool = True  # the user's speech stops an answer
 
@@ -132,6 +136,7 @@ class TurnTaker:
         self._count_tokens = count_tokens
         self._token_limit = token_limit
         self._user_words: list[str] = []
+        self._last_word = 0.0  # when the STT last gave a word (s, its stream's time)
         self._words = SpokenWords()
         self._reply = ""  # the cleaned words sent to the TTS
         self._heard = ""  # the part of it the speaker has played
@@ -150,8 +155,11 @@ class TurnTaker:
         head's probability that the speaker is done (empty: the model has no such heads)."""
         words = [w for w in words if w.strip()]
         rules = self.rules
+        if words:
+            self._last_word = time
         done = pause[rules.head] if len(pause) > rules.head else None
         head_trusted = done is not None and time >= rules.ignore_start
+
         if self.state is State.ANSWERING:
             speaking = head_trusted and done < rules.barge_in_below
             if not rules.barge_in:
@@ -168,6 +176,8 @@ class TurnTaker:
         if self.state is State.LISTENING and words:
             self.state = State.USER_SPEAKING
             actions.append(UserStarted(time))
+        if not pause:  # no pause heads: a gap of `word_gap` without words is "done"
+            head_trusted, done = True, float(time - self._last_word >= rules.word_gap)
         if (
             self.state is State.USER_SPEAKING
             and rules.ends_turns

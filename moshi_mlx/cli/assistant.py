@@ -107,6 +107,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="while answering, a pause head 'done' below P interrupts it as a word does "
         "(default %(default)s; 0: words only)",
     )
+    turns.add_argument(
+        "--word-gap",
+        type=non_negative_float,
+        default=TurnRules.word_gap,
+        metavar="SECONDS",
+        help="an STT without pause heads (kyutai/stt-2.6b-en): the turn ends after SECONDS "
+        "without a new word (default %(default)s)",
+    )
     return parser.parse_args(argv)
 
 
@@ -200,7 +208,12 @@ class AssistantSession:
             models.llm,
             models.make_speech,
             History(system),
-            rules=TurnRules(args.pause_threshold, args.ignore_start, args.barge_in_below),
+            rules=TurnRules(
+                args.pause_threshold,
+                args.ignore_start,
+                args.barge_in_below,
+                word_gap=args.word_gap,
+            ),
             sampling=ReplySampling(args.temperature, args.top_p, args.max_tokens),
             on_event=screen.event,
             speaker_delay=lambda: (len(loop.speaker) + 0.5) * FRAME_SECONDS + loop.output_latency,

@@ -52,6 +52,7 @@ from moshi_mlx.stt.words import finished_words
 
 FORMATS = {"text": (to_text, ".txt"), "json": (to_json, ".json"), "srt": (to_srt, ".srt")}
 END_OF_TURN = " [end of turn]\n"
+PAUSE_HEADS_REPO = "kyutai/stt-1b-en_fr-candle"  # the published STT with pause heads
 AUDIO_BAR = "{l_bar}{bar}| {n:.1f}/{total:.1f} s of audio [{elapsed}<{remaining}]"
 
 
@@ -104,12 +105,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     audio = parser.add_argument_group("microphone")
     audio.add_argument("--list-devices", action="store_true", help="list sound devices and exit")
     audio.add_argument("--input-device", metavar="DEVICE", help="index or part of the name")
+    audio.add_argument(
+        "--vad",
+        action="store_true",
+        help="mark the ends of turns (the pause head's); a model without pause heads, such "
+        "as kyutai/stt-2.6b-en, is refused",
+    )
     add_server_args(parser)
     args = parser.parse_args(argv)
     if not (args.files or args.mic or args.serve or args.list_devices):
         parser.error("give audio files, --mic or --serve")
     if args.files and (args.mic or args.serve):
         parser.error("files cannot be combined with --mic or --serve")
+    if args.vad and not args.mic:
+        parser.error("--vad marks the ends of turns of --mic")
     if args.tokens and not args.files:
         parser.error("--tokens writes the tokens of files; give audio files")
     return args
@@ -212,6 +221,11 @@ def live_captions(args: argparse.Namespace) -> int:
     sd = import_sounddevice()
     device = resolve_device(args.input_device, "input")
     model = _load(args)
+    if args.vad and not model.has_pause_heads:
+        raise ConfigError(
+            f"--vad needs an STT model with pause heads, such as {PAUSE_HEADS_REPO}; "
+            "this model has none"
+        )
     stt = model.speech_to_text(sampling=_sampling(args))
     frames: queue.Queue[np.ndarray] = queue.Queue(maxsize=64)
 

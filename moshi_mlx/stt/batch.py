@@ -41,6 +41,7 @@ from moshi_mlx.stt.transcriber import (
     FRAME_SECONDS,
     StreamReader,
     SttModel,
+    done_probabilities,
     joined_steps,
 )
 
@@ -162,7 +163,7 @@ class SttBatch:
         mx.eval(out.text, out.head_probabilities, out.state, encoders)
         self._position += 1
         tokens = np.array(out.text).tolist()
-        heads = np.array(out.head_probabilities)[:, :, 0]  # (rows, heads): "done" class
+        heads = done_probabilities(out.head_probabilities)
         return [
             output
             for row in self.busy_rows

@@ -81,6 +81,12 @@ class SttModel:
         return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, parts.memory)
 
     @property
+    def has_pause_heads(self) -> bool:
+        """Whether the model says when a speaker is done (its voice-activity heads: the
+        ends of turns); kyutai/stt-2.6b-en has none."""
+        return self.lm.cfg.extra_heads_num_heads > TURN_HEAD
+
+    @property
     def silence_prefix_steps(self) -> int:
         """Steps of silence a transcription starts with (the config's silence prefix)."""
         return math.ceil(self.lm.cfg.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
@@ -218,11 +224,18 @@ class SpeechToText:
         if not self._stepper.ready:
             return [SttStep(index) for _ in range(self.streams)]
         tokens = np.array(out.text_tokens).tolist()
-        heads = np.array(out.head_probabilities)[:, :, 0]  # (streams, heads): "done" class
+        heads = done_probabilities(out.head_probabilities)
         return [
             reader.read(index, token, heads[stream])
             for stream, (reader, token) in enumerate(zip(self._readers, tokens))
         ]
+
+
+def done_probabilities(head_probabilities: mx.array) -> np.ndarray:
+    """Each row's pause heads' "done" probabilities (rows, heads) of a step's
+    `head_probabilities` (rows, heads, classes); (rows, 0) for a model without pause heads."""
+    probabilities = np.array(head_probabilities)
+    return probabilities[:, :, :1].reshape(probabilities.shape[0], -1)
 
 
 def joined_steps(steps: list[SttStep]) -> SttStep:

@@ -66,3 +66,35 @@ def test_an_app_talks_to_the_assistant_in_process():
         session.close()
     finally:
         realtime.close()
+
+
+def test_load_talks_with_real_tiny_models(tmp_path):
+    """`LocalRealtime.load` on the tiny STT, TTS and LLM folders (tests/assistant_cli.py): a
+    text turn is answered in audio."""
+    from assistant_cli import write_model_flags
+
+    from moshi_mlx.tts.voices import DEFAULT_VOICE
+
+    flags = write_model_flags(tmp_path)
+    folders = dict(zip(flags[0:6:2], flags[1:6:2], strict=True))
+    voices = tmp_path / "voices"
+    voice = voices / f"{DEFAULT_VOICE}.0badf00d@7.safetensors"  # the tiny TTS's model id
+    voice.parent.mkdir(parents=True)
+    voice.symlink_to(flags[flags.index("--voice") + 1])
+    realtime = LocalRealtime.load(
+        folders["--stt"], folders["--tts"], folders["--llm"], voice_repo=str(voices)
+    )
+    try:
+        session = realtime.session({"type": "realtime", "max_output_tokens": 8})
+        session.send({"type": "conversation.item.create", "item": {"type": "message",
+                      "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
+        session.send({"type": "response.create"})
+        done = _events_until(session, "response.done", timeout=120)[-1]["response"]
+        assert done["status"] == "completed", done
+        frames = []
+        while (frame := session.pull()) is not None:
+            frames.append(frame)
+        assert frames and all(f.shape == (1920,) and f.dtype == np.float32 for f in frames)
+        session.close()
+    finally:
+        realtime.close()

@@ -137,10 +137,16 @@ class LocalRealtime:
 
     @classmethod
     def load(
-        cls, stt: str | Path, tts: str | Path | None = None, llm: str | Path | None = None
+        cls,
+        stt: str | Path,
+        tts: str | Path | None = None,
+        llm: str | Path | None = None,
+        voice_repo: str | None = None,
     ) -> LocalRealtime:
-        """Load the models (hub repo ids or folders) on a new model thread; see `from_models`."""
+        """Load the models (hub repo ids or folders) on a new model thread, the TTS's voices
+        from `voice_repo` (a hub repo id or a folder; default Kyutai's); see `from_models`."""
         from moshi_mlx.api import load
+        from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
         from moshi_mlx.llm import LlmModel
 
         thread = ModelThread("moshi-mlx-realtime")
@@ -148,7 +154,7 @@ class LocalRealtime:
         models = thread.call_soon(
             lambda: (
                 load(stt),
-                None if tts is None else load(tts),
+                None if tts is None else load(tts, voice_repo=voice_repo or DEFAULT_VOICE_REPO),
                 None if llm is None else LlmModel.load(llm),
             )
         ).result()

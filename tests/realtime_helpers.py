@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import typing
+from types import SimpleNamespace
 
 import numpy as np
 import openai
@@ -20,6 +21,7 @@ from assistant_fakes import FrameSpeech, ScriptedStt
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from moshi_mlx.assistant import TurnRules
+from moshi_mlx.errors import MoshiError
 from moshi_mlx.llm import TextPiece
 from moshi_mlx.realtime import SessionError, SessionParts
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
@@ -35,7 +37,8 @@ QUIET = np.zeros(FRAME_SIZE, np.float32)
 TONE = (0.5 * np.sin(2 * np.pi * 330 * _TIME)).astype(np.float32)
 ANSWER = ["Paris", "is", "**lovely**."]
 LONG_ANSWER = [f"word{i}" for i in range(40)]
-MODELS = {"llm": "scripted-llm", "stt": "scripted-stt", "tts": "scripted-tts"}
+MODELS = {"llm": "scripted-llm", "stt": "scripted-stt", "tts": "scripted-tts",
+          "moshi": "scripted-moshi"}  # fmt: skip
 
 WAIT = 30.0  # seconds any one event may take on a loaded machine
 
@@ -75,15 +78,54 @@ class ScriptedLlm:
         return iter([*(TextPiece(f"{word} ") for word in self.words), TextPiece("", "stop")])
 
 
+class FakeDuplex:
+    """A full-duplex conversation that answers each mic frame with a frame of `TONE` and,
+    every third frame, a word (`m0 `, `m1 `, ...); records its persona and frames."""
+
+    def __init__(self, voice, role):
+        self.persona = (voice, role)
+        self.frames = 0
+        self.closed = False
+        self._replies: asyncio.Queue = asyncio.Queue()
+
+    async def start(self) -> int:
+        return 0
+
+    def push(self, frame: np.ndarray) -> None:
+        assert frame.shape == (FRAME_SIZE,)
+        text = f"m{self.frames // 3} " if self.frames % 3 == 0 else ""
+        self.frames += 1
+        self._replies.put_nowait(SimpleNamespace(pcm=TONE.copy(), text=text))
+
+    async def next(self):
+        reply = await self._replies.get()
+        if reply is None:
+            raise MoshiError("the session is closed")
+        return reply
+
+    def close(self) -> None:
+        self.closed = True
+        self._replies.put_nowait(None)
+
+
 class Parts:
-    """The scripted parts of each session; `llm` is the last session's LLM."""
+    """The scripted parts of each session; `llm` is the last session's LLM, `duplexes` the
+    Moshi conversations opened."""
 
     def __init__(self):
         self.words = ANSWER
         self.llm: ScriptedLlm | None = None
         self.voices: list[str] = []
+        self.duplexes: list[FakeDuplex] = []
 
-    async def make(self, kind: str) -> SessionParts:
+    async def make(self, kind: str):
+        if kind == "duplex":
+
+            def open_duplex(voice, role) -> FakeDuplex:
+                self.duplexes.append(FakeDuplex(voice, role))
+                return self.duplexes[-1]
+
+            return open_duplex
         self.llm = ScriptedLlm(self.words)
 
         async def find_voice(name: str):

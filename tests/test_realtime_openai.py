@@ -294,3 +294,56 @@ def test_a_wrong_key_or_model_is_refused(address):
         run(attempt("wrong", MODELS["llm"]))
     with pytest.raises(Exception, match="404"):
         run(attempt("sk-test", "gpt-realtime"))
+
+
+def test_moshi_full_duplex_is_one_long_response(address, parts):
+    """A Moshi session (`?model=` names it; a fake full-duplex conversation): the persona from
+    `voice` and `instructions`, a reply frame per mic frame as audio deltas of one response,
+    Moshi's words as transcript deltas; `response.cancel` silences it until `response.create`."""
+
+    async def body():
+        async with connected(address, model=MODELS["moshi"]) as (connection, events):
+            created = events.all[0]["session"]
+            assert created["audio"]["input"]["turn_detection"] is None
+            await connection.session.update(
+                session={"type": "realtime", "instructions": "You teach maths.",
+                         "audio": {"output": {"voice": "NATF2"}}}
+            )  # fmt: skip
+            await events.wait("session.updated")
+            await connection.input_audio_buffer.append(audio=pcm16([QUIET] * 6))
+            response = events.all[await events.wait("response.created")]["response"]
+            deltas = 0
+            while deltas < 6:
+                at = await events.wait("response.output_audio.delta")
+                deltas = sum(e["type"] == "response.output_audio.delta" for e in events.all)
+            assert parts.duplexes[-1].persona == ("NATF2", "You teach maths.")
+            assert all(
+                e["response_id"] == response["id"]
+                for e in events.all
+                if e["type"] == "response.output_audio.delta"
+            )
+            words = [
+                e["delta"]
+                for e in events.all
+                if e["type"] == "response.output_audio_transcript.delta"
+            ]
+            assert words == ["m0 ", "m1 "]
+            await connection.response.cancel()
+            done = events.all[await events.wait("response.done", at)]["response"]
+            assert (
+                done["status"] == "cancelled"
+                and done["output"][0]["content"][0]["transcript"] == "m0 m1 "
+            )
+            await connection.input_audio_buffer.append(audio=pcm16([QUIET] * 3))
+            await asyncio.sleep(0.3)  # heard, not answered: silenced
+            assert parts.duplexes[-1].frames == 9
+            assert sum(e["type"] == "response.output_audio.delta" for e in events.all) == 6
+            await connection.response.create()
+            again = await events.wait("response.created", at + 1)
+            await connection.input_audio_buffer.append(audio=pcm16([QUIET]))
+            await events.wait("response.output_audio.delta", again)
+            await connection.input_audio_buffer.commit()
+            error = events.all[await events.wait("error", again)]["error"]
+            assert error["code"] == "unsupported_event"
+
+    run(body())

@@ -64,9 +64,11 @@ class Answer:
             return 0
         return int((now - self.first_sent) / FRAME_SECONDS) + 1
 
-    def end(self, status: str, transcript: str, reason: str | None = None) -> dict[str, Any]:
-        """Close it with `status` ("completed", "cancelled": truncated to what was heard,
-        "failed"); the finished item."""
+    def end(
+        self, status: str, transcript: str, reason: str | None = None, truncate: bool = True
+    ) -> dict[str, Any]:
+        """Close it with `status` ("completed", "cancelled": truncated to what was heard
+        unless not `truncate`, "failed"); the finished item."""
         self._emit(self._content("response.output_audio.done"))
         self._emit(self._content("response.output_audio_transcript.done", transcript=transcript))
         part = {"type": "audio", "transcript": transcript}
@@ -79,7 +81,7 @@ class Answer:
             )
         )
         self._emit(events.event("conversation.item.done", item=item, previous_item_id=None))
-        if status == "cancelled":
+        if status == "cancelled" and truncate:
             played = min(self.frames, self.frames_due(time.monotonic()))
             self._emit(
                 events.event(

@@ -30,6 +30,7 @@ from moshi_mlx.realtime import (
     SessionError,
     SessionParts,
 )
+from moshi_mlx.realtime.duplex import DuplexRealtimeSession, OpenDuplex
 from moshi_mlx.realtime.events import error
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import CLOSE_SECONDS
@@ -44,10 +45,13 @@ PATH = "/v1/realtime"
 # and transcription sessions at once.
 MAX_CONVERSATIONS = 1
 MAX_TRANSCRIPTIONS = 4
+# A Moshi (PersonaPlex) session's kind: the protocol's type "realtime", full duplex.
+DUPLEX = "duplex"
 
 log = logging.getLogger("moshi_mlx.serve.realtime")
 
-MakeParts = Callable[[str], Awaitable[SessionParts]]  # session kind -> its parts
+# A session kind -> its parts (DUPLEX: a function opening a full-duplex conversation).
+MakeParts = Callable[[str], Awaitable[SessionParts | OpenDuplex]]
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,12 @@ class _RealtimeHandler:
         self._converses = make_parts is not None or (
             context.llm is not None and context.tts is not None
         )
+        self._transcribes = make_parts is not None or context.stt is not None
         self._make_parts = make_parts or _parts_maker(context)
         self._sessions = {
             REALTIME: Sessions(MAX_CONVERSATIONS, context.tally, log, "realtime session"),
             TRANSCRIPTION: Sessions(MAX_TRANSCRIPTIONS, context.tally, log, "transcription"),
+            DUPLEX: Sessions(MAX_CONVERSATIONS, context.tally, log, "realtime Moshi session"),
         }
 
     async def close_all(self, app: web.Application) -> None:
@@ -118,25 +124,34 @@ class _RealtimeHandler:
             await sessions.close_all(app)
 
     def _kind_and_model(self, request: web.Request) -> tuple[str, str]:
-        context = self._context
-        kind = TRANSCRIPTION if request.query.get("intent") == "transcription" else REALTIME
-        names = context.model_names
-        if kind == REALTIME and not self._converses:
+        """The session's kind (transcription with the intent; Moshi when `model` names it, or
+        names nothing on a server without the assistant; else the assistant) and model."""
+        names = self._context.model_names
+        model = request.query.get("model") or ""
+        moshi = names.get("moshi")
+        if request.query.get("intent") == "transcription":
+            if not self._transcribes:
+                raise ApiError(400, "this server has no STT to transcribe with (--stt)", "intent")
+            kind = TRANSCRIPTION
+        elif moshi is not None and (model == moshi or (not model and not self._converses)):
+            kind = DUPLEX
+        elif self._converses:
+            kind = REALTIME
+        else:
             raise ApiError(
                 400,
-                "this server transcribes only (no --llm and --tts): "
+                "this server has no conversation to offer (--stt --tts --llm, or --moshi): "
                 "connect with ?intent=transcription",
                 "intent",
             )
-        default = names.get("llm" if kind == REALTIME else "stt", "")
-        model = request.query.get("model") or default
-        if model != default and model not in names.values():
+        default = {TRANSCRIPTION: names.get("stt"), DUPLEX: moshi}.get(kind, names.get("llm"))
+        if model and model not in names.values():
             served = ", ".join(sorted(set(names.values()))) or "none"
             raise ApiError(
                 404, f"model {model[:100]!r} is not served here (GET /v1/models: {served})",
                 "model", "model_not_found",
             )  # fmt: skip
-        return kind, model
+        return kind, model or default or ""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         check_bearer_key(request, self._context.key_allowed)
@@ -145,15 +160,17 @@ class _RealtimeHandler:
         await ws.prepare(request)
         options = self._options
 
-        async def make_session(emit) -> RealtimeSession:
+        async def make_session(emit) -> RealtimeSession | DuplexRealtimeSession:
             parts = await self._make_parts(kind)
+            if kind == DUPLEX:
+                return DuplexRealtimeSession(parts, SessionConfig(model=model), emit)
             config = SessionConfig(kind=kind, model=model)
             thread = self._context.thread
             return RealtimeSession(thread, parts, config, emit, options.rules, options.sampling)
 
         async def refuse() -> None:
             busy = error(
-                f"the server runs its most {kind} sessions at once; try later",
+                "the server runs as many sessions of this kind as it can at once; try later",
                 None, "session_limit", "server_error",
             )  # fmt: skip
             with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):

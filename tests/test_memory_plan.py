@@ -24,6 +24,7 @@ from moshi_mlx.checkpoints.header import lm_header
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.checkpoints.spec import output_layout
 from moshi_mlx.cli.infer import main as run_inference
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -34,6 +35,7 @@ from moshi_mlx.runtime.memory_plan import (
     check_fits,
     codec_bytes,
     kv_cache_bytes,
+    lm_weight_bytes,
     plan_memory,
     quantized_lm_weight_bytes,
     wired_memory,
@@ -332,3 +334,19 @@ def test_wired_memory_waits_for_queued_work_before_restoring_the_limit(monkeypat
     with wired_memory(plan):
         calls.append(("work",))
     assert calls == [("limit", 130), ("work",), ("synchronize",), ("limit", 7)]
+
+
+def test_hibiki_zero_figures_count_shared_slices_and_key_value_heads_once():
+    """kyutai/hibiki-zero-3b-pytorch-bf16: its 16 depformer slices hold 9 weight sets in memory
+    (the plan counts them once, as the file's 6.3 GB), its KV cache 8 of its 16 heads."""
+    path = Path(__file__).parent / "fixtures/kyutai_configs/hibiki-zero-3b-pytorch-bf16.json"
+    config = LmConfig.from_dict(json.loads(path.read_text()))
+    weights = {bits: quantized_lm_weight_bytes(config, bits, mx.bfloat16) / GB for bits in (4, 8)}
+    assert (round(weights[4], 2), round(weights[8], 2)) == (1.96, 3.33)
+    assert round(kv_cache_bytes(config, mx.bfloat16) / GB, 2) == 0.34  # 28 x 2 x 3000 x 1024 x 2
+    tiny = Path(__file__).parent / "fixtures/hibiki_zero"
+    lm = load_lm(tiny / "weights.safetensors", dtype=mx.float32)
+    held = {id(v): v.nbytes for _, v in tree_flatten(lm.parameters())}  # shared arrays once
+    shapes = {name: tuple(p.shape) for name, p in tree_flatten(lm.parameters())}
+    planned = lm_weight_bytes(output_layout(shapes, 16, None), mx.float32, lm.cfg)
+    assert planned == sum(held.values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from moshi_mlx.modules.kv_quant import KV_BITS, KVQuantization, recent_slots
 # One step's transient arrays beyond the logits (attention scores, feed-forward hidden
 # states, sampling) and MLX's compiled-graph buffers: measured well under this at 7B shape.
 _STEP_OVERHEAD_BYTES = 64 << 20
+_SHARED_PART = re.compile(r"depformer\.slices\.([0-9]+)\.(?:linear_in|transformer)\.")
 _MIN_USEFUL_CONTEXT = 250  # 20 s of conversation: below this a shorter context is no advice
 
 
@@ -88,11 +90,25 @@ def _kv_name(kv: KVQuantization | None) -> str:
     return "unquantized" if kv is None else f"{kv.bits}-bit"
 
 
-def lm_weight_bytes(layout: Layout, dtype: mx.Dtype) -> int:
+def _shared_copy(name: str, schedule: tuple[int, ...] | None) -> bool:
+    """Whether `name` is a depformer slice's copy of the weights it shares with the first
+    slice of its weight set (`Depformer.share_scheduled_weights`: held once in memory)."""
+    found = _SHARED_PART.match(name)
+    if schedule is None or found is None:
+        return False
+    k = int(found.group(1))
+    return schedule.index(schedule[k]) != k
+
+
+def lm_weight_bytes(layout: Layout, dtype: mx.Dtype, config: LmConfig | None = None) -> int:
     """Bytes of an LM file's tensors once loaded: packed integers as stored, floating tensors
-    cast to the compute dtype."""
+    cast to the compute dtype; with `config`, the depformer's weights shared by several slices
+    (a weights-per-step schedule: the TTS, Hibiki-Zero) once."""
+    schedule = None if config is None else config.depformer_weights_per_step_schedule
     total = 0
-    for shape, stored in layout.values():
+    for name, (shape, stored) in layout.items():
+        if _shared_copy(name, schedule):
+            continue
         itemsize = stored.size if not mx.issubdtype(stored, mx.floating) else dtype.size
         total += math.prod(shape) * itemsize
     return total
@@ -105,7 +121,7 @@ def quantized_lm_weight_bytes(
     size), with no file at hand."""
     group_size = group_size or DEFAULT_GROUP_SIZE[bits]
     shapes = {name: p.shape for name, p in tree_flatten(Lm(config).parameters())}  # lazy
-    return lm_weight_bytes(output_layout(shapes, bits, group_size), dtype)
+    return lm_weight_bytes(output_layout(shapes, bits, group_size), dtype, config)
 
 
 def guidance_rows(config: LmConfig) -> int:
@@ -194,7 +210,7 @@ def plan_memory(
     config = lm.config
     size, device = capacity or device_capacity()
     return MemoryPlan(
-        weights=lm_weight_bytes(lm.layout, dtype),
+        weights=lm_weight_bytes(lm.layout, dtype, config),
         kv_cache=kv_cache_bytes(config, dtype, kv),
         codec=codec,
         activations=activation_bytes(config),

@@ -186,3 +186,53 @@ def test_import_errors_stays_light():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_an_option_the_model_does_not_take_is_refused_before_any_weight(
+    tmp_path_factory, monkeypatch
+):
+    """`voice_repo=` for Moshi is refused, not ignored (issue 41.9), before a weight is read."""
+    from moshi_mlx.runtime import loading
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a weight was read")
+
+    monkeypatch.setattr(loading, "lm_from_file", no_weights)
+    folder = cached_tiny_moshi(tmp_path_factory)["moshi"].parent
+    with pytest.raises(ConfigError, match="^voice_repo is a text-to-speech option; .* Moshi"):
+        moshi_mlx.load(folder, voice_repo="kyutai/tts-voices")
+    with pytest.raises(ConfigError, match="^n_q is a text-to-speech option"):
+        moshi_mlx.load(folder, n_q=8)
+
+
+def test_an_mlx_lm_folder_is_named_an_llm(tmp_path):
+    """Not "has no tokenizer-e351c8d8-checkpoint125.safetensors" (issue 41.9)."""
+    from moshi_mlx.testing.llm import write_tiny_llm
+
+    folder = write_tiny_llm(tmp_path / "tiny-llm")
+    with pytest.raises(ConfigError, match="holds an LLM .* `python -m moshi_mlx serve --llm`"):
+        moshi_mlx.load(folder)
+
+
+def test_a_moshi_folder_config_names_its_files(tmp_path, tmp_path_factory):
+    """`tokenizer_name`, `mimi_name`, `moshi_name` of a Moshi-type config.json are read as for
+    the other types (it failed with "has no tokenizer_spm_32k_3.model")."""
+    import shutil
+
+    files = cached_tiny_moshi(tmp_path_factory)
+    folder = tmp_path / "moshi"
+    folder.mkdir()
+    names = {"moshi": "lm.safetensors", "mimi": "codec.safetensors"}
+    names["tokenizer"] = "tokenizer_spm_tiny_2000.model"
+    for part, name in names.items():
+        shutil.copy(files[part], folder / name)
+    config = json.loads(files["lm_config"].read_text())
+    config.update(moshi_name=names["moshi"], mimi_name=names["mimi"])
+    config.update(tokenizer_name=names["tokenizer"])
+    (folder / "config.json").write_text(json.dumps(config))
+    model = moshi_mlx.load(folder, codec_backend=fast_codec())
+    assert model.files.tokenizer == folder / names["tokenizer"]
+    assert (model.files.moshi, model.files.mimi) == (
+        folder / names["moshi"],
+        folder / names["mimi"],
+    )

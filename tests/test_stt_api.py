@@ -51,11 +51,23 @@ def test_a_stream_reports_steps_with_head_probabilities_and_ordered_events(model
     steps = [stt.step(pcm[i : i + 1920]) for i in range(0, len(pcm) - 1919, 1920)]
     assert [s.index for s in steps] == list(range(len(steps)))
     assert all(len(s.pause_probabilities) == 4 for s in steps[1:])
-    events = [e for s in steps for e in s.events] + [e for es in stt.flush() for e in es]
+    events = [e for s in steps for e in s.events] + list(stt.flush())
     kinds = [type(e) for e in events if not isinstance(e, EndOfTurn)]
     assert kinds == [WordStarted, WordEnded] * (len(kinds) // 2)
     with pytest.raises(AudioError, match=r"shape \(1, 1920\)"):
         stt.step(np.zeros(100, np.float32))
+
+
+def test_flush_is_to_flush_batch_as_step_is_to_step_batch(model):
+    """One stream: `flush` gives its events, as `step` gives its step (issue 41.9)."""
+    one = model.speech_to_text()
+    one.step(np.zeros(1920, np.float32))
+    assert all(not isinstance(event, list) for event in one.flush())
+    two = model.speech_to_text(streams=2)
+    two.step_batch(np.zeros((2, 1920), np.float32))
+    with pytest.raises(AudioError, match="has 2 streams: use flush_batch"):
+        two.flush()
+    assert len(two.flush_batch()) == 2
 
 
 def _stt_command(files, *flags):

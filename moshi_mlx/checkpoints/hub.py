@@ -7,7 +7,8 @@ looked up in this order: a path given by the user; for a hub repo, the weights f
 `hf_hub_download`, which uses and fills the usual Hugging Face cache).
 
 The config.json comes first (`find_config`): its `model_type` says which model the files are
-and, for Kyutai's STT, TTS and Hibiki repos, names the other files. It is read once, here.
+and names the other files (`moshi_name`, `mimi_name`, `tokenizer_name`, as Kyutai's loaders
+read them, for every model type). It is read once, here.
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ from moshi_mlx.checkpoints.spec import (
     config_in,
 )
 from moshi_mlx.errors import ConfigError, WeightsError
+from moshi_mlx.models.config import MODEL_TYPES
 
 _REPO_SUFFIX = re.compile(f"-({'|'.join(suffix for suffix, _ in LM_FILES.values())})$")
 WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
-# Model types whose config.json names their files (`moshi_name`, `mimi_name`, ...).
-CONFIG_NAMED_TYPES = ("stt", "tts", "hibiki")
 
 
 @dataclass(frozen=True)
@@ -204,8 +204,9 @@ def resolve_weights(
     config_required: bool = False,
 ) -> WeightFiles:
     """Find (downloading if needed) every file of a model; see the module docstring. The
-    config.json is found first (`find_config`) and read once; the LM file is the one its
-    `moshi_name` says for Kyutai's STT, TTS and Hibiki, else the one `quantize` picks."""
+    config.json is found first (`find_config`) and read once; it names the files
+    (`moshi_name`, `mimi_name`, `tokenizer_name`), else the defaults are Kyutai's; `quantize`
+    picks the LM file of a Moshi repo."""
     repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
     # Check every given path before any (slow) download, so a typo fails at once: a file
     # given as weights must open as safetensors (its header only).
@@ -217,8 +218,10 @@ def resolve_weights(
                 read_safetensors(found)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
     data = _read_config(config) if config is not None else None
-    names = data if data is not None and data.get("model_type") in CONFIG_NAMED_TYPES else {}
-    if names and quantize is None:
+    if data is not None and data.get("model_type", "moshi") not in MODEL_TYPES:
+        raise ConfigError(_not_of_the_family(config, data))
+    names = data or {}  # a config.json names its files, whatever the model type, as Kyutai's
+    if quantize is None and _names_lm_file(names, repo):
         lm_file = names.get("moshi_name", LM_FILES[16][1])
     wanted = {  # field: (file name in the repo, parameter, path given by the user)
         "moshi": (lm_file, "moshi_weight", moshi_weight),
@@ -227,6 +230,28 @@ def resolve_weights(
     }
     found = {field: _find_file(repo, *entry) for field, entry in wanted.items()}
     return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
+
+
+def _names_lm_file(names: dict, repo: str) -> bool:
+    """Whether the config.json `names` says the LM file: always for STT, TTS and Hibiki; for
+    Moshi (whose repos hold several precisions, `quantize` picks one) when a local folder
+    holds the file its `moshi_name` says."""
+    if names.get("model_type", "moshi") != "moshi":
+        return True
+    folder = local_folder(repo)
+    return folder is not None and "moshi_name" in names and (folder / names["moshi_name"]).is_file()
+
+
+def _not_of_the_family(config: Path, data: dict) -> str:
+    """Why the model whose config.json is `config` (`data`) is not one `load` takes."""
+    model_type = data.get("model_type")
+    if "architectures" in data or (config.parent / "tokenizer_config.json").is_file():
+        return (
+            f"{config.parent} holds an LLM ({model_type!r}, for mlx-lm), not a model of the "
+            "Moshi family: an LLM goes to `python -m moshi_mlx serve --llm` or `assistant "
+            "--llm` (moshi_mlx.llm.LlmModel)"
+        )
+    return f"{config}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}"
 
 
 def _read_config(path: Path) -> dict:

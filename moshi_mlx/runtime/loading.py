@@ -25,6 +25,7 @@ Each step uses what the steps before it found and never goes back to a file alre
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class Kind:
     default_repo: str
     config_required: bool  # whether its repo's config.json names its files
     checks_memory: bool  # whether a plan that does not fit refuses the load
+    options: tuple[str, ...] = ()  # the options of `moshi_mlx.load` for this kind only
 
 
 KINDS = {
@@ -69,8 +71,9 @@ KINDS = {
         "chat (Moshi, PersonaPlex, Hibiki)", ("moshi", "hibiki"), DEFAULT_REPO, False, True
     ),
     "stt": Kind("speech-to-text", ("stt",), DEFAULT_STT_REPO, True, False),
-    "tts": Kind("text-to-speech", ("tts",), DEFAULT_TTS_REPO, True, False),
+    "tts": Kind("text-to-speech", ("tts",), DEFAULT_TTS_REPO, True, False, ("voice_repo", "n_q")),
 }
+KIND_OPTIONS = {name for kind in KINDS.values() for name in kind.options}
 KIND_OF_MODEL_TYPE = {t: name for name, kind in KINDS.items() for t in kind.model_types}
 
 
@@ -199,9 +202,23 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
     return FoundModel(found_kind, files, header, lm, codebooks, memory)
 
 
-def load_parts(repo: str | None, options: LoadOptions, kind: str | None = None) -> LoadedParts:
-    """The whole path (see the module docstring): find and plan, check, load."""
+def load_parts(
+    repo: str | None,
+    options: LoadOptions,
+    kind: str | None = None,
+    kind_options: Iterable[str] = (),
+) -> LoadedParts:
+    """The whole path (see the module docstring): find and plan, check, load. `kind_options`
+    names the options given that only some kinds take (`Kind.options`): `ConfigError`,
+    before any weight is read, when the model found is not of such a kind."""
     found = find_model(repo, options, kind)
+    for name in kind_options:
+        if name not in KINDS[found.kind].options:
+            takers = " or ".join(k.name for k in KINDS.values() if name in k.options)
+            raise ConfigError(
+                f"{name} is a {takers} option; {found.files.repo} is a "
+                f"{found.config.model_name} model"
+            )
     if options.check_memory and KINDS[found.kind].checks_memory:
         check_fits(found.memory, found.lm.config)
     files = found.files

@@ -194,7 +194,14 @@ class SpeechToText:
         seconds = self.timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
         return math.ceil(seconds / FRAME_SECONDS)
 
-    def flush(self) -> list[list[SttEvent]]:
+    def flush(self) -> list[SttEvent]:
+        """End a single-stream transcription: `flush_steps` of silence, then its last words
+        (as `step` is to `step_batch`, this is to `flush_batch`)."""
+        if self.streams != 1:
+            raise AudioError(f"this transcription has {self.streams} streams: use flush_batch")
+        return self.flush_batch()[0]
+
+    def flush_batch(self) -> list[list[SttEvent]]:
         """End every stream: `flush_steps` of silence, then the last words (per stream)."""
         events: list[list[SttEvent]] = [[] for _ in range(self.streams)]
         for _ in range(self.flush_steps):

@@ -18,3 +18,20 @@ def test_a_long_message_is_capped():
 def test_an_empty_message_is_the_type_name():
     assert one_line(KeyError()) == "KeyError"
     assert one_line(RuntimeError(" \n ")) == "RuntimeError"
+
+
+def test_no_module_shortens_a_message_by_hand():
+    """`one_line` is the one way a message is shortened (six hand-spelled copies before)."""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).parents[1] / "moshi_mlx"
+    by_hand = re.compile(r"""["']\s["']\.join\(str\(|str\(exc\)\.splitlines\(\)\[0\] if""")
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in package.rglob("*.py")
+        if path.name != "errors.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if by_hand.search(line)
+    ]
+    assert not found, found

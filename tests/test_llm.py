@@ -7,7 +7,7 @@ import pytest
 
 from moshi_mlx.llm import LlmError, LlmModel, TextPiece
 from moshi_mlx.llm.model import PREFILL_CHUNK
-from moshi_mlx.llm.prompt_cache import PromptCacheStore
+from moshi_mlx.llm.prompt_cache import PromptCaches
 from moshi_mlx.llm.stops import StopMatcher
 from moshi_mlx.testing.llm import write_tiny_llm
 
@@ -178,39 +178,36 @@ def test_stop_matcher_holds_back_only_what_may_start_a_stop():
     assert StopMatcher([]).feed("stop") == ("stop", False)
 
 
-class _Layer:
-    """A cache layer of `size` tokens; trimmable or not."""
+def _cache(tokens: int) -> list:
+    """A one-layer mlx-lm KV cache holding `tokens` positions."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
 
-    def __init__(self, size: int, trimmable: bool = True):
-        self.size = size
-        self.trimmable = trimmable
-
-    def is_trimmable(self) -> bool:
-        return self.trimmable
-
-    def trim(self, count: int) -> int:
-        self.size -= count
-        return count
+    layer = KVCache()
+    if tokens:
+        keys = mx.zeros((1, 1, tokens, 4))
+        layer.update_and_fetch(keys, keys)
+    return [layer]
 
 
-def test_cache_store_keeps_the_newest_and_never_hands_a_whole_prompt():
-    store = PromptCacheStore(lambda: [_Layer(0)], capacity=2)
-    a, b, c = [_Layer(3)], [_Layer(2)], [_Layer(1, trimmable=False)]
-    store.put([1, 2, 3], a)
-    store.put([4, 5], b)
-    store.put([6], c)  # [1, 2, 3] leaves
-    assert len(store) == 2
-    cache, held = store.take([1, 2, 3, 4])
-    assert cache is not a and held == 0
-    assert store.take([4, 5, 9]) == (b, 2) and b[0].size == 2  # extends: nothing trimmed
-    assert len(store) == 1
-    b[0].size = 4
-    store.put([4, 5, 9, 10], b)
-    assert store.take([4, 5, 9, 10]) == (b, 3) and b[0].size == 3  # the last token runs again
-    store.put([4, 5, 9], b)
-    assert store.take([4, 7]) == (b, 1) and b[0].size == 1  # diverges after one token
-    cache, held = store.take([6, 7])  # untrimmable but only extended: reused
-    assert cache is c and held == 1
-    store.put([6, 7], c)
-    cache, held = store.take([6, 8])  # untrimmable and diverging: a fresh cache
-    assert cache is not c and held == 0 and len(store) == 1
+def test_prompt_caches_keep_the_newest_and_never_hand_a_whole_prompt():
+    """mlx-lm's LRU underneath; the last prompt token always runs (for its logits)."""
+    caches = PromptCaches(lambda: _cache(0), capacity=2)
+    caches.put([1, 2, 3], _cache(3))
+    caches.put([4, 5], _cache(2))
+    caches.put([6], _cache(1))  # [1, 2, 3] leaves
+    assert len(caches) == 2
+    cache, held = caches.take([1, 2, 3, 4])
+    assert held == 0 and cache[0].offset == 0
+    cache, held = caches.take([4, 5, 9])  # extends: nothing trimmed
+    assert held == 2 and cache[0].offset == 2
+    other, _ = caches.take([4, 5, 9])
+    assert other[0] is not cache[0]  # each generation its own copy
+    caches.put([4, 5, 9, 10], _cache(4))
+    cache, held = caches.take([4, 5, 9, 10])  # the whole prompt: its last token runs again
+    assert held == 3 and cache[0].offset == 3
+    cache, held = caches.take([4, 7])  # diverges after one token: trimmed back to it
+    assert held == 1 and cache[0].offset == 1
+    never = PromptCaches(lambda: _cache(0), capacity=0)
+    never.put([1, 2], _cache(2))
+    assert len(never) == 0 and never.take([1, 2, 3])[1] == 0

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moshi_mlx.errors import MoshiError, WeightsError
-from moshi_mlx.llm.prompt_cache import KvCache, PromptCacheStore
+from moshi_mlx.errors import MoshiError, WeightsError, one_line
+from moshi_mlx.llm.prompt_cache import KvCache, PromptCaches
 from moshi_mlx.llm.stops import StopMatcher
 
 # Tokens a reply may have when the caller sets no limit. Speech is the main use: 256 tokens are
@@ -82,7 +82,7 @@ class LlmModel:
         self.context_length = context_length
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
-        self.caches = PromptCacheStore(self._make_cache, cached_conversations)
+        self.caches = PromptCaches(self._make_cache, cached_conversations)
 
     @classmethod
     def load(cls, repo_or_folder: str | Path, **options: Any) -> LlmModel:
@@ -94,8 +94,7 @@ class LlmModel:
         try:
             model, tokenizer, config = mlx_lm.load(str(repo_or_folder), return_config=True)
         except (OSError, ValueError, KeyError) as exc:
-            reason = " ".join(str(exc).split())[:300]
-            raise WeightsError(f"cannot load the LLM {repo_or_folder}: {reason}") from None
+            raise WeightsError(f"cannot load the LLM {repo_or_folder}: {one_line(exc)}") from None
         folder = Path(repo_or_folder)
         name = folder.name if folder.exists() else str(repo_or_folder)
         context = config.get("max_position_embeddings")
@@ -107,8 +106,7 @@ class LlmModel:
         try:
             tokens = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - jinja's TemplateError and tokenizer errors
-            reason = " ".join(str(exc).split())[:300]
-            raise LlmError(f"the chat template refuses these messages: {reason}") from None
+            raise LlmError(f"the chat template refuses these messages: {one_line(exc)}") from None
         if not tokens:
             raise LlmError("the messages make an empty prompt")
         return list(tokens)

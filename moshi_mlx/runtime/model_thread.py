@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.errors import MoshiError, one_line
 
 T = TypeVar("T")
 FRAME_SECONDS = 0.08  # one frame of Kyutai's codec: the real-time jobs' period
@@ -94,7 +94,7 @@ class RealTimeClock:
         raise NotImplementedError
 
     def failed(self, exc: BaseException) -> None:
-        log.error("a real-time job failed: %s", " ".join(str(exc).split())[:200])
+        log.error("a real-time job failed: %s", one_line(exc))
 
 
 class _Call:
@@ -137,7 +137,7 @@ class _BackgroundJob(Generic[T]):
             if close is not None:
                 close()
         except Exception as exc:  # noqa: BLE001 - the reader has gone; nothing to tell
-            log.warning("closing a background job failed: %s", " ".join(str(exc).split())[:200])
+            log.warning("closing a background job failed: %s", one_line(exc))
 
     def _finish(self, last: object) -> None:
         self.done = True

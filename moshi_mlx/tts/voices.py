@@ -25,7 +25,7 @@ import numpy as np
 from moshi_mlx.checkpoints.hub import local_folder, repo_file, weights_dir
 from moshi_mlx.checkpoints.online import cached, hub_down
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
-from moshi_mlx.errors import TtsError, WeightsError
+from moshi_mlx.errors import TtsError, WeightsError, one_line
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
 
@@ -122,8 +122,9 @@ def load_voice(path: str | Path, dim: int) -> mx.array:
     try:
         tensors = mx.load(str(path), format="safetensors")
     except (OSError, RuntimeError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TtsError(f"voice file {path} is not a readable safetensors file: {reason}") from None
+        raise TtsError(
+            f"voice file {path} is not a readable safetensors file: {one_line(exc)}"
+        ) from None
     if VOICE_TENSOR not in tensors:
         raise TtsError(f"voice file {path} holds no {VOICE_TENSOR!r} tensor")
     return _model_embedding(tensors[VOICE_TENSOR], dim, f"voice file {path}: {VOICE_TENSOR}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from moshi_mlx.errors import one_line
 from moshi_mlx.llm import LlmError, TextPiece, Usage
 from moshi_mlx.serve.openai.chat_request import ChatRequest, parse_chat_request
 from moshi_mlx.serve.openai.errors import (
@@ -162,7 +163,7 @@ async def _complete(
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # nobody reads it
     except Exception as exc:  # noqa: BLE001 - a failed model step, in OpenAI's shape
-        raise ApiError(500, f"the generation failed: {' '.join(str(exc).split())[:200]}") from None
+        raise ApiError(500, f"the generation failed: {one_line(exc)}") from None
     finally:
         await pieces.aclose()
     message = {"role": "assistant", "content": "".join(texts)}
@@ -193,7 +194,7 @@ async def _stream(
     except (ConnectionError, asyncio.TimeoutError):
         return response  # the client left or stopped reading: its generation ends below
     except Exception as exc:  # noqa: BLE001 - reported in the stream; the headers are sent
-        error = ApiError(500, f"the generation failed: {' '.join(str(exc).split())[:200]}")
+        error = ApiError(500, f"the generation failed: {one_line(exc)}")
         await _send_quietly(response, error.body())
     finally:
         await pieces.aclose()

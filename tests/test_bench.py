@@ -139,6 +139,18 @@ def test_step_bytes_of_the_published_files():
     assert read["q8"] / 1e9 == pytest.approx(7.84, abs=0.01)
 
 
+def test_hibiki_zero_step_beside_moshis():
+    """Hibiki-Zero 3B's step reads under half of Moshi 7B's bytes (its KV cache holds 8 key /
+    value heads of 28 layers) but runs more operations (16 depformer slices, not 8)."""
+    floor = _bench_module("floor")
+    shape = floor._shape("hibiki-zero-3b")()
+    weights, kv = floor.step_bytes(shape, 4)
+    assert (round(weights / 1e9, 2), round(kv / 1e9, 2)) == (2.21, 0.34)
+    zero = floor.metal_ops(floor._shape("hibiki-zero-3b-structure")(), 4)
+    moshi = floor.metal_ops(floor._shape("7b-structure")(), 4)
+    assert 1.4 < zero / moshi < 1.7
+
+
 def test_op_costs_per_kind():
     """`op_costs_us` times one operation of each kind a step's graph counts, on this backend."""
     floor = _bench_module("floor")

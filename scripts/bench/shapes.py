@@ -42,8 +42,10 @@ def tts_shapes(shapes: list[str]) -> list[str]:
     return [shape for shape in shapes if shape in TTS_SHAPES] or ["tts-small"]
 
 
-def user_codes(card: int, count: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, card, size=(count, 8)).astype(np.int32)
+def user_codes(card: int, count: int, seed: int, codebooks: int = 8) -> np.ndarray:
+    """Random input codes (count, codebooks): the user's (Hibiki-Zero's source: 16)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, card, size=(count, codebooks)).astype(np.int32)
 
 
 def noise_frames(count: int, seed: int) -> np.ndarray:

@@ -48,7 +48,7 @@ def bench_kv_caches(
     mx.eval(lm.parameters())
     weights_gb = mx.get_active_memory() / 1e9
     load_peak = mx.get_peak_memory()
-    user = user_codes(config.card, steps + 2, seed)
+    user = user_codes(config.card, steps + 2, seed, config.num_user_codebooks)
 
     def generator(bits: int | None) -> LmGen:
         quantization = KVQuantization.of(bits) if bits else None

@@ -54,7 +54,9 @@ def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dic
     key = mx.random.key(seed)
     temporal, depformer = [], []
     for index in range(total):
-        tokens = np.concatenate([rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, 16)])
+        tokens = np.concatenate(
+            [rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, cfg.n_q)]
+        )
         tokens = mx.array(tokens.astype(np.int32))[None, :, None]
         ring = ring.grown(index)
         mx.eval(tokens, ring.keys, ring.values)
@@ -98,7 +100,9 @@ def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> di
     operations in the step's graph before and after `mx.compile` (`LmGen.step_graph` at the
     last step's state), and compiled in each GPU's form (`step_ops.gpu_form_ops`)."""
     gen = LmGen(lm, sampling, seed=seed)
-    user = [mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed)]
+    user = [
+        mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed, lm.cfg.num_user_codebooks)
+    ]
     mx.eval(user)
     host, wait, syncs = [], [], []
     with SyncMeter() as meter:
@@ -149,7 +153,9 @@ def bench_lm(
     gen = LmGen(lm, sampling, seed=seed)
     step_times, first_audio_step = [], None
     with StepEvents(lambda: gen.ring.capacity) as events:
-        for index, codes in enumerate(user_codes(config.card, total, seed)):
+        for index, codes in enumerate(
+            user_codes(config.card, total, seed, config.num_user_codebooks)
+        ):
             events.before()
             t0 = time.perf_counter()
             result = gen.step(codes)

@@ -385,7 +385,8 @@ def test_assistant_case(tmp_path):
 def test_realtime_case(tmp_path):
     """The realtime part on one turn: `/v1/realtime`'s connection and session over the tiny
     models through a loopback websocket; the turn's milestones from the client's clock, the
-    engine's split, and the socket and event layer's time per audio delta (under 5 ms)."""
+    engine's split, and the socket and event layer's time per audio delta and per Moshi
+    frame there and back (under 5 ms)."""
     done, report = _run_bench("--parts realtime --turns 1", tmp_path / "r.json", timeout=240)
     (case,) = report["results"]
     ours = case["ours"]
@@ -395,7 +396,9 @@ def test_realtime_case(tmp_path):
     assert all(turn[stage] >= 0 for stage in stages)
     assert ours["deltas"] > 0 and 0 <= ours["socket_ms_median"] < 5.0
     assert turn["first_frame_to_client"] >= 0
-    assert "socket and event layer" in done.stdout
+    layer = case["duplex_layer"]  # Moshi's frame there and back through the socket, no model
+    assert 0 < layer["round_trip_ms_median"] < 5.0
+    assert "socket and event layer" in done.stdout and "Moshi full duplex" in done.stdout
 
 
 PART_NAMES = {

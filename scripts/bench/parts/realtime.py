@@ -13,6 +13,12 @@ split (`moshi_mlx.assistant.latency`: detection, STT flush, LLM first token, TTS
 audio out); the first frame's way from the TTS step that made it to the client (event loop,
 encoding, JSON, socket). For every audio delta: the time from the session's emit to the
 client's receipt (JSON and socket).
+
+Moshi's full duplex through the same socket, the model aside: a client sends each mic frame as
+an append, the server's `DuplexRealtimeSession` hands it to a conversation that answers at once
+with a frame (an echo, standing for Moshi's step), and the client times the frame's way there
+and back as an audio delta (`ECHO_FRAMES` frames, one at a time): what the socket and event
+layer adds to each of Moshi's frames.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from aiohttp import web
 from moshi_mlx.assistant import ReplySampling, TurnRules
 from moshi_mlx.assistant.latency import STAGES
 from moshi_mlx.realtime import RealtimeSession, SessionConfig, SessionParts
+from moshi_mlx.realtime.duplex import DuplexRealtimeSession
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.limits import Limits
@@ -50,6 +57,75 @@ from .assistant import (
     _stt_alone,
     _tts_alone,
 )
+
+ECHO_FRAMES = 200
+
+
+class _EchoDuplex:
+    """A full-duplex conversation that answers each frame at once with that frame."""
+
+    def __init__(self, _voice, _role):
+        self._replies: asyncio.Queue = asyncio.Queue()
+
+    async def start(self) -> int:
+        return 0
+
+    def push(self, frame: np.ndarray) -> None:
+        self._replies.put_nowait(frame)
+
+    async def next(self):
+        frame = await self._replies.get()
+        if frame is None:
+            from moshi_mlx.errors import MoshiError
+
+            raise MoshiError("closed")
+        return _Reply(frame, "")
+
+    def close(self) -> None:
+        self._replies.put_nowait(None)
+
+
+class _Reply:
+    def __init__(self, pcm: np.ndarray, text: str):
+        self.pcm, self.text = pcm, text
+
+
+async def _echo_round_trips(frames: int) -> list[float]:
+    """Seconds from each mic frame sent to its reply delta received, one frame at a time."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+
+        async def make_session(emit):
+            return DuplexRealtimeSession(_EchoDuplex, SessionConfig(model="echo"), emit)
+
+        await RealtimeConnection(ws, make_session, Limits()).run()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"ws://127.0.0.1:{runner.addresses[0][1]}/v1/realtime"
+    pcm = (0.1 * np.random.default_rng(2).standard_normal(FRAME_SIZE)).astype(np.float32)
+    data = base64.b64encode((pcm * 32767).astype("<i2").tobytes()).decode()
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": data})
+    trips = []
+    try:
+        async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
+            for _ in range(frames):
+                start = time.perf_counter()
+                await ws.send_str(append)
+                while json.loads((await ws.receive()).data)["type"] != (
+                    "response.output_audio.delta"
+                ):
+                    pass
+                trips.append(time.perf_counter() - start)
+    finally:
+        await runner.cleanup()
+    return trips
 
 
 class _FirstFrames:
@@ -209,11 +285,22 @@ def bench_realtime(folder: Path, turns: int) -> dict:
     return result
 
 
+def bench_duplex_layer(frames: int = ECHO_FRAMES) -> dict:
+    """The socket and event layer's round trip per full-duplex frame (ms), the model aside."""
+    trips = 1000 * np.array(asyncio.run(_echo_round_trips(frames + 10))[10:])  # 10 warm-up
+    return {
+        "frames": frames,
+        "round_trip_ms_median": float(np.median(trips)),
+        "round_trip_ms_p95": float(np.percentile(trips, 95)),
+    }
+
+
 def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
     yield {
         "part": "realtime",
         "shape": "stt-tiny+tts-tiny+llm-tiny",
         "ours": bench_realtime(folder, args.turns),
+        "duplex_layer": bench_duplex_layer(),
     }
 
 
@@ -233,6 +320,12 @@ def summary(case: dict) -> str:
         f"{ours['first_frame_to_client_ms_median']:.1f} ms; each audio delta emit -> client "
         f"median {ours['socket_ms_median']:.1f} ms, p95 {ours['socket_ms_p95']:.1f} ms "
         f"({ours['deltas']} deltas)"
+    )
+    layer = case["duplex_layer"]
+    lines.append(
+        f"  Moshi full duplex, the model aside (an echo): mic frame -> reply frame through the "
+        f"socket median {layer['round_trip_ms_median']:.1f} ms, p95 "
+        f"{layer['round_trip_ms_p95']:.1f} ms ({layer['frames']} frames)"
     )
     return "\n".join(lines)
 

@@ -12,6 +12,7 @@ from moshi_mlx.models.lm import Lm
 
 __all__ = [
     "DTYPES",
+    "DTYPE_NAMES",
     "LM_SHAPES",
     "QUANT_BITS",
     "TTS_SHAPES",
@@ -24,11 +25,11 @@ __all__ = [
 
 # Our compute dtype: "auto" is `load_lm`'s own choice for the device (float32 on the CPU).
 DTYPES = {"auto": None, "bf16": mx.bfloat16, "f32": mx.float32}
-_DTYPE_NAMES = {mx.bfloat16: "bf16", mx.float32: "f32"}
+DTYPE_NAMES = {mx.bfloat16: "bf16", mx.float32: "f32"}
 
 
 def dtype_label(requested: mx.Dtype | None, lm: Lm) -> str:
-    used = _DTYPE_NAMES[lm.out_norm.weight.dtype]
+    used = DTYPE_NAMES[lm.out_norm.weight.dtype]
     return used if requested is not None else f"auto:{used}"
 
 

@@ -17,6 +17,7 @@ from moshi_mlx.stt.stepper import ListenStepper
 from moshi_mlx.tts.stepper import TtsStepper
 
 from .form import kernel_form
+from .shapes import DTYPE_NAMES
 from .timing import ops_by_primitive
 from .weights import TTS_VOICE_FRAMES
 
@@ -78,11 +79,13 @@ def next_step(lm: Lm, step: Step) -> object:
 
 
 def step_ops(lm: Lm, form: str, step: Step) -> dict:
-    """The operations of `step(lm)`'s next step in `form`, by kind (`ops_by_primitive`):
-    {"ops": total, "by_kind": {...}}."""
+    """The operations of `step(lm)`'s next step in `form`, by kind (`ops_by_primitive`), and
+    the compute dtype they are counted in (a GPU's is bf16; float32 compute has no casts):
+    {"ops": total, "by_kind": {...}, "dtype": "bf16" | "f32" | ...}."""
     with kernel_form(form) as tags:
         by_kind = ops_by_primitive(next_step(lm, step), tags)
-    return {"ops": sum(by_kind.values()), "by_kind": by_kind}
+    dtype = DTYPE_NAMES.get(lm.out_norm.weight.dtype, str(lm.out_norm.weight.dtype))
+    return {"ops": sum(by_kind.values()), "by_kind": by_kind, "dtype": dtype}
 
 
 def gpu_form_ops(lm: Lm, step: Step | None = None) -> dict:
@@ -96,5 +99,6 @@ def form_lines(graph_ops: dict) -> list[str]:
     lines = []
     for form, counted in graph_ops.get("gpu_forms", {}).items():
         kinds = ", ".join(f"{name} {count}" for name, count in counted["by_kind"].items())
-        lines.append(f"  {form} form: {counted['ops']} compiled ops ({kinds})")
+        head = f"  {form} form ({counted['dtype']} compute): {counted['ops']} compiled ops"
+        lines.append(f"{head} ({kinds})")
     return lines

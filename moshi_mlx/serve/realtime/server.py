@@ -126,14 +126,17 @@ class _RealtimeHandler:
     def _kind_and_model(self, request: web.Request) -> tuple[str, str]:
         """The session's kind (transcription with the intent; Moshi when `model` names it, or
         names nothing on a server without the assistant; else the assistant) and model."""
-        names = self._context.model_names
+        context = self._context
+        names = context.model_names
         model = request.query.get("model") or ""
         moshi = names.get("moshi")
         if request.query.get("intent") == "transcription":
             if not self._transcribes:
                 raise ApiError(400, "this server has no STT to transcribe with (--stt)", "intent")
             kind = TRANSCRIPTION
-        elif moshi is not None and (model == moshi or (not model and not self._converses)):
+        elif moshi is not None and (
+            context.is_model("moshi", model) or (not model and not self._converses)
+        ):
             kind = DUPLEX
         elif self._converses:
             kind = REALTIME
@@ -145,7 +148,7 @@ class _RealtimeHandler:
                 "intent",
             )
         default = {TRANSCRIPTION: names.get("stt"), DUPLEX: moshi}.get(kind, names.get("llm"))
-        if model and model not in names.values():
+        if model and not any(context.is_model(name, model) for name in names):
             served = ", ".join(sorted(set(names.values()))) or "none"
             raise ApiError(
                 404, f"model {model[:100]!r} is not served here (GET /v1/models: {served})",

@@ -188,3 +188,14 @@ def test_a_client_that_never_reads_is_closed_with_a_reason(monkeypatch):
     assert "does not read" in reason
     assert ws.closed_with[0] == aiohttp.WSCloseCode.POLICY_VIOLATION
     assert b"does not read" in ws.closed_with[1] and sessions[0].closed
+
+
+def test_dropped_mic_audio_is_counted_and_logged_sparingly(caplog):
+    from moshi_mlx.realtime.session import DroppedAudio
+
+    dropped = DroppedAudio("sess_x")
+    with caplog.at_level("WARNING", logger="moshi_mlx.realtime"):
+        for _ in range(100):  # a client far ahead of real time
+            dropped.add(80)
+    assert dropped.ms == 8000
+    assert len(caplog.records) == 1 and "80 ms of mic audio dropped" in caplog.text

@@ -40,7 +40,7 @@ from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.config import SessionConfig, SessionError
 from moshi_mlx.realtime.formats import FrameCutter
-from moshi_mlx.realtime.session import MAX_APPEND_BYTES
+from moshi_mlx.realtime.session import MAX_APPEND_BYTES, DroppedAudio
 
 # OpenAI's voice names, and none: the server's default persona voice.
 DEFAULT_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
@@ -82,6 +82,7 @@ class DuplexRealtimeSession:
         self._transcript: list[str] = []
         self.on_frame: Callable[[np.ndarray], None] | None = None
         self.replies = 0  # Moshi's frames so far (sent or silenced)
+        self.dropped = DroppedAudio(self.id)
 
     async def start(self) -> None:
         """Announce the session (`session.created`); the conversation starts with the audio."""
@@ -212,14 +213,7 @@ class DuplexRealtimeSession:
                 if hasattr(event, "pcm"):
                     self._reply(event.pcm, event.text)
                 else:
-                    lost = event.dropped * 80
-                    self._emit(
-                        events.error(
-                            f"{lost} ms of input audio dropped: Moshi fell behind",
-                            "audio",
-                            "input_audio_dropped",
-                        )
-                    )
+                    self.dropped.add(event.dropped * 80)
         except MoshiError as exc:  # closed, or a step failed
             if duplex is self._duplex:
                 self._emit(events.error(one_line(exc), None, "model_failed", "server_error"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -46,12 +47,40 @@ from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
 
+log = logging.getLogger("moshi_mlx.realtime")
+
 # Frames of an answer sent ahead of real time (the client's playback buffer).
 LEAD_FRAMES = 3
 # Seconds of mic audio the STT may fall behind (a client sending faster than real time).
 MAX_INPUT_BACKLOG_SECONDS = 15
 # Bytes of audio one `input_audio_buffer.append` may carry (base64 decoded).
 MAX_APPEND_BYTES = 4 * 1024 * 1024
+
+
+class DroppedAudio:
+    """Mic audio a session dropped because the model fell behind (`ms`), logged at most once
+    every `LOG_EVERY_SECONDS` (a client is not sent an error: the Realtime API has none for
+    this, and clients such as Pipecat end the session on any error)."""
+
+    LOG_EVERY_SECONDS = 10.0
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        self.ms = 0
+        self._unlogged = 0
+        self._logged_at = -self.LOG_EVERY_SECONDS
+
+    def add(self, ms: int) -> None:
+        self.ms += ms
+        self._unlogged += ms
+        now = time.monotonic()
+        if now - self._logged_at >= self.LOG_EVERY_SECONDS:
+            log.warning(
+                "%s: %d ms of mic audio dropped (the model fell behind)",
+                self.session_id,
+                self._unlogged,
+            )
+            self._logged_at, self._unlogged = now, 0
 
 
 @dataclass(frozen=True)
@@ -92,7 +121,8 @@ class RealtimeSession:
         self._cutter = FrameCutter()
         self._heard_ms = 0  # mic audio taken so far
         self._uncommitted_ms = 0  # mic audio since the last commit
-        self._dropped = 0  # mic frames the STT fell behind on, reported
+        self._dropped = 0  # mic frames the STT fell behind on, counted
+        self.dropped = DroppedAudio(self.id)
         self._committing = False
         self._user: str | None = None  # the user's spoken item in progress
         self._user_words: list[tuple[str, float]] = []
@@ -168,16 +198,8 @@ class RealtimeSession:
         self._uncommitted_ms += int(FRAME_SECONDS * 1000)
         dropped = self.assistant.listen_job.dropped_frames
         if dropped > self._dropped:
-            lost = (dropped - self._dropped) * FRAME_SECONDS * 1000
+            self.dropped.add(int((dropped - self._dropped) * FRAME_SECONDS * 1000))
             self._dropped = dropped
-            self._emit(
-                events.error(
-                    f"{lost:.0f} ms of input audio dropped: it came over "
-                    f"{MAX_INPUT_BACKLOG_SECONDS} s faster than real time",
-                    "audio",
-                    "input_audio_dropped",
-                )
-            )
 
     async def _session_update(self, message: dict) -> None:
         old_voice = self.config.voice

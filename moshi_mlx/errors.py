@@ -1,12 +1,46 @@
 """Exceptions for problems a user can fix: bad files, bad configs, missing devices.
 
 The command-line entry points catch `MoshiError` and print its one-line message without a
-traceback; anything else is a bug and keeps its traceback.
+traceback; anything else is a bug and keeps its traceback. A message names the API
+parameters it is about as `Setting`s, so that a command line shows each as its flag
+(`MoshiError.spelled`): `kv_bits=3` to a Python caller, `--kv-bits 3` to a shell.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+NO_VALUE = object()  # a `Setting` that names a parameter without a value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """An API parameter named in a message, with the value it is (or would be) given."""
+
+    name: str
+    value: object = NO_VALUE
+
+    def in_api_terms(self) -> str:
+        """`name`, or `name=value`."""
+        return self.name if self.value is NO_VALUE else f"{self.name}={self.value}"
 
 
 class MoshiError(Exception):
-    """A problem with the user's input or environment, described in one sentence."""
+    """A problem with the user's input or environment, described in one sentence.
+
+    The message is given as parts: text, and `Setting`s for the API parameters it names;
+    `str()` spells them as the API does. `parameter`: the one the error concerns, if any.
+    """
+
+    def __init__(self, *parts: object, parameter: str | None = None):
+        self.parts = parts
+        self.parameter = parameter
+        super().__init__(self.spelled())
+
+    def spelled(self, spell: Callable[[Setting], str] = Setting.in_api_terms) -> str:
+        """The message with each `Setting` spelled by `spell` (e.g. as a command's flag)."""
+        return "".join(spell(p) if isinstance(p, Setting) else str(p) for p in self.parts)
 
 
 class ConfigError(MoshiError):

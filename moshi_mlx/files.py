@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.errors import MoshiError, Setting
 
 
 def check_output(input_path: Path, output: Path, force: bool, what: str) -> None:
@@ -23,7 +23,9 @@ def check_output(input_path: Path, output: Path, force: bool, what: str) -> None
                 f"the output {output} is the input {what}; it would overwrite the input"
             )
         if not force:
-            raise MoshiError(f"{output} already exists; pass force=True to overwrite it")
+            raise MoshiError(
+                f"{output} already exists; pass ", Setting("force", True), " to overwrite it"
+            )
     if problem := folder_problem(output):
         raise MoshiError(f"cannot write {output}: {problem}")
 

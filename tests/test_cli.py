@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from moshi_mlx.cli.common import in_flag_terms
+from moshi_mlx.cli.common import as_flag
 from moshi_mlx.cli.main import COMMANDS
+from moshi_mlx.errors import ConfigError, Setting
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -62,17 +63,28 @@ def test_old_spellings_still_parse():
 
 
 @pytest.mark.parametrize(
-    ("message", "shown"),
+    ("parts", "api", "shown"),
     [
-        ("kv_bits must be one of (8, 4), got 3", "--kv-bits must be one of (8, 4), got 3"),
-        ("it fits with quantize=4 kv_bits=4 (5 GB)", "it fits with -q 4 --kv-bits 4 (5 GB)"),
-        ("mimi_weight=/a/b.safetensors: file not found", "--mimi-weight /a/b.safetensors: file"),
-        ("x exists; pass force=True to overwrite it", "x exists; pass --force to overwrite it"),
-        ("no device; check with format_devices()", "no device; check with --list-devices"),
-        # plain words and paths are left alone: only `name=` of a one-word parameter
-        ("the model's context and voice", "the model's context and voice"),
-        ("/w/lm_config/kv_bits.json is bad", "/w/lm_config/kv_bits.json is bad"),
+        ((Setting("kv_bits"), " must be 8 or 4"), "kv_bits must be 8 or 4", "--kv-bits must be"),
+        (
+            ("it fits with ", Setting("quantize", 4), " ", Setting("kv_bits", 4)),
+            "it fits with quantize=4 kv_bits=4",
+            "it fits with -q 4 --kv-bits 4",
+        ),
+        (
+            (Setting("mimi_weight", "/a/b"), ": gone"),
+            "mimi_weight=/a/b: gone",
+            "--mimi-weight /a/b",
+        ),
+        (("pass ", Setting("force", True)), "pass force=True", "pass --force"),
+        (("see ", Setting("format_devices()")), "see format_devices()", "see --list-devices"),
+        # a parameter no flag sets keeps its API spelling; plain words are never touched
+        ((Setting("n_q", 8), " and the context"), "n_q=8 and the context", "n_q=8 and the context"),
     ],
 )
-def test_library_errors_are_shown_in_flag_terms(message, shown):
-    assert in_flag_terms(message).startswith(shown)
+def test_library_errors_name_parameters_that_commands_show_as_flags(parts, api, shown):
+    """Errors carry the parameters they name; a command spells each as its flag (no
+    rewriting of the message's text)."""
+    error = ConfigError(*parts, parameter="kv_bits")
+    assert str(error) == api and error.parameter == "kv_bits"
+    assert error.spelled(as_flag).startswith(shown)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from moshi_mlx.errors import AudioError
+from moshi_mlx.errors import AudioError, Setting
+
+LIST_DEVICES = Setting("format_devices()")  # where the devices are listed (a flag: --list-devices)
 
 _PORTAUDIO_HINT = (
     "install PortAudio (Debian/Ubuntu: apt install libportaudio2; macOS: brew install portaudio)"
@@ -62,7 +64,8 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
         what = "microphone" if kind == "input" else "speaker or headphones"
         raise AudioError(
             f"no audio {kind} device found; connect a {what} "
-            f"(or start your sound server) and check with format_devices()"
+            "(or start your sound server) and check with ",
+            LIST_DEVICES,
         )
     if spec is None or spec == "":
         default = sd.default.device[0 if kind == "input" else 1]
@@ -73,8 +76,11 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
         index = int(spec)
         if index not in usable:
             raise AudioError(
-                f"device {index} is not an {kind} device; pick one of format_devices() as "
-                f"{parameter}"
+                f"device {index} is not an {kind} device; pick one of ",
+                LIST_DEVICES,
+                " as ",
+                Setting(parameter),
+                parameter=parameter,
             )
         return index
     needle = str(spec).lower()
@@ -84,7 +90,11 @@ def resolve_device(spec: str | int | None, kind: str) -> int:
         return exact[0]
     if not matches:
         raise AudioError(
-            f"no {kind} device name contains {spec!r}; see format_devices() and pass {parameter}"
+            f"no {kind} device name contains {spec!r}; see ",
+            LIST_DEVICES,
+            " and pass ",
+            Setting(parameter),
+            parameter=parameter,
         )
     return matches[0]
 
@@ -100,5 +110,10 @@ def open_failure(kind: str, index: int, reason: Exception) -> AudioError:
     in Moshi's format (24 kHz mono)."""
     return AudioError(
         f"cannot open {kind} device {index} ({device_name(index)}) at 24000 Hz, "
-        f"mono: {reason}; choose another {kind}_device (see format_devices())"
+        f"mono: {reason}; choose another ",
+        Setting(f"{kind}_device"),
+        " (see ",
+        LIST_DEVICES,
+        ")",
+        parameter=f"{kind}_device",
     )

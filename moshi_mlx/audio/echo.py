@@ -15,14 +15,16 @@ from collections import deque
 import numpy as np
 
 from moshi_mlx.audio import SAMPLE_RATE
-from moshi_mlx.errors import AudioError
+from moshi_mlx.errors import AudioError, Setting
 
 SUB_FRAME_SECONDS = 0.01  # the canceller's unit: 10 ms
 _SETTLE_TOLERANCE = 0.01  # seconds the offset may be off while the first estimates come in
 _ANCHORS = 256  # played blocks whose times are kept to line the microphone up with
 PACKAGE = "pywebrtc-audio"
-INSTALL_HINT = (
-    f"pip install {PACKAGE} (or turn it off with cancel_echo=False, e.g. with headphones)"
+INSTALL_HINT = (  # message parts
+    f"pip install {PACKAGE} (or turn it off with ",
+    Setting("cancel_echo", False),
+    ", e.g. with headphones)",
 )
 
 
@@ -30,7 +32,9 @@ def _import_webrtc():
     try:
         import pywebrtc_audio
     except ImportError:
-        raise AudioError(f"echo cancellation needs the {PACKAGE} package: {INSTALL_HINT}") from None
+        raise AudioError(
+            f"echo cancellation needs the {PACKAGE} package: ", *INSTALL_HINT
+        ) from None
     return pywebrtc_audio
 
 

@@ -32,7 +32,7 @@ from moshi_mlx.checkpoints.spec import (
     TOKENIZER_FILE,
     config_in,
 )
-from moshi_mlx.errors import ConfigError, WeightsError
+from moshi_mlx.errors import ConfigError, Setting, WeightsError
 from moshi_mlx.models.config import MODEL_TYPES
 
 _REPO_SUFFIX = re.compile(f"-({'|'.join(suffix for suffix, _ in LM_FILES.values())})$")
@@ -83,7 +83,9 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
     """The repo and LM file name for `hf_repo` / `quantize` (4, 8 or 16 = bf16); a local
     folder's LM file is, without `quantize`, the most precise it holds."""
     if quantize is not None and quantize not in LM_FILES:
-        raise ConfigError(f"quantize must be 4, 8 or 16 (bf16), got {quantize}")
+        raise ConfigError(
+            Setting("quantize"), f" must be 4, 8 or 16 (bf16), got {quantize}", parameter="quantize"
+        )
     repo = hf_repo or DEFAULT_REPO
     folder = local_folder(repo)
     if folder is not None:
@@ -98,8 +100,9 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
             raise ConfigError(
                 f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
                 f"weights: make a "
-                f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it "
-                "as moshi_weight"
+                f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it as ",
+                Setting("moshi_weight"),
+                parameter="quantize",
             )
         return repo, LM_FILES[bits][1]
     if quantize is None:
@@ -114,7 +117,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
 def _user_path(path: str | Path, parameter: str) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise WeightsError(f"{parameter}={path}: file not found")
+        raise WeightsError(Setting(parameter, path), ": file not found", parameter=parameter)
     return path
 
 
@@ -125,40 +128,48 @@ def repo_file(repo: str, filename: str, parameter: str) -> Path:
     folder = local_folder(repo)
     if folder is not None:
         if not (folder / filename).is_file():
-            raise WeightsError(f"{folder} has no {filename} (or pass {parameter}=PATH)")
+            raise WeightsError(
+                f"{folder} has no {filename} (or pass ",
+                Setting(parameter, "PATH"),
+                ")",
+                parameter=parameter,
+            )
         return folder / filename
     try:
         return download(repo, filename)
     except HubMiss as miss:
-        raise WeightsError(_missing(repo, filename, parameter, miss)) from None
+        raise WeightsError(
+            *_missing(repo, filename, parameter, miss), parameter=parameter
+        ) from None
 
 
-def _missing(repo: str, filename: str, parameter: str, miss: HubMiss) -> str:
-    """Why `filename` of the hub repo `repo` cannot be had, and what to do, in one line."""
+def _missing(repo: str, filename: str, parameter: str, miss: HubMiss) -> tuple[str | Setting, ...]:
+    """Why `filename` of the hub repo `repo` cannot be had, and what to do, in one line
+    (message parts)."""
     # A repo id is also a relative path: a mistyped folder reads as a repo. Say so when the
     # hub has no such repo, or when the id's owner is a folder here.
     typo = miss.why == "no repo" or Path(repo).parent.is_dir() and Path(repo).parent != Path()
     folder = f"there is no folder {repo} here, and " if typo else ""
-    instead = f"put it in {weights_dir()}/ (or pass {parameter}=PATH)"
+    instead = (f"put it in {weights_dir()}/ (or pass ", Setting(parameter, "PATH"), ")")
     if miss.why == "no repo":
-        return (
-            f"cannot get {filename}: {folder}there is no Hugging Face repo {repo} "
-            f"(https://huggingface.co/{repo}; a private or gated one needs `hf auth login`)"
-        )
+        hint = f"https://huggingface.co/{repo}; a private or gated one needs `hf auth login`"
+        return (f"cannot get {filename}: {folder}there is no Hugging Face repo {repo} ({hint})",)
     if miss.why == "no file":
-        return f"the Hugging Face repo {repo} has no {filename}; {instead}"
+        return (f"the Hugging Face repo {repo} has no {filename}; ", *instead)
     if miss.why == "offline":
         # A model's repo is downloaded whole (its files are what it needs); a voice alone.
         command = f"hf download {repo}" + (f" {filename}" if parameter == "voice" else "")
-        return (
+        why = (
             f"cannot get {filename} from the Hugging Face repo {repo}: {folder}the hub cannot "
             f"be reached ({miss.detail}) and the file is not in the local cache; download it "
-            f"when online (`{command}`, or from https://huggingface.co/{repo}), or {instead}"
+            f"when online (`{command}`, or from https://huggingface.co/{repo}), or "
         )
-    return (
+        return (why, *instead)
+    why = (
         f"cannot get {filename} from the Hugging Face repo {repo} ({miss.detail}); download "
-        f"it from https://huggingface.co/{repo} and {instead}"
+        f"it from https://huggingface.co/{repo} and "
     )
+    return (why, *instead)
 
 
 def find_config(

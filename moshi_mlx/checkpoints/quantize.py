@@ -37,7 +37,7 @@ from moshi_mlx.checkpoints.spec import (
     output_layout,
     quantization_metadata,
 )
-from moshi_mlx.errors import MoshiError, WeightsError
+from moshi_mlx.errors import MoshiError, Setting, WeightsError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.models.lm import LmConfig
 
@@ -170,7 +170,11 @@ def quantize_checkpoint(
     else:
         group_size = group_size or DEFAULT_GROUP_SIZE[bits]
         if group_size not in GROUP_SIZES:
-            raise MoshiError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+            raise MoshiError(
+                Setting("group_size"),
+                f" must be one of {GROUP_SIZES}, got {group_size}",
+                parameter="group_size",
+            )
     output_path = Path(output_path) if output_path else default_output(input_path, bits)
     check_output(input_path, output_path, force, what="checkpoint")
 
@@ -193,7 +197,11 @@ def quantize_checkpoint(
     if group_size is not None and not any(name.endswith(".scales") for name in layout):
         raise MoshiError(  # its metadata would declare a quantization that no tensor has
             f"{input_path}: no layer's input width divides by the group size {group_size}, so "
-            "nothing would be quantized; pick a smaller group_size, or bits=16"
+            "nothing would be quantized; pick a smaller ",
+            Setting("group_size"),
+            ", or ",
+            Setting("bits", 16),
+            parameter="group_size",
         )
     metadata = quantization_metadata(bits, group_size) | config_metadata(config)
     by_source: dict[str, list[TensorRecipe]] = defaultdict(list)

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors
-from moshi_mlx.errors import ConfigError
+from moshi_mlx.errors import ConfigError, Setting
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 
@@ -153,7 +153,9 @@ def check_codec_fits(cfg: LmConfig) -> None:
     if cfg.card != codec_card:
         raise ConfigError(
             f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
-            f"{codec_card}: the LM weights or lm_config do not belong to Moshi"
+            f"{codec_card}: the LM weights or ",
+            Setting("lm_config"),
+            " do not belong to Moshi",
         )
 
 

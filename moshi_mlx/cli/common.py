@@ -12,7 +12,6 @@ import argparse
 import logging
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from moshi_mlx.chat.persona.voice import (
 )
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.checkpoints.spec import DEFAULT_REPO, LM_FILES
-from moshi_mlx.errors import ConfigError, MoshiError
+from moshi_mlx.errors import NO_VALUE, ConfigError, MoshiError, Setting
 from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts
@@ -408,9 +407,9 @@ def exit_at_once(code: int) -> NoReturn:
     os._exit(code)
 
 
-# Library errors name API parameters (`kv_bits=3`, `lm_config`, `force=True`); a command
-# shows its user the flag of each. A name with no underscore is translated only as `name=`.
-_PARAMETER_FLAGS = {
+# The flag of each API parameter a library error may name (`errors.Setting`), and the
+# switches whose value the flag says (`force=True` is `--force`).
+_FLAGS = {
     "hf_repo": "--hf-repo",
     "quantize": "-q",
     "bits": "-q",
@@ -427,31 +426,21 @@ _PARAMETER_FLAGS = {
     "role": "--role",
     "input_device": "--input-device",
     "output_device": "--output-device",
-}
-_API_PHRASES = {
-    "force=True": "--force",
-    "cancel_echo=False": "--no-echo-cancel",
     "format_devices()": "--list-devices",
 }
-_PARAMETER = re.compile(
-    r"(?<![\w./-])(" + "|".join(sorted(_PARAMETER_FLAGS, key=len, reverse=True)) + r")"
-    r"(?:(=)|(?![\w./=-]))"
-)
+_SWITCHES = {("force", True): "--force", ("cancel_echo", False): "--no-echo-cancel"}
 
 
-def in_flag_terms(message: str) -> str:
-    """`message` of a library error with each API parameter it names spelled as the flag that
-    sets it (`kv_bits=3` -> `--kv-bits 3`, `lm_config` -> `--lm-config`)."""
-    for phrase, flag in _API_PHRASES.items():
-        message = message.replace(phrase, flag)
-
-    def flag_of(match: re.Match) -> str:
-        name, assigned = match.group(1), match.group(2)
-        if not assigned and "_" not in name:  # a plain English word, not surely the parameter
-            return match.group(0)
-        return _PARAMETER_FLAGS[name] + (" " if assigned else "")
-
-    return _PARAMETER.sub(flag_of, message)
+def as_flag(setting: Setting) -> str:
+    """An API parameter that a library error names, as a command line spells it: its flag
+    and the value (`kv_bits=3` -> `--kv-bits 3`); its API spelling when no flag sets it."""
+    switch = _SWITCHES.get((setting.name, setting.value))
+    if switch is not None:
+        return switch
+    flag = _FLAGS.get(setting.name)
+    if flag is None:
+        return setting.in_api_terms()
+    return flag if setting.value is NO_VALUE else f"{flag} {setting.value}"
 
 
 @contextmanager
@@ -474,7 +463,7 @@ def run_cli(command: Callable[[Sequence[str] | None], int], argv: Sequence[str] 
     try:
         return command(argv)
     except MoshiError as exc:
-        print(f"error: {in_flag_terms(str(exc))}", file=sys.stderr)
+        print(f"error: {exc.spelled(as_flag)}", file=sys.stderr)
         return USER_ERROR_EXIT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

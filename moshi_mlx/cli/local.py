@@ -34,9 +34,9 @@ from moshi_mlx.cli.common import (
     add_max_lag_arg,
     add_model_args,
     add_persona_args,
+    as_flag,
     check_persona_args,
     exit_at_once,
-    in_flag_terms,
     load_model,
     log_to_stderr,
     max_lag_frames,
@@ -162,7 +162,7 @@ def _echo_canceller(args: argparse.Namespace) -> EchoCanceller | None:
     try:
         return EchoCanceller(SAMPLE_RATE, denoise=args.denoise, cancel_echo=args.echo_cancel)
     except AudioError as exc:
-        _status(f"{in_flag_terms(str(exc))}; going on without it: use headphones")
+        _status(f"{exc.spelled(as_flag)}; going on without it: use headphones")
         return None
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from moshi_mlx.errors import ConfigError
+from moshi_mlx.errors import ConfigError, Setting
 
 KV_BITS = (8, 4)
 KV_GROUP_SIZES = (32, 64, 128)
@@ -55,10 +55,16 @@ class KVQuantization:
         """`bits` with its default group size unless one is given; `ConfigError` for a choice
         MLX cannot quantize with."""
         if bits not in KV_BITS:
-            raise ConfigError(f"kv_bits must be one of {KV_BITS}, got {bits}")
+            raise ConfigError(
+                Setting("kv_bits"), f" must be one of {KV_BITS}, got {bits}", parameter="kv_bits"
+            )
         group_size = group_size or DEFAULT_KV_GROUP_SIZE[bits]
         if group_size not in KV_GROUP_SIZES:
-            raise ConfigError(f"kv_group_size must be one of {KV_GROUP_SIZES}, got {group_size}")
+            raise ConfigError(
+                Setting("kv_group_size"),
+                f" must be one of {KV_GROUP_SIZES}, got {group_size}",
+                parameter="kv_group_size",
+            )
         return cls(bits, group_size)
 
     @classmethod
@@ -66,7 +72,13 @@ class KVQuantization:
         """`of(bits, group_size)`, or None (an unquantized cache) without `bits`;
         `ConfigError` for a group size without bits."""
         if bits is None and group_size is not None:
-            raise ConfigError("kv_group_size needs kv_bits (8 or 4)")
+            raise ConfigError(
+                Setting("kv_group_size"),
+                " needs ",
+                Setting("kv_bits"),
+                " (8 or 4)",
+                parameter="kv_group_size",
+            )
         return None if bits is None else cls.of(bits, group_size)
 
     def check_head_dim(self, head_dim: int) -> None:

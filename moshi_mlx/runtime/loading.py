@@ -44,7 +44,7 @@ from moshi_mlx.checkpoints.spec import (
     codec_codebooks,
     lm_config_from_header,
 )
-from moshi_mlx.errors import ConfigError, WeightsMismatchError
+from moshi_mlx.errors import ConfigError, Setting, WeightsMismatchError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.codec import Codec, load_codec
@@ -106,7 +106,8 @@ class LoadOptions:
         for name in options:
             if name not in known:
                 raise ConfigError(
-                    f"{name!r} is not a load option; the options are {', '.join(known)}"
+                    f"{name!r} is not a load option; the options are {', '.join(known)}",
+                    parameter=name,
                 )
         return cls(**options)  # type: ignore[arg-type]
 
@@ -120,7 +121,11 @@ class LoadOptions:
         if self.dtype is None or isinstance(self.dtype, mx.Dtype):
             return self.dtype
         if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise ConfigError(
+                Setting("dtype"),
+                f" must be one of {', '.join(DTYPES)}, got {self.dtype!r}",
+                parameter="dtype",
+            )
         return DTYPES[self.dtype]
 
 
@@ -183,14 +188,21 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
     if options.context is not None:
         if not 1 <= options.context <= config.context:
             raise ConfigError(
-                f"context={options.context} is out of range: it must be between 1 and "
-                f"{config.context} steps (the model's attention window)"
+                Setting("context", options.context),
+                f" is out of range: it must be between 1 and {config.context} steps (the "
+                "model's attention window)",
+                parameter="context",
             )
         config = replace(config, context=options.context)
     if found_kind == "chat":
         check_codec_fits(config)
     elif options.kv_bits is not None:
-        raise ConfigError("a quantized KV cache (kv_bits) is for chat models only")
+        raise ConfigError(
+            "a quantized KV cache (",
+            Setting("kv_bits"),
+            ") is for chat models only",
+            parameter="kv_bits",
+        )
     if found_kind == "tts" and options.codec_backend != "mlx":
         raise ConfigError("the text-to-speech model decodes with the mlx codec only")
     codebooks = codec_codebooks(config)
@@ -216,8 +228,9 @@ def load_parts(
         if name not in KINDS[found.kind].options:
             takers = " or ".join(k.name for k in KINDS.values() if name in k.options)
             raise ConfigError(
-                f"{name} is a {takers} option; {found.files.repo} is a "
-                f"{found.config.model_name} model"
+                Setting(name),
+                f" is a {takers} option; {found.files.repo} is a {found.config.model_name} model",
+                parameter=name,
             )
     if options.check_memory and KINDS[found.kind].checks_memory:
         check_fits(found.memory, found.lm.config)
@@ -227,8 +240,11 @@ def load_parts(
     except WeightsMismatchError as exc:
         used = files.lm_config or "the one its file carries or its layout says"
         raise WeightsMismatchError(
-            f"{exc}; these LM weights do not fit the LM config ({used}): "
-            "pass the config.json that belongs to them as lm_config"
+            *exc.parts,
+            f"; these LM weights do not fit the LM config ({used}): pass the config.json "
+            "that belongs to them as ",
+            Setting("lm_config"),
+            parameter="lm_config",
         ) from None
     codec = load_codec(files.mimi, options.codec_backend, found.codec_codebooks)
     tokenizer = load_tokenizer(files.tokenizer)

@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten
 from moshi_mlx.checkpoints.header import LmHeader
 from moshi_mlx.checkpoints.io import Layout
 from moshi_mlx.checkpoints.spec import DEFAULT_GROUP_SIZE, output_layout
-from moshi_mlx.errors import ConfigError
+from moshi_mlx.errors import ConfigError, Setting
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.modules.kv_quant import KV_BITS, KVQuantization, recent_slots
@@ -224,9 +224,10 @@ def plan_memory(
     )
 
 
-def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
+def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[tuple[str | Setting, ...]]:
     """Up to three choices that make a plan that does not fit fit, as `MoshiModel.load`
-    parameters (`quantize=4 kv_bits=8`) with what they come to (empty when none does)."""
+    parameters (`quantize=4 kv_bits=8`, message parts) with what they come to (empty when
+    none does)."""
     dtype = plan.dtype
 
     def with_kv(kv: KVQuantization | None, context: int | None = None) -> MemoryPlan:
@@ -243,29 +244,31 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[str]:
     smaller_kv = [
         KVQuantization.of(bits) for bits in sorted(KV_BITS, reverse=True) if bits < current
     ]
-    candidates: list[tuple[str, MemoryPlan]] = []
+    candidates: list[tuple[tuple[str | Setting, ...], MemoryPlan]] = []
+    q4_setting = Setting("quantize", 4)
     if plan.lm_bits != 4:
         q4 = quantized_lm_weight_bytes(config, 4, dtype)
-        candidates.append(("quantize=4", replace(plan, weights=q4)))
+        candidates.append(((q4_setting,), replace(plan, weights=q4)))
         candidates += [
-            (f"quantize=4 kv_bits={kv.bits}", replace(with_kv(kv), weights=q4)) for kv in smaller_kv
+            ((q4_setting, " ", Setting("kv_bits", kv.bits)), replace(with_kv(kv), weights=q4))
+            for kv in smaller_kv
         ]
-    candidates += [(f"kv_bits={kv.bits}", with_kv(kv)) for kv in smaller_kv]
+    candidates += [((Setting("kv_bits", kv.bits),), with_kv(kv)) for kv in smaller_kv]
     q4g64 = quantized_lm_weight_bytes(config, 4, dtype, group_size=64)
     if q4g64 < plan.weights:
         requantize = "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64)"
         for kv in (plan.kv, *smaller_kv):
-            flags = requantize + ("" if kv == plan.kv else f" and kv_bits={kv.bits}")
-            candidates.append((flags, replace(with_kv(kv), weights=q4g64)))
+            more = () if kv == plan.kv else (" and ", Setting("kv_bits", kv.bits))
+            candidates.append(((requantize, *more), replace(with_kv(kv), weights=q4g64)))
     for kv in (plan.kv, *smaller_kv[-1:]):
         context = longest_context(with_kv(kv))
         if context >= _MIN_USEFUL_CONTEXT and not with_kv(kv).fits:
-            flags = f"context={context}"
+            flags: tuple[str | Setting, ...] = (Setting("context", context),)
             if kv != plan.kv:
-                flags = f"kv_bits={kv.bits} {flags}"
+                flags = (Setting("kv_bits", kv.bits), " ", *flags)
             candidates.append((flags, with_kv(kv, context)))
     fitting = [(flags, option) for flags, option in candidates if option.fits]
-    return [f"{flags} ({option.total / 1e9:.2f} GB)" for flags, option in fitting[:3]]
+    return [(*flags, f" ({option.total / 1e9:.2f} GB)") for flags, option in fitting[:3]]
 
 
 def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
@@ -278,8 +281,12 @@ def check_fits(plan: MemoryPlan, config: LmConfig) -> None:
         f"the {plan.device} is {plan.capacity / 1e9:.2f} GB"
     )
     options = fit_advice(plan, config)
-    advice = "; it fits with " + " or ".join(options) if options else "; no smaller choice fits"
-    raise ConfigError(needs + advice + " (see memory_plan)")
+    advice: list[str | Setting] = ["; no smaller choice fits"]
+    if options:
+        advice = ["; it fits with "]
+        for number, option in enumerate(options):
+            advice += [" or "] * (number > 0) + list(option)
+    raise ConfigError(needs, *advice, " (see ", Setting("memory_plan"), ")")
 
 
 @contextmanager

@@ -239,3 +239,13 @@ def test_no_barge_in_when_the_rules_say_so():
     turns.respond()
     assert turns.listen(1.0, ["wait"], SPEAKING) == []
     assert turns.state is State.ANSWERING
+
+
+def test_a_response_with_no_user_turn_greets_and_takes_its_own_instructions():
+    turns = TurnTaker(History("Be brief."), TurnRules(replies=False))
+    (start,) = turns.respond("Say hello in French.")
+    assert start.messages == [
+        {"role": "system", "content": "Say hello in French."},
+        {"role": "user", "content": GREETING_REQUEST},
+    ]
+    assert turns.history.system == "Be brief."  # for this answer only

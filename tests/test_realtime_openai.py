@@ -347,3 +347,16 @@ def test_moshi_full_duplex_is_one_long_response(address, parts):
             assert error["code"] == "unsupported_event"
 
     run(body())
+
+
+def test_a_first_response_greets_under_its_own_instructions(address, parts):
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.response.create(response={"instructions": "Greet the user."})
+            done = events.all[await events.wait("response.done")]["response"]
+            assert done["status"] == "completed"
+            prompt = parts.llm.prompts[-1]
+            assert prompt[0] == {"role": "system", "content": "Greet the user."}
+            assert prompt[1]["role"] == "user" and len(prompt) == 2  # the greeting request
+
+    run(body())

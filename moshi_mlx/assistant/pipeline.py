@@ -200,12 +200,12 @@ class Assistant:
         """End the user's turn now (`TurnTaker.commit`)."""
         self._run(self.turns.commit())
 
-    def respond(self) -> bool:
-        """Start an answer to the conversation so far; False if one cannot start now (the
-        user's turn is being flushed, an answer runs, or there is no LLM)."""
+    def respond(self, instructions: str | None = None) -> bool:
+        """Start an answer to the conversation so far (`TurnTaker.respond`); False if one
+        cannot start now (the user's turn is being flushed, an answer runs, or no LLM)."""
         if self.llm is None:
             return False
-        actions = self.turns.respond()
+        actions = self.turns.respond(instructions)
         self._run(actions)
         return bool(actions)
 

@@ -218,12 +218,15 @@ class TurnTaker:
             return [UserSaid(text)]
         return [UserSaid(text), *self._start_reply()]
 
-    def respond(self) -> list[Action]:
-        """Start an answer to the conversation so far (a client's request); none while the
-        user's turn is being flushed or an answer runs."""
+    def respond(self, instructions: str | None = None) -> list[Action]:
+        """Start an answer to the conversation so far (a client's request), under
+        `instructions` in place of the system prompt if given; none while the user's turn is
+        being flushed or an answer runs. With no user turn yet, the assistant greets."""
         if self.state not in (State.LISTENING, State.USER_SPEAKING):
             return []
-        return self._start_reply()
+        if not any(turn.role == "user" for turn in self.history.turns):
+            self.history.add("user", GREETING_REQUEST)
+        return self._start_reply(instructions)
 
     def cancel(self) -> list[Action]:
         """Stop the answer running (a client's request), kept as far as it was heard."""
@@ -273,13 +276,17 @@ class TurnTaker:
         return [AnswerEnded(text, cut_off=False)]
 
     # --- inside ---
-    def _start_reply(self) -> list[Action]:
+    def _start_reply(self, instructions: str | None = None) -> list[Action]:
         if self._count_tokens is not None and self._token_limit is not None:
             self.trimmed_turns += self.history.trim(self._count_tokens, self._token_limit)
         self.state = State.ANSWERING
         self._words = SpokenWords()
         self._reply = self._heard = ""
-        return [StartReply(self.history.messages())]
+        messages = self.history.messages()
+        if instructions is not None:
+            turns = [message for message in messages if message["role"] != "system"]
+            messages = [{"role": "system", "content": instructions}, *turns]
+        return [StartReply(messages)]
 
     def _barge_in(self) -> list[Action]:
         heard = self._heard.strip()

@@ -286,7 +286,13 @@ class RealtimeSession:
             )
         )
 
-    async def _response_create(self, _message: dict) -> None:
+    async def _response_create(self, message: dict) -> None:
+        options = message.get("response") or {}
+        if not isinstance(options, dict):
+            raise SessionError("response must be an object", "response")
+        instructions = options.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise SessionError("response.instructions must be a string", "response.instructions")
         if not self.speaks:
             raise SessionError("a transcription session does not answer", "type")
         if self._response is not None:
@@ -295,7 +301,7 @@ class RealtimeSession:
                 None,
                 "conversation_already_has_active_response",
             )
-        if not self.assistant.respond():
+        if not self.assistant.respond(instructions):
             raise SessionError(
                 "the user's turn is being transcribed; the answer follows it",
                 None,

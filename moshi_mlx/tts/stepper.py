@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
@@ -168,10 +169,17 @@ class TtsStepper:
         self._state = StepState.of(tokens, mx.random.key(seed), lm.make_ring(self.batch))
         self.step_index = 0
 
-    def step(self, if_word: list[int], otherwise: list[int]) -> TtsStepOutput:
+    def step(
+        self,
+        if_word: list[int],
+        otherwise: list[int],
+        forced: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> TtsStepOutput:
         """Queue one step; each stream feeds `if_word[b]` as its text token if the model
-        predicts a new word, else `otherwise[b]`. Returns at once (lazy results, evaluation
-        queued)."""
+        predicts a new word, else `otherwise[b]`. `forced`, codes and a mask (B, dep_q),
+        replaces the audio tokens the step sampled where the mask is set (an audio prefix's,
+        `TtsRun`), as they are written and in the frame out. Returns at once (lazy results,
+        evaluation queued)."""
         ring = self._state.ring(self.lm.cfg.attention_window)
         self._state = self._state.with_ring(ring.grown(self.step_index))
         del ring  # the old buffers are written in place only if nothing else holds them
@@ -187,10 +195,27 @@ class TtsStepper:
             mx.array(if_word, mx.int32),
             mx.array(otherwise, mx.int32),
         )
+        frame = out.frame
+        if forced is not None:
+            frame, tokens = self._forced(out.state.tokens, *forced)
+            out = out._replace(state=out.state._replace(tokens=tokens))
         self._state = out.state
-        mx.async_eval(out.text, out.frame, out.state)
+        mx.async_eval(out.text, frame, out.state)
         self.step_index += 1
-        return TtsStepOutput(out.text, out.frame)
+        return TtsStepOutput(out.text, frame)
+
+    def _forced(
+        self, tokens: mx.array, codes: np.ndarray, mask: np.ndarray
+    ) -> tuple[mx.array, mx.array]:
+        """The frame out and the token ring of this step with its audio tokens replaced by
+        `codes` where `mask` is set."""
+        ring, t = self._functions.ring, self.step_index
+        column = ring.column(tokens, mx.array(t + 1))
+        audio = mx.where(mx.array(mask), mx.array(codes, mx.int32), column[:, 1:])
+        tokens = ring.write_column(
+            tokens, mx.array(t + 1), mx.concatenate([column[:, :1], audio], 1)
+        )
+        return ring.frame_out(tokens, mx.array(t)), tokens
 
     @property
     def frame_ready(self) -> bool:

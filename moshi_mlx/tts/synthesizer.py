@@ -32,6 +32,7 @@ from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
+from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.models.mimi import Mimi
 from moshi_mlx.modules.transformer import CrossKV
@@ -39,7 +40,8 @@ from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.tts.machine import Entry, TextSchedule, TokenIds, script_to_entries
+from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
+from moshi_mlx.tts.prefix import AudioPrefixes
 from moshi_mlx.tts.stepper import (
     STEP_FUNCTIONS_KEPT,
     TtsSampling,
@@ -61,11 +63,14 @@ class TtsRequest:
     """One text to speak: `text` (words, `<break time="0.5s"/>` pauses; a list: turns of
     alternating speakers, the first the main one), one to five voices (names in the voice repo,
     `.safetensors` files, or embeddings: `VoiceEmbedding`), and the guidance strength
-    `cfg_coef` (one of the config's "cfg" values; None: none given)."""
+    `cfg_coef` (one of the config's "cfg" values; None: none given). `prefix`: audio the
+    speech continues, in its voice (cloning; `TtsModel.voice_prefix` of a wav): Mimi codes
+    (codebooks, frames), at least the codebooks generated."""
 
     text: str | Sequence[str]
     voices: tuple[Voice, ...] = (DEFAULT_VOICE,)
     cfg_coef: float | None = DEFAULT_CFG_COEF
+    prefix: np.ndarray | None = None
 
 
 def _no_tokens() -> np.ndarray:
@@ -327,6 +332,11 @@ class TtsRun:
             n_q=model.n_q,
         )
         self.schedules = [model.schedule() for _ in requests]
+        self.prefixes = AudioPrefixes(
+            [r.prefix for r in requests],
+            model.lm.cfg.dep_q,
+            np.array(model.lm.cfg.delays[1:]) + model.delay_steps,
+        )
         self._mimi_state = None  # made at the first frame decoded
         self._first_audio = model.delay_steps  # the first frame Mimi can decode
 
@@ -348,15 +358,22 @@ class TtsRun:
 
     def _queue_step(self) -> tuple[int, TtsStepOutput]:
         """Queue one LM step (lazy): the step's index and its output."""
-        outcomes = [schedule.speculate() for schedule in self.schedules]
         t = self.stepper.step_index
-        return t, self.stepper.step([o.word for o in outcomes], [o.other for o in outcomes])
+        outcomes = [
+            Outcomes(ZERO_TOKEN, ZERO_TOKEN) if self.prefixes.text_held(row, t) else s.speculate()
+            for row, s in enumerate(self.schedules)
+        ]
+        words, others = [o.word for o in outcomes], [o.other for o in outcomes]
+        return t, self.stepper.step(words, others, self.prefixes.forced(t))
 
     def _commit(self, t: int, out: TtsStepOutput) -> TtsTokens:
         """Step `t`'s predictions into the schedules (read on the host: a wait unless they
         were evaluated) and its tokens."""
         predicted = np.array(out.predicted).tolist()
-        fed = [s.commit(t, token) for s, token in zip(self.schedules, predicted)]
+        fed = [
+            ZERO_TOKEN if self.prefixes.text_held(row, t) else s.commit(t, token)
+            for row, (s, token) in enumerate(zip(self.schedules, predicted))
+        ]
         return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
 
     def step(self) -> TtsStep:
@@ -378,7 +395,8 @@ class TtsRun:
         frames: list[np.ndarray | None] = []
         for row, schedule in enumerate(self.schedules):
             ended = schedule.end_step is not None and played >= schedule.end_step
-            frames.append(None if played < 0 or ended else np.clip(pcm[row], -1, 1))
+            before = played < self.prefixes.length(row)  # the prefix's own audio: not played
+            frames.append(None if before or ended else np.clip(pcm[row], -1, 1))
         return TtsStep(frames, tokens)
 
     def words(self, row: int) -> list[tuple[str, float]]:
@@ -386,7 +404,8 @@ class TtsRun:
         text step s is heard `delay_steps` frames later, and the audio `step` returns starts
         at frame `delay_steps + SKIPPED_FRAMES`: at s - SKIPPED_FRAMES in it."""
         transcript = self.schedules[row].transcript
-        return [(word, (step - SKIPPED_FRAMES) / FRAME_RATE) for word, step in transcript]
+        start = SKIPPED_FRAMES + self.prefixes.length(row)
+        return [(word, (step - start) / FRAME_RATE) for word, step in transcript]
 
 
 class TtsStream:

@@ -1,0 +1,62 @@
+"""Audio prefixes: speech a TTS request continues, so that it speaks in that voice (Kyutai's
+voice cloning with an audio prefix, `moshi` 0.2.13 `TTSModel.generate(prefixes=...)`).
+
+A prefix is Mimi's codes of a recording (codebooks, frames). While it lasts, the text fed is
+"no input" and the text schedule waits; each codebook k is forced to the prefix's codes
+`delays[k] + delay_steps` steps late, replacing what the depformer sampled (the depformer's
+own chain of slices saw its samples; the next steps read the prefix). The audio played starts
+after the prefix's frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from moshi_mlx.errors import TtsError
+
+
+class AudioPrefixes:
+    """The prefixes of a batch of requests (None: a request without one). `audio_start`
+    (dep_q,): the step at which each codebook's audio starts (its delay plus the TTS's)."""
+
+    def __init__(self, prefixes: Sequence[np.ndarray | None], dep_q: int, audio_start: np.ndarray):
+        self._codes: list[np.ndarray | None] = []
+        for prefix in prefixes:
+            if prefix is not None:
+                prefix = np.asarray(prefix)
+                if prefix.ndim != 2 or not prefix.shape[1] or prefix.dtype.kind not in "iu":
+                    raise TtsError(
+                        f"an audio prefix is integer codes (codebooks, frames), got "
+                        f"{prefix.dtype} {prefix.shape}"
+                    )
+                prefix = prefix[:dep_q].astype(np.int32)
+            self._codes.append(prefix)
+        self.dep_q = dep_q
+        self.audio_start = np.asarray(audio_start)
+
+    def length(self, row: int) -> int:
+        """Frames of row `row`'s prefix (0: none)."""
+        codes = self._codes[row]
+        return 0 if codes is None else codes.shape[1]
+
+    def text_held(self, row: int, step: int) -> bool:
+        """Whether row `row` still reads its prefix's text ("no input") at `step`."""
+        return step < self.length(row)
+
+    def forced(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The audio codes and mask (B, dep_q) that replace step `step`'s samples, or None
+        when no codebook of any row is forced then."""
+        codes = np.zeros((len(self._codes), self.dep_q), np.int32)
+        mask = np.zeros(codes.shape, bool)
+        frame = step - self.audio_start  # (dep_q,): the prefix frame each codebook writes
+        for row, prefix in enumerate(self._codes):
+            if prefix is None:
+                continue
+            held = (frame >= 0) & (frame < prefix.shape[1])
+            held[prefix.shape[0] :] = False
+            codebooks = np.flatnonzero(held)
+            codes[row, codebooks] = prefix[codebooks, frame[codebooks]]
+            mask[row, codebooks] = True
+        return (codes, mask) if mask.any() else None

@@ -1,0 +1,64 @@
+"""Voice cloning with an audio prefix against Kyutai's PyTorch TTS (`moshi` 0.2.13
+`TTSModel.generate(prefixes=...)`; fixtures: scripts/make_tts_clone_fixtures.py) on the tiny
+TTS checkpoint of tests/fixtures/tts, float32, greedy: the text held at "no input" while the
+prefix lasts, the prefix's codes forced at each codebook's delay, then the text schedule;
+every fed token, every frame, the end step and the transcript equal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.checkpoints.lm import load_lm
+from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.errors import TtsError
+from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+
+FIXTURES = Path(__file__).parent / "fixtures" / "tts"
+GOLDEN = Path(__file__).parent / "fixtures" / "tts_clone" / "golden.json"
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
+    tokenizer = load_tokenizer(FIXTURES / "tokenizer.model")
+    return TtsModel(lm, codec=None, tokenizer=tokenizer, files=None)
+
+
+def test_generation_after_an_audio_prefix_equals_the_reference(model):
+    golden = json.loads(GOLDEN.read_text())
+    row = golden["row"]
+    prefix = np.array(golden["prefix"])[1:]  # the codebooks (row 0 is the text: -1)
+    voice = FIXTURES / "voices" / f"{row['voice']}.safetensors"
+    request = TtsRequest(row["text"], (voice,), row["cfg"], prefix=prefix)
+    run = TtsRun(model, [request], TtsSampling(temp=0.0))
+    schedule = run.schedules[0]
+    schedule.push(model.entries(row["text"]))
+    schedule.close()
+    logged, frames = [], []
+    while not run.finished:
+        tokens = run.step_tokens()
+        logged.append([tokens.predicted[0], tokens.fed[0]])
+        if tokens.frame is not None:
+            frames.append(np.array(tokens.frame[0]).tolist())
+    assert run.step_index == golden["steps"]
+    assert [fed for _, fed in logged] == [fed for _, fed in row["logged_text_tokens"]]
+    assert logged == row["logged_text_tokens"]
+    assert frames == row["frames"]
+    assert schedule.end_step == row["end_step"]
+    assert schedule.consumption_times == row["consumption_times"]
+    assert [list(w) for w in schedule.transcript] == row["transcript"]
+    assert run.prefixes.length(0) == prefix.shape[1] == 12
+
+
+def test_a_prefix_must_be_codes(model):
+    with pytest.raises(TtsError, match="an audio prefix is integer codes"):
+        voice = FIXTURES / "voices" / "alice.safetensors"
+        TtsRun(model, [TtsRequest("Hi.", (voice,), prefix=np.zeros((8,), np.int32))])

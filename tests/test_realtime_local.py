@@ -55,7 +55,8 @@ def test_an_app_talks_to_the_assistant_in_process():
         while (frame := session.pull()) is not None:
             pulled.append(frame)
         assert len(pulled) == 9 and all(f.shape == (1920,) for f in pulled)
-        assert max(push_seconds) < 0.005, max(push_seconds)  # never blocks the callback
+        # never waits for the model: well under a frame (a GIL switch may cost a few ms)
+        assert np.median(push_seconds) < 0.001 and max(push_seconds) < 0.05, push_seconds
 
         session.send({"type": "conversation.item.create", "item": {"type": "message",
                       "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
@@ -95,6 +96,29 @@ def test_load_talks_with_real_tiny_models(tmp_path):
         while (frame := session.pull()) is not None:
             frames.append(frame)
         assert frames and all(f.shape == (1920,) and f.dtype == np.float32 for f in frames)
+        session.close()
+    finally:
+        realtime.close()
+
+
+def test_an_app_talks_to_moshi_in_process():
+    """A full-duplex session in process (a fake conversation, see realtime_helpers): a reply
+    frame to pull for each mic frame pushed, Moshi's words as events."""
+    parts = Parts()
+    realtime = LocalRealtime(parts.make)
+    realtime.duplex = True
+    try:
+        session = realtime.session({"type": "realtime", "instructions": "Be a pirate."})
+        assert session.next_event(5)["session"]["audio"]["input"]["turn_detection"] is None
+        for _ in range(6):
+            session.push(QUIET)
+        seen = _events_until(session, "response.output_audio_transcript.delta")
+        assert seen[-1]["delta"] == "m0 "
+        time.sleep(0.3)
+        frames = []
+        while (frame := session.pull()) is not None:
+            frames.append(frame)
+        assert len(frames) == 6 and parts.duplexes[-1].persona == (None, "Be a pirate.")
         session.close()
     finally:
         realtime.close()

@@ -19,6 +19,8 @@ from moshi_mlx.assistant.turns import TurnRules
 from moshi_mlx.realtime.formats import AudioFormat, parse_format
 
 REALTIME, TRANSCRIPTION = "realtime", "transcription"
+# A Moshi (PersonaPlex) session: of the protocol's type "realtime", full duplex.
+DUPLEX = "duplex"
 EAGERNESS_THRESHOLDS = {"low": 0.8, "medium": 0.6, "auto": 0.6, "high": 0.4}
 DEFAULT_VOICE_NAME = "alloy"  # an OpenAI voice: the TTS's default voice
 # Include this in `session.include` for each word's timing as a

@@ -27,10 +27,12 @@ import numpy as np
 from moshi_mlx.assistant import ReplySampling, TurnRules
 from moshi_mlx.realtime.config import (
     DEFAULT_VOICE_NAME,
+    DUPLEX,
     REALTIME,
     TRANSCRIPTION,
     SessionConfig,
 )
+from moshi_mlx.realtime.duplex import DuplexRealtimeSession, OpenDuplex
 from moshi_mlx.realtime.session import RealtimeSession, SessionParts
 from moshi_mlx.runtime.model_thread import ModelThread
 
@@ -104,6 +106,7 @@ class LocalRealtime:
             thread.start()
         self.thread = thread
         self._make_parts = make_parts
+        self.duplex = False  # sessions of type "realtime" are Moshi's, full duplex
         self._rules = rules
         self._sampling = sampling
         self.loop = asyncio.new_event_loop()
@@ -113,10 +116,20 @@ class LocalRealtime:
         self._loop_thread.start()
 
     @classmethod
-    def from_models(cls, stt, tts=None, llm=None, thread: ModelThread | None = None, **options):
+    def from_models(
+        cls,
+        stt=None,
+        tts=None,
+        llm=None,
+        moshi=None,
+        thread: ModelThread | None = None,
+        **options,
+    ):
         """Sessions on loaded models (`SttModel`, `TtsModel`, `LlmModel`; without the TTS and
-        the LLM, transcription only), loaded on `thread`'s MLX thread. A session's `voice` is a
-        voice of the TTS (a name of its voice repo or a file); "alloy" is its default one."""
+        the LLM, transcription only; a `MoshiModel` for full-duplex sessions), loaded on
+        `thread`'s MLX thread. An assistant session's `voice` is a voice of the TTS (a name of
+        its voice repo or a file; "alloy" is its default one); a Moshi session's, PersonaPlex's.
+        """
 
         def open_speech(voice):
             return tts.stream(voice=voice)
@@ -126,21 +139,30 @@ class LocalRealtime:
 
             return DEFAULT_VOICE if name == DEFAULT_VOICE_NAME else name
 
-        async def make_parts(kind: str) -> SessionParts:
+        def open_duplex(voice, role):
+            from moshi_mlx.chat.duplex import DuplexSession
+
+            return DuplexSession(realtime.thread, moshi, voice=voice, role=role)
+
+        async def make_parts(kind: str) -> SessionParts | OpenDuplex:
+            if kind == DUPLEX:
+                return open_duplex
             listener = await realtime.thread.call(stt.speech_to_text)
             if kind == TRANSCRIPTION or tts is None or llm is None:
                 return SessionParts(listener)
             return SessionParts(listener, llm, open_speech, find_voice)
 
         realtime = cls(make_parts, thread, **options)
+        realtime.duplex = moshi is not None and llm is None
         return realtime
 
     @classmethod
     def load(
         cls,
-        stt: str | Path,
+        stt: str | Path | None = None,
         tts: str | Path | None = None,
         llm: str | Path | None = None,
+        moshi: str | Path | None = None,
         voice_repo: str | None = None,
     ) -> LocalRealtime:
         """Load the models (hub repo ids or folders) on a new model thread, the TTS's voices
@@ -153,9 +175,10 @@ class LocalRealtime:
         thread.start()
         models = thread.call_soon(
             lambda: (
-                load(stt),
+                None if stt is None else load(stt),
                 None if tts is None else load(tts, voice_repo=voice_repo or DEFAULT_VOICE_REPO),
                 None if llm is None else LlmModel.load(llm),
+                None if moshi is None else load(moshi),
             )
         ).result()
         realtime = cls.from_models(*models, thread=thread)
@@ -169,14 +192,18 @@ class LocalRealtime:
         kind = (session or {}).get("type", REALTIME)
         local = LocalSession(self)
 
-        async def start() -> RealtimeSession:
+        async def start() -> RealtimeSession | DuplexRealtimeSession:
             config = SessionConfig(kind=kind)
             if session:
                 config.update(session)
-            parts = await self._make_parts(kind)
-            realtime = RealtimeSession(
-                self.thread, parts, config, local._emit, self._rules, self._sampling
-            )
+            if self.duplex and kind == REALTIME:
+                parts = await self._make_parts(DUPLEX)
+                realtime = DuplexRealtimeSession(parts, config, local._emit)
+            else:
+                parts = await self._make_parts(kind)
+                realtime = RealtimeSession(
+                    self.thread, parts, config, local._emit, self._rules, self._sampling
+                )
             realtime.on_frame = local._frame
             await realtime.start()
             return realtime

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from moshi_mlx.assistant import ReplySampling, TurnRules
 from moshi_mlx.realtime import (
+    DUPLEX,
     REALTIME,
     TRANSCRIPTION,
     RealtimeSession,
@@ -45,8 +46,6 @@ PATH = "/v1/realtime"
 # and transcription sessions at once.
 MAX_CONVERSATIONS = 1
 MAX_TRANSCRIPTIONS = 4
-# A Moshi (PersonaPlex) session's kind: the protocol's type "realtime", full duplex.
-DUPLEX = "duplex"
 
 log = logging.getLogger("moshi_mlx.serve.realtime")
 

@@ -15,8 +15,10 @@ import pytest
 
 from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
-from moshi_mlx.errors import TtsError
+from moshi_mlx.errors import AudioError, TtsError
+from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.tts.prefix import is_recording, recording_codes
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
@@ -62,3 +64,14 @@ def test_a_prefix_must_be_codes(model):
     with pytest.raises(TtsError, match="an audio prefix is integer codes"):
         voice = FIXTURES / "voices" / "alice.safetensors"
         TtsRun(model, [TtsRequest("Hi.", (voice,), prefix=np.zeros((8,), np.int32))])
+
+
+def test_a_recording_gives_its_codes_less_two_frames_and_is_checked():
+    mimi = Mimi(MimiConfig.tiny(), 8)
+    codes = recording_codes(mimi, np.zeros(24_000, np.float32))  # 1 s: 12.5 -> 13 frames
+    assert codes.shape == (8, 11) and codes.dtype == np.int32
+    with pytest.raises(AudioError, match="too short to clone a voice from"):
+        recording_codes(mimi, np.zeros(2000, np.float32))
+    with pytest.raises(AudioError, match="lasts 31.0 s; a voice to clone is at most 30 s"):
+        recording_codes(mimi, np.zeros(31 * 24_000, np.float32))
+    assert is_recording("speech.WAV") and not is_recording("alice.safetensors")

@@ -338,3 +338,39 @@ def test_the_tokens_of_a_jsonl_batch_are_the_apis(env, tmp_path, full_mimi_check
     tokens.write_bytes(b"mine")
     line = _error_line(_tts(env, *batch, "--out-folder", tmp_path / "again", "--tokens", tokens))
     assert "--force" in line and tokens.read_bytes() == b"mine"
+
+
+def test_a_recording_as_voice_is_continued(env, tmp_path, full_mimi_checkpoint):
+    """`--voice speech.wav` clones its voice: the recording's Mimi codes are the audio prefix
+    (its last 2 frames dropped), its steps feed "no input" text, its audio is not played; the
+    tokens are the API's (`TtsModel.voice_prefix` and a `TtsRequest` prefix)."""
+    from moshi_mlx.tts.stepper import TtsSampling
+    from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
+
+    recording = tmp_path / "speech.wav"
+    t = np.arange(2 * 24_000) / 24_000
+    sf.write(str(recording), (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24_000)
+    tokens, out = tmp_path / "steps.npz", tmp_path / "cloned.wav"
+    args = ("--voice", ALICE, "--voice", recording, "--temp", 0, "--tokens", tokens)
+    done = _ok(_tts(env, TEXT, "-o", out, *args))
+    _wav(out)
+    fed = np.load(tokens)["fed_text_tokens"][0]
+    prefix_frames = 25 - 2  # 2 s at 12.5 Hz, less the 2 frames dropped
+    assert (fed[:prefix_frames] == -1).all() and fed[prefix_frames] != -1
+    model = TtsModel.load(
+        moshi_weight=str(ROOT / FIXTURES / "weights.safetensors"),
+        lm_config=str(ROOT / FIXTURES / "config.json"),
+        tokenizer=str(ROOT / FIXTURES / "tokenizer.model"),
+        mimi_weight=str(full_mimi_checkpoint),
+        codec_backend="mlx",
+    )
+    prefix = model.voice_prefix(recording)
+    assert prefix.shape == (model.codebooks, prefix_frames)
+    request = TtsRequest(TEXT, (ROOT / ALICE,), prefix=prefix)
+    (speech,) = model.synthesize([request], TtsSampling(temp=0.0))
+    np.testing.assert_array_equal(speech.fed_tokens, fed)
+    assert "Traceback" not in done.stderr
+    two = _error_line(
+        _tts(env, TEXT, "-o", tmp_path / "x.wav", "--voice", recording, "--voice", recording)
+    )
+    assert two == "error: one recording to clone a voice from, not 2"

@@ -45,6 +45,7 @@ from moshi_mlx.errors import TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.speed_plan import SpeedPlan, plan_speed
+from moshi_mlx.tts.prefix import is_recording
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
@@ -108,7 +109,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         metavar="NAME",
         help=f"a voice of --voice-repo or a .safetensors file (up to {MAX_SPEAKERS}: one per "
-        f"speaker; default {DEFAULT_VOICE})",
+        f"speaker; default {DEFAULT_VOICE}), or a recording (.wav, .flac, ...) whose voice the "
+        "speech continues (cloning: an audio prefix, a few seconds)",
     )
     voice.add_argument("--voice-repo", default=DEFAULT_VOICE_REPO, help="Hugging Face voice repo")
     voice.add_argument(
@@ -334,10 +336,14 @@ def _run_one(args: argparse.Namespace) -> int:
     tokens = Path(args.tokens) if args.tokens else None
     if tokens is not None:
         check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")
-    voices = tuple(args.voice or (DEFAULT_VOICE,))
+    recordings = [v for v in args.voice or () if is_recording(v)]
+    if len(recordings) > 1:
+        raise TtsError(f"one recording to clone a voice from, not {len(recordings)}")
+    voices = tuple(v for v in args.voice or () if not is_recording(v)) or (DEFAULT_VOICE,)
     model = _load(args)
+    prefix = model.voice_prefix(recordings[0]) if recordings else None
     speaker = _Speaker(args.output_device) if args.play else None
-    stream = model.stream(voices, args.cfg_coef, _sampling(args), args.seed)
+    stream = model.stream(voices, args.cfg_coef, _sampling(args), args.seed, prefix)
     stream.push(text)
     stream.close()
     log = TokenLog(model.codebooks)

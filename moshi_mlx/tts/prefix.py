@@ -11,10 +11,44 @@ after the prefix's frames.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.errors import TtsError
+from moshi_mlx.audio.wav import read_audio
+from moshi_mlx.errors import AudioError, TtsError
+from moshi_mlx.models.mimi import Mimi
+from moshi_mlx.runtime.codec import SAMPLE_RATE
+
+MAX_PREFIX_SECONDS = 30.0  # a voice is a few seconds; each second costs 12.5 steps first
+DROPPED_FRAMES = 2  # Kyutai's get_prefix drops the last 2 frames of the recording's codes
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif")
+
+
+def is_recording(voice: object) -> bool:
+    """Whether a voice given by name is a recording to clone (an audio file's name)."""
+    return isinstance(voice, (str, Path)) and Path(voice).suffix.lower() in AUDIO_SUFFIXES
+
+
+def recording_codes(mimi: Mimi, audio: str | Path | np.ndarray) -> np.ndarray:
+    """Mimi's codes (codebooks, frames) of a recording (a file, or float32 mono samples at
+    24 kHz) as Kyutai's `TTSModel.get_prefix` makes them: the whole recording encoded, its
+    last 2 frames dropped. `AudioError` if it is longer than `MAX_PREFIX_SECONDS` or too
+    short to leave a frame."""
+    name = "the recording" if isinstance(audio, np.ndarray) else str(audio)
+    pcm = audio if isinstance(audio, np.ndarray) else read_audio(audio, SAMPLE_RATE)
+    pcm = np.asarray(pcm, np.float32).reshape(-1)
+    seconds = len(pcm) / SAMPLE_RATE
+    if seconds > MAX_PREFIX_SECONDS:
+        raise AudioError(
+            f"{name} lasts {seconds:.1f} s; a voice to clone is at most "
+            f"{MAX_PREFIX_SECONDS:.0f} s (a few seconds are enough)"
+        )
+    codes = np.array(mimi.encode(mx.array(pcm)[None, None]))[0, :, :-DROPPED_FRAMES]
+    if codes.shape[1] == 0:
+        raise AudioError(f"{name} is too short to clone a voice from ({seconds:.2f} s)")
+    return codes.astype(np.int32)
 
 
 class AudioPrefixes:

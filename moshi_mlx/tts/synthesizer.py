@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -41,7 +42,7 @@ from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
-from moshi_mlx.tts.prefix import AudioPrefixes
+from moshi_mlx.tts.prefix import AudioPrefixes, recording_codes
 from moshi_mlx.tts.stepper import (
     STEP_FUNCTIONS_KEPT,
     TtsSampling,
@@ -185,6 +186,12 @@ class TtsModel:
         (`VoiceEmbedding`)."""
         return self.voice_cache.embedding(voice)
 
+    def voice_prefix(self, recording: str | Path | np.ndarray) -> np.ndarray:
+        """The audio prefix (`TtsRequest.prefix`) that clones the voice of a recording (an
+        audio file, or float32 mono samples at 24 kHz): Mimi's codes (codebooks, frames), as
+        Kyutai's `TTSModel.get_prefix`. Each of its frames costs one step before the speech."""
+        return recording_codes(self.mimi, recording)
+
     def voice_keys_values(self, rows: Sequence[Sequence[Voice]]) -> list[CrossKV]:
         """The temporal layers' cross-attention keys and values of each batch row's voices
         (names in the voice repo, files or embeddings), kept for the next requests in the same voices
@@ -233,11 +240,13 @@ class TtsModel:
         cfg_coef: float | None = DEFAULT_CFG_COEF,
         sampling: TtsSampling | None = None,
         seed: int | None = None,
+        prefix: np.ndarray | None = None,
     ) -> TtsStream:
         """A stream that speaks words pushed at any time (`TtsStream`), in `voice` (or the
-        voices of several speakers)."""
+        voices of several speakers), continuing the audio `prefix` (`voice_prefix`) if
+        given."""
         voices = (voice,) if isinstance(voice, Voice) else tuple(voice)
-        request = TtsRequest("", voices, cfg_coef)
+        request = TtsRequest("", voices, cfg_coef, prefix)
         return TtsStream(self, TtsRun(self, [request], sampling, seed))
 
 

@@ -1,4 +1,4 @@
-"""A deterministic stand-in for a speech-to-text stream (pure numpy), and a server of it.
+"""A deterministic stand-in for a speech-to-text stream (pure numpy), batched as `SttBatch`.
 
 Step `i` of a stream reports, for a frame filled with one value `v`:
 - a word every `word_every` steps (`i % word_every == 0`) named `s{i}:{round(v * 1000)}`
@@ -8,21 +8,15 @@ Step `i` of a stream reports, for a frame filled with one value `v`:
 - the end of a turn after `TURN_SILENT_STEPS` all-zero frames in a row;
 - pause probabilities (0.1, 0.9), or none with `heads=False`.
 A frame of `v == FAIL` makes the step raise.
-
-    python tests/stt_fake.py [server flags]   # serves fake streams, e.g. for a SIGTERM test
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import threading
 from collections import deque
 
 import numpy as np
 
-from moshi_mlx.cli.common import run_cli
-from moshi_mlx.cli.stt_serve import add_server_args, serve
 from moshi_mlx.stt.batch import SttRowOutput
 from moshi_mlx.stt.events import EndOfTurn, SttStep, WordEnded, WordStarted
 
@@ -124,13 +118,3 @@ class FakeFactory:
         stream = FakeSttStream(**self.options)
         self.streams.append(stream)
         return stream
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="serve fake speech-to-text streams")
-    add_server_args(parser)
-    return run_cli(lambda args: serve(parser.parse_args(args), FakeFactory()), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

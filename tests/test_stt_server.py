@@ -5,46 +5,59 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import aiohttp
 import msgpack
 import numpy as np
 import pytest
 from stt_fake import FAIL, FRAME_SIZE, LOUD, PAUSE_PROBABILITIES, STEP_SECONDS, FakeFactory
-from web_harness import free_port
 
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.app import create_app
+from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.limits import Limits
-from moshi_mlx.serve.stt.server import ASR_PATH, SttServerConfig, create_app, log
-from moshi_mlx.serve.stt.worker import SttWorker
-
-FAKE_SERVER = Path(__file__).parent / "stt_fake.py"
-REPO = Path(__file__).parents[1]
+from moshi_mlx.serve.stt.server import ASR_PATH, STT_WORKER, SttServerConfig, log
 
 
 class Server:
-    """The app for `factory` on a free localhost port, served by a loop on its own thread."""
+    """`serve`'s app with the STT route over `factory`'s batches (warmed up by `warm_up`,
+    when given, on the model thread), on a free localhost port, served by a loop on its own
+    thread."""
 
     def __init__(self, factory, config: SttServerConfig, warm_up=None):
         self.factory = factory
-        self.worker = SttWorker(factory, config.max_streams, warm_up)
-        self.worker.start()
+        self.thread = ModelThread()
+        self.thread.start()
+
+        def rows(count: int):
+            if warm_up is not None:
+                warm_up()
+            return factory(count)
+
+        self.context = ServeContext(
+            self.thread,
+            EventTally(log),
+            config.limits,
+            api_keys=config.api_keys,
+            max_streams=config.max_streams,
+            max_buffered_seconds=config.max_buffered_seconds,
+            loopback_only=config.loopback_only,
+            stt_rows=rows,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(config), self._loop).result(10)
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         self.url = f"ws://127.0.0.1:{self.port}{ASR_PATH}"
 
-    async def _start(self, config: SttServerConfig) -> int:
-        guard = ConnectionGuard(config.limits, EventTally(log))
-        self._runner = guard.app_runner(create_app(self.worker, config, guard), access_log=None)
+    async def _start(self) -> int:
+        guard = ConnectionGuard(self.context.limits, self.context.tally)
+        app = create_app(self.context, guard)
+        self.worker = app[STT_WORKER]
+        self._runner = guard.app_runner(app, access_log=None)
         await self._runner.setup()
         await guard.site(self._runner, "127.0.0.1", 0).start()
         return self._runner.addresses[0][1]
@@ -53,7 +66,7 @@ class Server:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
-        self.worker.stop(10)
+        self.thread.stop()
 
 
 @pytest.fixture
@@ -371,54 +384,6 @@ def test_browser_origin_and_loopback_host_checks(serve, headers, allowed):
                 return exc.status
 
     assert run(connect()) == ([{"type": "Ready"}] if allowed else 403)
-
-
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_mid_stream_ends_the_server_promptly(stop):
-    port = free_port()
-    command = subprocess.Popen(
-        [sys.executable, str(FAKE_SERVER), "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for_line(command, "ready: ws://127.0.0.1")
-
-        async def talk():
-            async with aiohttp.ClientSession() as session:
-                url = f"ws://127.0.0.1:{port}{ASR_PATH}"
-                async with session.ws_connect(url) as ws:
-                    await ws.send_bytes(audio(frames([0.1] * 3)))
-                    await receive(ws, until=is_step(3))
-                    command.send_signal(stop)
-                    closing = await ws.receive(timeout=5)
-                    while closing.type == aiohttp.WSMsgType.BINARY:  # the steps' words
-                        closing = await ws.receive(timeout=5)
-                    return closing.type, ws.close_code
-
-        closing, code = run(talk())
-        assert closing == aiohttp.WSMsgType.CLOSE and code == aiohttp.WSCloseCode.GOING_AWAY
-        assert command.wait(timeout=10) in (0, 130)
-        output = command.stderr.read()
-        assert "Traceback" not in output
-        if stop == signal.SIGTERM:
-            assert "SIGTERM: stopping as on Ctrl-C" in output
-    finally:
-        command.kill()
-        command.wait()
-
-
-def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if text in line:
-            return
-        if not line and process.poll() is not None:
-            raise AssertionError(f"the server exited ({process.returncode}) before {text!r}")
-    raise AssertionError(f"no {text!r} within {timeout} s")
 
 
 def _wait_for(condition, timeout: float = 10.0) -> None:

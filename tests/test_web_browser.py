@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
@@ -30,9 +31,6 @@ from web_harness import ServerThread, free_port
 
 from moshi_mlx.chat.persona.cache import CACHE_ENV
 from moshi_mlx.chat.persona.role import DEFAULT_ROLE, EXAMPLE_ROLES
-from moshi_mlx.runtime.sampling import SamplingConfig
-from moshi_mlx.serve.chat.server import ServerConfig
-from moshi_mlx.serve.chat.worker import ModelWorker
 
 pytestmark = pytest.mark.skipif(
     chromium_binary() is None,
@@ -56,7 +54,7 @@ def _mic_wav(tmp_path):
 
 @pytest.fixture
 def local_web(tmp_path_factory, tmp_path):
-    """`python -m moshi_mlx.local_web` on a free port; yields (url, process, log path).
+    """`python -m moshi_mlx web` on a free port; yields (url, process, log path).
 
     Its "open the page" goes to a $BROWSER command that writes the URL to a file.
     """
@@ -67,13 +65,13 @@ def local_web(tmp_path_factory, tmp_path):
     env = {**os.environ, "BROWSER": f'{sys.executable} -c "{record_url}" {opened} %s'}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            tiny_moshi_command("moshi_mlx.local_web", files, "--port", str(port)),
+            tiny_moshi_command("moshi_mlx web", files, "--port", str(port)),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
         )
     deadline = time.monotonic() + 120
-    while "ready: open" not in log.read_text() or not opened.exists():
+    while "ready: " not in log.read_text() or not opened.exists():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     assert opened.read_text() == f"http://localhost:{port}"  # after load and warm-up
@@ -148,9 +146,9 @@ def test_page_talks_with_moshi_in_chromium(local_web, tmp_path):
 
 def test_page_explains_a_denied_microphone(tmp_path):
     """Without the auto-accepting fake UI, headless Chromium denies the microphone."""
-    worker = ModelWorker(lambda: time.sleep(60))  # the page alone: no model needed
-    running = ServerThread(worker)
-    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+    loaded = threading.Event()
+    running = ServerThread(lambda: loaded.wait(60))  # the page alone: no model needed
+    port = running.serve()
 
     async def scenario():
         with Chromium(tmp_path, deny_mic=True) as browser:
@@ -165,6 +163,7 @@ def test_page_explains_a_denied_microphone(tmp_path):
     try:
         stats = asyncio.run(asyncio.wait_for(scenario(), 60))
     finally:
+        loaded.set()
         running.close()
     assert "Microphone access was denied" in stats["error"], stats
 
@@ -192,10 +191,8 @@ def test_page_chooses_a_persona(tmp_path, tmp_path_factory, monkeypatch):
     the chosen ones."""
     files = cached_tiny_personaplex(tmp_path_factory)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "prompts"))
-    worker = ModelWorker(lambda: load_tiny_model(files))
-    worker.start()
-    running = ServerThread(worker)
-    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+    running = ServerThread(lambda: load_tiny_model(files))
+    port = running.serve()
 
     async def scenario():
         with Chromium(tmp_path, fake_mic_wav=_mic_wav(tmp_path)) as browser:
@@ -212,7 +209,6 @@ def test_page_chooses_a_persona(tmp_path, tmp_path_factory, monkeypatch):
         shown, live, console = asyncio.run(asyncio.wait_for(scenario(), 120))
     finally:
         running.close()
-        worker.stop(10)
     assert shown == {
         "hidden": False,
         "voices": ["NATF2", "NATM1"],

@@ -1,5 +1,5 @@
 """Kyutai's own `python -m moshi.client` (from /opt/venvs/ref), unchanged, against
-`python -m moshi_mlx.local_web`, with its sound devices on a private PulseAudio server:
+`python -m moshi_mlx web`, with its sound devices on a private PulseAudio server:
 espeak-ng speech into the virtual microphone, Moshi's reply recorded from the speaker."""
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def test_kyutai_python_client_talks_with_our_server(tmp_path, tmp_path_factory):
     server_log, client_out, client_err = (tmp_path / n for n in ("server", "out", "err"))
     with PulseServer(tmp_path / "pulse") as pulse, open(server_log, "wb") as log:
         server = subprocess.Popen(
-            tiny_moshi_command("moshi_mlx.local_web", files, "--port", str(port), "--no-browser"),
+            tiny_moshi_command("moshi_mlx web", files, "--port", str(port), "--no-browser"),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         try:
-            _wait_for(server_log, "ready: open", server, 120)
+            _wait_for(server_log, "ready: ", server, 120)
             pulse.start_recording(tmp_path / "speaker.raw")
             with open(client_out, "wb") as out, open(client_err, "wb") as err:
                 client = subprocess.Popen(

@@ -11,7 +11,7 @@ import sys
 import pytest
 from web_harness import free_port
 
-from moshi_mlx.cli.web import server_url
+from moshi_mlx.cli.serve import server_url
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.protocol import Kind, ProtocolError, session_params
@@ -118,7 +118,7 @@ def test_server_urls_bracket_ipv6_hosts():
 def _local_web(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.local_web", "--no-browser", *args],
+        [sys.executable, "-m", "moshi_mlx", "web", "--no-browser", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

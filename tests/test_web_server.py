@@ -1,5 +1,6 @@
-"""`moshi_mlx.serve.chat` on a tiny random checkpoint, through Python websocket clients: Kyutai's
-protocol, equality with the offline API, bad inputs, busy, disconnects, origin, static files."""
+"""`/api/chat` of `python -m moshi_mlx serve --moshi` (and its `web` preset) on a tiny random
+checkpoint, through Python websocket clients: Kyutai's protocol, equality with the offline
+API, bad inputs, busy, disconnects, origin, static files."""
 
 from __future__ import annotations
 
@@ -44,14 +45,13 @@ from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.chat.persona.cache import CACHE_ENV
 from moshi_mlx.chat.persona.role import EXAMPLE_ROLES
-from moshi_mlx.cli.web import ssl_context
+from moshi_mlx.cli.serve import ssl_context
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.persona import MAX_ROLE_CHARS
 from moshi_mlx.serve.chat.protocol import Kind
-from moshi_mlx.serve.chat.server import ServerConfig
-from moshi_mlx.serve.chat.worker import ModelWorker
+from moshi_mlx.serve.chat.service import ChatSettings
 from moshi_mlx.serve.limits import Limits
 
 NO_LAG = 10**6  # frames: the equality test must not drop any
@@ -64,34 +64,31 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(files):
-    worker = ModelWorker(lambda: load_tiny_model(files))
-    worker.start()
-    assert worker.ready.wait(120) and worker.error is None, worker.error
-    running = ServerThread(worker)
+    running = ServerThread(lambda: load_tiny_model(files))
+    service = running.service
+    assert service.ready.wait(120) and service.error is None, service.error
     yield running
     running.close()
-    worker.stop(10)
 
 
 def test_the_warm_up_compiles_the_servers_sampling(files):
     """The step the server's sessions use by default is compiled before `ready`."""
     sampling = SamplingConfig(text_temp=0.5, audio_top_k=10)
-    worker = ModelWorker(lambda: load_tiny_model(files), sampling)
-    worker.start()
+    running = ServerThread(lambda: load_tiny_model(files), ChatSettings(sampling=sampling))
+    service = running.service
     try:
-        assert worker.ready.wait(120) and worker.error is None, worker.error
-        compiled = worker.model.step_cache.choices()
+        assert service.ready.wait(120) and service.error is None, service.error
+        compiled = service.model.step_cache.choices()
         assert compiled == [(sampling, None, 1.0)]  # no KV quantization, no guidance
     finally:
-        worker.stop(10)
+        running.close()
 
 
 @pytest.fixture(scope="module")
 def url(server):
     # These clients send their audio at once and then wait, where a live one keeps streaming.
     patient = Limits(client_silence_timeout=120.0)
-    config = ServerConfig(sampling=SamplingConfig(), max_lag_frames=NO_LAG, limits=patient)
-    port = server.serve(config)
+    port = server.serve(ChatSettings(max_lag_frames=NO_LAG), patient)
     return f"ws://127.0.0.1:{port}/api/chat"
 
 
@@ -137,7 +134,7 @@ def test_seeded_conversation_equals_the_offline_api(files, url, tmp_path, monkey
             return await read_until(ws, reply, lambda r: r.messages[-1][0] == Kind.PING)
 
     reply = _talk(converse())
-    served_codes = codes_by_thread.pop("moshi-model")
+    served_codes = codes_by_thread.pop("moshi-mlx-model")
     info = json.loads(reply.of_kind(Kind.METADATA)[0])
     assert info["seed"] == 7 and info["text_temperature"] == 0.9 and info["audio_topk"] == 100
 
@@ -230,7 +227,7 @@ def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(serve
             await read_until(first, Reply(), lambda r: len(r.audio) >= 3)
             await first.close()  # mid-conversation: frames are still queued for the model
             left = time.monotonic()
-            while server.worker.open_conversations:  # at most the step under way finishes
+            while server.service.open_conversations:  # at most the step under way finishes
                 await asyncio.sleep(0.01)
             freed_after.append(time.monotonic() - left)
             async with session.ws_connect(url) as third:
@@ -248,7 +245,7 @@ def test_second_connection_is_busy_and_a_disconnect_frees_the_conversation(serve
 
 
 def test_lagging_model_drops_oldest_audio_and_tells_the_client(server, tmp_path):
-    port = server.serve(ServerConfig(sampling=SamplingConfig(), max_lag_frames=1))
+    port = server.serve(ChatSettings(max_lag_frames=1))
     pages = ogg_pages(_speech(tmp_path, 2.4))
 
     async def flood():
@@ -271,21 +268,19 @@ def _lag_notices(reply: Reply) -> list[dict]:
 
 
 def _server_of_a_failing_load(gate: threading.Event) -> ServerThread:
-    """A server thread over a worker whose load waits for `gate`, then fails."""
+    """A server whose chat model's load waits for `gate`, then fails."""
 
     def slow_failing_load():
         gate.wait(30)
         raise WeightsError("no weights here")
 
-    worker = ModelWorker(slow_failing_load)
-    worker.start()
-    return ServerThread(worker)
+    return ServerThread(slow_failing_load)
 
 
 def test_pings_while_the_model_loads_then_a_load_failure_is_reported():
     gate = threading.Event()
     running = _server_of_a_failing_load(gate)
-    port = running.serve(ServerConfig(sampling=SamplingConfig()))
+    port = running.serve()
 
     async def connect():
         chat = f"ws://127.0.0.1:{port}/api/chat"
@@ -335,8 +330,8 @@ def test_static_files_only_from_the_page_folder(server, tmp_path):
     (static / "index.html").write_text("<p>their client</p>")
     (static / "assets" / "app.js").write_text("// js")
     (tmp_path / "secret.txt").write_text("do not serve")
-    ours = server.serve(ServerConfig(sampling=SamplingConfig()))
-    theirs = server.serve(ServerConfig(sampling=SamplingConfig(), static_dir=static))
+    ours = server.serve()
+    theirs = server.serve(ChatSettings(static_dir=static))
 
     async def fetch(port, path):
         page = f"http://127.0.0.1:{port}{path}"
@@ -371,7 +366,7 @@ def test_static_symlinks_are_served_only_when_they_point_inside_the_folder(serve
     (tmp_path / "secret.txt").write_text("do not serve")
     (static / "leak.txt").symlink_to(tmp_path / "secret.txt")
     (static / "index.html").symlink_to(tmp_path / "secret.txt")
-    port = server.serve(ServerConfig(sampling=SamplingConfig(), static_dir=static))
+    port = server.serve(ChatSettings(static_dir=static))
 
     async def fetch(path):
         page = f"http://127.0.0.1:{port}{path}"
@@ -406,7 +401,7 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
         check=True,
         capture_output=True,
     )
-    port = server.serve(ServerConfig(sampling=SamplingConfig()), ssl_context(str(tmp_path)))
+    port = server.serve(ssl_context=ssl_context(str(tmp_path)))
 
     async def connect():
         async with aiohttp.ClientSession() as session:
@@ -421,12 +416,12 @@ def test_https_and_wss_with_a_self_signed_pair(server, tmp_path):
 
 @contextlib.contextmanager
 def _local_web(files, tmp_path, *flags, descriptors: int | None = None):
-    """`python -m moshi_mlx.local_web` on 127.0.0.1 (with `descriptors` as its `ulimit -n`),
-    once ready; yields (process, port, log path)."""
+    """`python -m moshi_mlx web` on 127.0.0.1 (with `descriptors` as its `ulimit -n`), once
+    ready; yields (process, port, log path)."""
     port = free_port()
     log = tmp_path / "server.log"
     command = tiny_moshi_command(
-        "moshi_mlx.local_web", files, "--host", "127.0.0.1", "--port", port, "--no-browser", *flags
+        "moshi_mlx web", files, "--host", "127.0.0.1", "--port", port, "--no-browser", *flags
     )
     if descriptors is not None:
         command = ["prlimit", f"--nofile={descriptors}:{descriptors}", *command]
@@ -434,7 +429,7 @@ def _local_web(files, tmp_path, *flags, descriptors: int | None = None):
         command = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
-        while "ready: open" not in log.read_text():
+        while "ready: " not in log.read_text():
             assert command.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         yield command, port, log
@@ -477,7 +472,7 @@ def test_ctrl_c_or_sigterm_mid_conversation_ends_the_command_promptly(files, tmp
 
 def test_a_loopback_server_answers_only_loopback_names(server):
     """A page whose domain was re-pointed at 127.0.0.1 (DNS rebinding) gets nothing."""
-    port = server.serve(ServerConfig(sampling=SamplingConfig(), loopback_only=True))
+    port = server.serve(loopback_only=True)
 
     async def status(host: str, path: str) -> int:
         headers = {"Host": host.format(port=port)}
@@ -582,7 +577,7 @@ def _lose_a_talker(caplog, url: str, lose, command_prefix=()) -> tuple[float, fl
 
 @pytest.fixture(scope="module")
 def live_url(server):
-    port = server.serve(ServerConfig(sampling=SamplingConfig()))  # the default limits
+    port = server.serve()  # the default limits
     return f"ws://127.0.0.1:{port}/api/chat"
 
 
@@ -656,7 +651,7 @@ def namespace():
 def test_a_client_whose_network_vanishes_is_dropped(server, namespace, caplog):
     """A real half-open connection: the client's link goes down without a FIN or RST."""
     name, address, pull_the_cable = namespace
-    port = server.serve(ServerConfig(sampling=SamplingConfig()), host=address)
+    port = server.serve(host=address)
     url = f"ws://{address}:{port}/api/chat"
     detected, conversed, reason = _lose_a_talker(
         caplog, url, lambda _talker: pull_the_cable(), ("ip", "netns", "exec", name)
@@ -666,9 +661,7 @@ def test_a_client_whose_network_vanishes_is_dropped(server, namespace, caplog):
 
 
 def test_a_client_that_answers_pings_but_sends_no_audio_is_told_why(server):
-    port = server.serve(
-        ServerConfig(sampling=SamplingConfig(), limits=Limits(client_silence_timeout=1.0))
-    )
+    port = server.serve(limits=Limits(client_silence_timeout=1.0))
 
     async def silent():
         url = f"ws://127.0.0.1:{port}/api/chat"
@@ -767,14 +760,13 @@ def persona_server(tmp_path_factory):
     (folder / "role.txt").write_text("You are a tutor.")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CACHE_ENV, str(folder / "prompts"))
-        worker = ModelWorker(lambda: load_tiny_model(files), role=f"@{folder / 'role.txt'}")
-        worker.start()
-        assert worker.ready.wait(120) and worker.error is None, worker.error
-        running = ServerThread(worker)
-        port = running.serve(ServerConfig(sampling=SamplingConfig()))
+        settings = ChatSettings(role=f"@{folder / 'role.txt'}")
+        running = ServerThread(lambda: load_tiny_model(files), settings)
+        service = running.service
+        assert service.ready.wait(120) and service.error is None, service.error
+        port = running.serve()
         yield running, port
         running.close()
-        worker.stop(10)
 
 
 def _get_json(port: int, path: str, status: int = 200) -> dict:
@@ -806,19 +798,19 @@ def test_the_persona_endpoint(server, persona_server):
         "example_roles": list(EXAMPLE_ROLES),
         "max_role_chars": MAX_ROLE_CHARS,
     }
-    moshi_port = server.serve(ServerConfig(sampling=SamplingConfig()))
+    moshi_port = server.serve()
     assert _get_json(moshi_port, "/api/persona") == {"prompted": False, "voices": []}
 
 
 def test_the_persona_endpoint_while_the_model_loads_and_after_a_failure():
     gate = threading.Event()
     running = _server_of_a_failing_load(gate)
-    worker = running.worker
+    service = running.service
     try:
-        port = running.serve(ServerConfig(sampling=SamplingConfig()))
+        port = running.serve()
         assert _get_json(port, "/api/persona", 503) == {"loading": True}
         gate.set()
-        assert worker.ready.wait(10)
+        assert service.ready.wait(10)
         assert "could not load" in _get_json(port, "/api/persona", 503)["error"]
     finally:
         gate.set()
@@ -827,7 +819,7 @@ def test_the_persona_endpoint_while_the_model_loads_and_after_a_failure():
 
 def test_a_client_chooses_a_published_voice_and_a_role(persona_server, monkeypatch):
     running, port = persona_server
-    model = running.worker.model
+    model = running.service.model
     chosen = []
     conversation = model.conversation
 
@@ -845,7 +837,7 @@ def test_a_client_chooses_a_published_voice_and_a_role(persona_server, monkeypat
     ):
         reply = _connect(port, query)
         assert has_handshake(reply) and not reply.error, (query, reply.error)
-    role_file = f"@{running.worker.role[1:]}"
+    role_file = running.service.settings.role
     assert chosen == [("NATM1", role), ("NATM1", role_file), (None, ""), (None, role_file)]
 
 
@@ -876,7 +868,10 @@ def test_moshi_refuses_a_persona(url):
 
 
 def test_a_voice_flag_for_moshi_stops_the_server(files):
-    worker = ModelWorker(lambda: load_tiny_model(files), voice="NATF2")
-    worker.start()
-    assert worker.ready.wait(120)
-    assert isinstance(worker.error, ConfigError) and "this model is Moshi" in str(worker.error)
+    running = ServerThread(lambda: load_tiny_model(files), ChatSettings(voice="NATF2"))
+    try:
+        assert running.service.ready.wait(120)
+        error = running.service.error
+        assert isinstance(error, ConfigError) and "this model is Moshi" in str(error)
+    finally:
+        running.close()

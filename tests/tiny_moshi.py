@@ -356,11 +356,12 @@ def weight_flags(files: dict[str, Path]) -> list[str]:
 
 
 def tiny_moshi_command(module: str, files: dict[str, Path], *flags) -> list[str]:
-    """`python -m MODULE` over `files` with `fast_codec`, then `flags`."""
+    """`python -m MODULE` (a module and its command: "moshi_mlx web") over `files` with
+    `fast_codec`, then `flags`."""
     return [
         sys.executable,
         "-m",
-        module,
+        *module.split(),
         *weight_flags(files),
         "--codec",
         fast_codec(),

@@ -1,20 +1,26 @@
-"""Running `moshi_mlx.serve.chat` servers inside the test process, and a small protocol client."""
+"""The chat route of `python -m moshi_mlx serve` inside the test process (the serve app over a
+`ChatService` on a `ModelThread`), and a small protocol client."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 import threading
+from collections.abc import Callable
 
 import aiohttp
 import numpy as np
 import sphn
 from aiohttp import web
 
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.chat import protocol
-from moshi_mlx.serve.chat.server import ServerConfig, create_app, log
-from moshi_mlx.serve.chat.worker import ModelWorker
+from moshi_mlx.serve.chat.service import ChatService, ChatSettings, log
+from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.limits import Limits
 
 FRAME = 1920
 
@@ -27,25 +33,45 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """aiohttp sites for one `ModelWorker`, served by an event loop on a background thread."""
+    """A chat model loading (`load`) on its model thread as `serve --moshi` loads it, and serve
+    apps over it (each with its own settings and limits) on an event loop of their own."""
 
-    def __init__(self, worker: ModelWorker):
-        self.worker = worker
+    def __init__(self, load: Callable, settings: ChatSettings | None = None):
+        self.thread = ModelThread()
+        self.thread.start()
+        self.service = ChatService(self.thread, load, settings)
+        self.service.start()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop_thread.start()
         self._runners: list[web.AppRunner] = []
         self.guards: dict[int, ConnectionGuard] = {}  # by port
 
-    def serve(self, config: ServerConfig, ssl_context=None, host: str = "127.0.0.1") -> int:
-        """Start a site with `config` on a free port of `host`; returns the port."""
+    def serve(
+        self,
+        settings: ChatSettings | None = None,
+        limits: Limits | None = None,
+        ssl_context=None,
+        host: str = "127.0.0.1",
+        loopback_only: bool = False,
+    ) -> int:
+        """Start an app with `settings` (the service's model, other settings) on a free port
+        of `host`; returns the port."""
         return asyncio.run_coroutine_threadsafe(
-            self._serve(config, ssl_context, host), self._loop
+            self._serve(settings, limits or Limits(), ssl_context, host, loopback_only),
+            self._loop,
         ).result(30)
 
-    async def _serve(self, config: ServerConfig, ssl_context, host: str) -> int:
-        guard = ConnectionGuard(config.limits, EventTally(log))
-        runner = guard.app_runner(create_app(self.worker, config, guard), access_log=None)
+    async def _serve(self, settings, limits: Limits, ssl_context, host, loopback_only) -> int:
+        service = self.service
+        if settings is not None:  # the same model and sessions, other settings
+            service = copy.copy(service)
+            service.settings = settings
+        guard = ConnectionGuard(limits, EventTally(log))
+        context = ServeContext(
+            self.thread, guard.tally, limits, chat=service, loopback_only=loopback_only
+        )
+        runner = guard.app_runner(create_app(context, guard), access_log=None)
         await runner.setup()
         await guard.site(runner, host, 0, ssl_context).start()
         self._runners.append(runner)
@@ -60,7 +86,9 @@ class ServerThread:
 
         asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._loop_thread.join(10)
+        self.service.stop()
+        self.thread.stop()
 
 
 def ogg_pages(pcm: np.ndarray) -> list[bytes]:

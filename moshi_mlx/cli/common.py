@@ -83,6 +83,17 @@ positive_float = bounded(float, 0, above=True)
 non_negative_float = bounded(float, 0)
 
 
+def invoked_as(command: str) -> str:
+    """`command` as the user typed it, for `usage:` lines: `moshi-mlx stt` from the installed
+    script, `python -m moshi_mlx.local` from that module, else `python -m moshi_mlx stt`."""
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if script.startswith("moshi-mlx"):
+        return f"moshi-mlx {command}"
+    if script == "local.py":
+        return "python -m moshi_mlx.local"
+    return f"python -m moshi_mlx {command}"
+
+
 def add_alias(
     group: argparse.ArgumentParser | argparse._ArgumentGroup, *names: str, dest: str, **kwargs
 ) -> None:

@@ -1,10 +1,10 @@
 """`python -m moshi_mlx.stt`: transcribe files, live captions from the microphone, or serve
 Kyutai's streaming speech-to-text websocket.
 
-    python -m moshi_mlx.stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
+    python -m moshi_mlx stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
         [--tokens steps.npz]
-    python -m moshi_mlx.stt --mic [--input-device NAME]
-    python -m moshi_mlx.stt --serve [--host 127.0.0.1 --port 8080]
+    python -m moshi_mlx stt --mic [--input-device NAME]
+    python -m moshi_mlx stt --serve [--port 8080]   (a preset of `serve --stt`)
 """
 
 from __future__ import annotations
@@ -33,17 +33,15 @@ from moshi_mlx.cli.common import (
     add_alias,
     add_sampling_args,
     add_weight_args,
+    invoked_as,
     positive_int,
     progress_bar,
     run_cli,
 )
-from moshi_mlx.cli.stt_serve import add_server_args
-from moshi_mlx.cli.stt_serve import serve as serve_streams
 from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
-from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import EndOfTurn, SttStep
 from moshi_mlx.stt.stepper import TextSampling
 from moshi_mlx.stt.transcriber import SttModel, Transcription, transcribe_steps
@@ -66,11 +64,16 @@ STT_SAMPLING = SamplingDefaults(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = CliParser(prog="python -m moshi_mlx.stt", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog=invoked_as("stt"), description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", help="audio files to transcribe (wav, flac, ogg)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--mic", action="store_true", help="live captions from the microphone")
-    mode.add_argument("--serve", action="store_true", help="serve Kyutai's STT websocket")
+    mode.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve Kyutai's STT websocket: `serve --stt` on port 8080, with every flag of "
+        "serve (see `stt --serve --help`)",
+    )
     out = parser.add_argument_group("files")
     style = out.add_mutually_exclusive_group()
     style.add_argument("--json", action="store_true", help="words with start and end times")
@@ -111,12 +114,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="mark the ends of turns (the pause head's); a model without pause heads, such "
         "as kyutai/stt-2.6b-en, is refused",
     )
-    add_server_args(parser)
     args = parser.parse_args(argv)
-    if not (args.files or args.mic or args.serve or args.list_devices):
+    if not (args.files or args.mic or args.list_devices):
         parser.error("give audio files, --mic or --serve")
-    if args.files and (args.mic or args.serve):
-        parser.error("files cannot be combined with --mic or --serve")
+    if args.files and args.mic:
+        parser.error("files cannot be combined with --mic")
     if args.vad and not args.mic:
         parser.error("--vad marks the ends of turns of --mic")
     if args.tokens and not args.files:
@@ -256,17 +258,6 @@ def live_captions(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    """Kyutai's STT websocket; the model is loaded on the server's worker thread (where the
-    batch of every stream steps: MLX keeps its streams per thread)."""
-    loaded: list[SttModel] = []
-
-    def load() -> None:
-        loaded.append(_load(args))
-
-    return serve_streams(args, lambda rows: SttBatch(loaded[0], rows, _sampling(args)), load)
-
-
 def _run(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     if args.list_devices:
@@ -274,11 +265,15 @@ def _run(argv: Sequence[str] | None) -> int:
         return 0
     if args.mic:
         return live_captions(args)
-    if args.serve:
-        return serve(args)
     return transcribe_files(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m moshi_mlx.stt` (`moshi-mlx-stt`)."""
-    return run_cli(_run, argv)
+    """Entry point of `python -m moshi_mlx stt`; `--serve` runs `serve`'s STT preset."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--serve" in args:
+        from moshi_mlx.cli import serve  # the server's imports only for it
+
+        args.remove("--serve")
+        return serve.main(args, serve.STT)
+    return run_cli(_run, args)

@@ -16,6 +16,7 @@ from importlib import metadata
 from aiohttp import web
 
 from moshi_mlx.serve.assistant import server as assistant_routes
+from moshi_mlx.serve.chat import server as chat_routes
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard
 from moshi_mlx.serve.http import loopback_only
@@ -38,7 +39,7 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
     app = web.Application(middlewares=middlewares)
     app.router.add_get(BUILD_INFO_PATH, _build_info)
     app.router.add_get(MODULES_INFO_PATH, functools.partial(_modules_info, context))
-    if context.stt is not None:
+    if context.stt is not None or context.stt_rows is not None:
         stt_routes.add_routes(app, context)
     if context.tts is not None:
         tts_routes.add_routes(app, context)
@@ -51,6 +52,8 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
         realtime_routes.add_routes(app, context)  # OpenAI's /v1/realtime (a conversation
         # with the STT, TTS and LLM; transcription with the STT alone)
     add_fallback_route(app, context.key_allowed)  # any other /v1 route: OpenAI's error shape
+    if context.chat is not None:
+        chat_routes.add_routes(app, context)  # last: its page's files answer under `/`
     return app
 
 

@@ -1,8 +1,8 @@
 """What every route family of `python -m moshi_mlx.serve` gets: `ServeContext`.
 
-Each family (moshi-server STT, moshi-server TTS, OpenAI chat, OpenAI audio) is a module with
-`add_routes(app: web.Application, context: ServeContext) -> None`, mounted when its model is
-loaded. Model work goes through `context.thread` only (`call` for one-off requests, a
+Each family (Kyutai's chat, moshi-server STT, moshi-server TTS, OpenAI chat, OpenAI audio) is
+a module with `add_routes(app: web.Application, context: ServeContext) -> None`, mounted when
+its model is loaded. Model work goes through `context.thread` only (`call` for one-off requests, a
 `RealTimeClock` for streams, `background` for token-by-token generation).
 """
 
@@ -17,6 +17,7 @@ from aiohttp import web
 
 from moshi_mlx.llm import LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.chat.service import ChatService
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.stt.transcriber import SttModel
@@ -37,12 +38,18 @@ class ServeContext:
     stt: SttModel | None = None
     tts: TtsModel | None = None
     llm: LlmModel | None = None
+    chat: ChatService | None = None  # Moshi, PersonaPlex or Hibiki (loads while serving)
     # The id each loaded model answers to (OpenAI's `model` field): "stt", "tts", "llm" -> id
     # (`add_model` sets it: a local folder's base name, so that no path goes to a client).
     model_names: dict[str, str] = field(default_factory=dict)
     # Where each model was loaded from (a hub repo id or a folder): accepted as its id too.
     model_sources: dict[str, str] = field(default_factory=dict)
     max_streams: int = 8  # live STT streams (the rows of the STT batch)
+    # Seconds of an STT client's audio that may wait for the model before it is dropped.
+    max_buffered_seconds: float = 60.0
+    # The STT streams' batch, `rows -> SttRows` (default: `SttBatch` of `stt`; tests give
+    # a fake; with one, the STT route is mounted without `stt`).
+    stt_rows: Callable[[int], object] | None = None
     max_tts_streams: int = 2  # live TTS streams (the rows of each TTS batch)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
     voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one

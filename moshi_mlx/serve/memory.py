@@ -30,7 +30,8 @@ def memory_plan_line(context: ServeContext) -> str:
     """One line: each loaded model's parameters and weight bytes, the total with a margin for
     streams, and which of 8/16/24 GB Macs hold it."""
     parts, total = [], 0.0
-    loaded = (("STT", context.stt), ("TTS", context.tts), ("LLM", context.llm))
+    chat = context.chat.model if context.chat is not None else None
+    loaded = (("chat", chat), ("STT", context.stt), ("TTS", context.tts), ("LLM", context.llm))
     for name, model in loaded:
         if model is None:
             continue

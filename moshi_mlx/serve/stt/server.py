@@ -3,8 +3,7 @@ stream per connection, every stream a row of one batch stepped once per frame.
 
 Everything here runs on the asyncio event loop and never touches MLX: client audio goes to
 the `SttWorker` (a real-time job of the model thread; its pacing is in its module) through
-each connection's `Channel`,
-and the worker's results come back through an `asyncio.Queue` per connection, so a client
+each connection's `Channel`, and the worker's results come back through an `asyncio.Queue` per connection, so a client
 that stops reading stalls only its own connection. Caps, deadlines and liveness checks come
 from `moshi_mlx.serve.guard`.
 
@@ -24,8 +23,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
-from moshi_mlx.serve.http import loopback_only, origin_allowed
+from moshi_mlx.serve.guard import EventTally
+from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.logtext import without_paths
 from moshi_mlx.serve.sessions import (
@@ -59,7 +58,7 @@ STT_WORKER = web.AppKey("stt_worker", SttWorker)  # the app's worker, for its co
 class SttServerConfig:
     """What the server's flags decide for every connection."""
 
-    max_streams: int = 4
+    max_streams: int = 8
     api_keys: frozenset[str] = frozenset()  # empty: no key needed
     # Seconds of client audio that may wait for the model before the client is dropped.
     max_buffered_seconds: float = 60.0
@@ -67,35 +66,20 @@ class SttServerConfig:
     limits: Limits = field(default_factory=Limits)
 
 
-def create_app(
-    worker: SttWorker, config: SttServerConfig, guard: ConnectionGuard
-) -> web.Application:
-    """The aiohttp application serving `ASR_PATH` through `guard` (its runner and site)."""
-    handler = _SttHandler(worker, config, guard.tally)
-    middlewares = [guard.middleware]
-    if config.loopback_only:
-        middlewares.append(loopback_only(guard.tally))
-    app = web.Application(middlewares=middlewares)
-    app[STT_WORKER] = worker
-    app.router.add_get(ASR_PATH, handler.handle)
-    app.on_shutdown.append(handler.sessions.close_all)
-    return app
-
-
 def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
-    """Mount `ASR_PATH` on `app` for `context.stt`, its streams rows of one batch of
-    `context.max_streams`, a real-time job of `context.thread` (started here: the model is
-    loaded; the batch's step compiles before the first Ready); returns the worker."""
+    """Mount `ASR_PATH` on `app` for `context.stt` (or its `stt_rows`), its streams rows of
+    one batch of `context.max_streams`, a real-time job of `context.thread` (started here: the
+    model is loaded; the batch's step compiles before the first Ready); returns the worker."""
     model = context.stt
     config = SttServerConfig(
         max_streams=context.max_streams,
         api_keys=context.api_keys,
+        max_buffered_seconds=context.max_buffered_seconds,
         loopback_only=context.loopback_only,
         limits=context.limits,
     )
-    worker = SttWorker(
-        lambda rows: SttBatch(model, rows), config.max_streams, thread=context.thread
-    )
+    rows = context.stt_rows or (lambda count: SttBatch(model, count))
+    worker = SttWorker(rows, config.max_streams, context.thread)
     handler = _SttHandler(worker, config, context.tally)
     app[STT_WORKER] = worker
     app.router.add_get(ASR_PATH, handler.handle)

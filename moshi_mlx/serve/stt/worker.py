@@ -220,23 +220,15 @@ class _Stream:
 
 class SttWorker(RealTimeClock):
     """The STT streams of a server, rows of one batch of `rows` (`batch_factory(rows)`), as
-    one real-time job of `thread` (a thread of its own when None): runs `warm_up` (if any) on
-    it, makes the batch and compiles its step, then adds, steps and drops the channels' rows.
-    `ready` is set once streams can be opened, or `error` says why they cannot."""
+    one real-time job of `thread`: makes the batch on it and compiles its step, then adds,
+    steps and drops the channels' rows. `ready` is set once streams can be opened, or `error`
+    says why they cannot."""
 
-    def __init__(
-        self,
-        batch_factory: BatchFactory,
-        rows: int,
-        warm_up: Callable[[], None] | None = None,
-        thread: ModelThread | None = None,
-    ):
+    def __init__(self, batch_factory: BatchFactory, rows: int, thread: ModelThread):
         super().__init__()
         self._batch_factory = batch_factory
         self.rows = rows
-        self._warm_up = warm_up
-        self._owns_thread = thread is None
-        self.thread = thread or ModelThread("moshi-stt")
+        self.thread = thread
         # ("open" | "close", channel, when asked): appended on the loop, taken on the thread
         self._jobs: deque[tuple[str, Channel, float]] = deque()
         self._batch: SttRows | None = None  # model thread only
@@ -248,19 +240,13 @@ class SttWorker(RealTimeClock):
         self.batch_steps = 0  # compiled steps taken (each one frame of every busy row)
 
     def start(self) -> None:
-        """Warm up on the model thread (started here if it is the worker's own), then step."""
-        if self._owns_thread:
-            self.thread.start()
+        """Make the batch and compile its step on the model thread, then step."""
         self.thread.call_soon(self._start_on_thread)
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Drop every stream (after the step running now) and, if it is its own, end the
-        thread. `timeout` is accepted for compatibility; the thread ends after one step."""
+    def stop(self) -> None:
+        """Drop every stream (after the step running now)."""
         self.thread.remove_realtime(self)
-        if self._owns_thread:
-            self.thread.stop()
-        else:
-            self.thread.call_soon(self._streams.clear)
+        self.thread.call_soon(self._streams.clear)
 
     def open(self, channel: Channel) -> None:
         """Open the channel's stream: it receives `Opened`; its row comes with its first whole
@@ -281,8 +267,6 @@ class SttWorker(RealTimeClock):
     # --- model thread ---
     def _start_on_thread(self) -> None:
         try:
-            if self._warm_up is not None:
-                self._warm_up()
             self._batch = self._batch_factory(self.rows)
             _compile(self._batch)
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop

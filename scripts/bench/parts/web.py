@@ -1,4 +1,4 @@
-"""The `web` part: `python -m moshi_mlx.local_web`'s own work per 80 ms frame, the model
+"""The `web` part: `python -m moshi_mlx web`'s own work per 80 ms frame, the model
 aside: decoding the client's Ogg Opus, encoding Moshi's frame, and a websocket round trip of
 the two audio messages on localhost (target <= 5 ms)."""
 

@@ -37,6 +37,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import mlx.core as mx
+
 from moshi_mlx.errors import MoshiError, one_line
 
 T = TypeVar("T")
@@ -295,12 +297,15 @@ class ModelThread:
 
     # --- the thread ---
     def _run(self) -> None:
-        while True:
-            work = self._next_work()
-            if work is None:
-                break
-            work()
-        self._fail_pending()
+        try:
+            while True:
+                work = self._next_work()
+                if work is None:
+                    break
+                work()
+            self._fail_pending()
+        finally:
+            release_thread_state()
 
     def _next_work(self) -> Callable[[], None] | None:
         """Wait for the next thing to run; None once stopping."""
@@ -400,6 +405,16 @@ class ModelThread:
 
 
 _NEVER = float("inf")
+
+
+def release_thread_state() -> None:
+    """Drop MLX's state of the calling thread (its streams, compile cache and random key),
+    as the last thing a thread that ran MLX work does. The compile cache and the key hold
+    Python objects: left to the thread's exit, they are freed after Python has let the thread
+    go, by C++ destructors that need the interpreter; when the process is exiting meanwhile
+    (Ctrl-C, SIGTERM, a start-up error) the thread cannot have it and the process aborts
+    (`terminate called without an active exception`, exit code 134)."""
+    mx.clear_streams()
 
 
 def _run_call(call: _Call) -> None:

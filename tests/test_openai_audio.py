@@ -260,6 +260,35 @@ def test_speech_in_each_listed_voice(server, tmp_path):
     assert _speech(server, tmp_path / "c.pcm", voice=custom, response_format="pcm")
 
 
+def _post_bytes(url: str, data: bytes) -> tuple[int, dict]:
+    """POST `data` as the body: the status and the JSON answer."""
+    request = urllib.request.Request(url, data, {"Content-Type": "audio/wav"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_voice_cloned_from_an_upload_is_kept_by_content_and_named(server, tmp_path):
+    """POST /v1/audio/voices with a recording: its id (the same for the same recording),
+    then speech in that voice by id (or OpenAI's {"id": ...}); no audio: a 400 on 'file'."""
+    t = np.arange(int(1.5 * 24_000)) / 24_000
+    path = tmp_path / "me.wav"
+    sf.write(str(path), (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24_000)
+    url = f"{server.url}/v1/audio/voices"
+    status, voice = _post_bytes(url, path.read_bytes())
+    assert status == 200, voice
+    assert voice["object"] == "audio.voice" and voice["id"].startswith("clone-")
+    assert voice["seconds"] == pytest.approx(17 * 0.08)  # 19 frames less the 2 dropped
+    assert _post_bytes(url, path.read_bytes())[1]["id"] == voice["id"]
+    cloned = _speech(server, tmp_path / "clone.pcm", voice=voice["id"], response_format="pcm")
+    assert len(cloned) >= 2 * 1920
+    assert _speech(server, tmp_path / "c2.pcm", voice={"id": voice["id"]}, response_format="pcm")
+    status, bad = _post_bytes(url, b"not audio at all" * 10)
+    assert status == 400 and bad["error"]["param"] == "file"
+
+
 # --- hostile requests ------------------------------------------------------------------------
 
 

@@ -9,7 +9,9 @@
   of OpenAI's, which all stand for the default voice; `response_format` mp3 (OpenAI's default)
   | opus | flac | wav | pcm at 24 kHz; `speed` 1.0 only; `stream: true` or
   `stream_format: "audio"` sends wav, pcm and Opus as the model speaks);
-- `GET /v1/audio/voices`.
+- `GET /v1/audio/voices`; `POST /v1/audio/voices` (a recording as the body, at most 30 s:
+  a voice cloned from it, kept by content, `{"id": "clone-..."}` to name as a speech
+  request's `voice`; `serve/openai/cloned_voices.py`).
 
 Model work runs on the server's model thread one step per `next()` (`ModelThread.background`),
 so long files and long speech never hold up the real-time streams beside them.
@@ -33,7 +35,9 @@ from moshi_mlx.audio.wav import decode_audio
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import AudioError, MoshiError, TtsError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.serve.bodies import BadBody, read_bytes
 from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.openai.cloned_voices import ClonedVoices
 from moshi_mlx.serve.openai.errors import (
     ApiError,
     answers_api_errors,
@@ -58,6 +62,7 @@ from moshi_mlx.serve.openai.transcriptions import (
 from moshi_mlx.serve.openai.voices import OPENAI_VOICES, VoiceCatalog
 from moshi_mlx.stt.events import SttEvent, WordStarted
 from moshi_mlx.stt.words import finished_words
+from moshi_mlx.tts.prefix import MAX_PREFIX_SECONDS
 from moshi_mlx.tts.synthesizer import TtsModel
 from moshi_mlx.tts.voices import DEFAULT_VOICE
 
@@ -118,6 +123,7 @@ def add_routes(
         speech = _Speech(context, limits, catalog)
         app.router.add_post(SPEECH_PATH, answers_api_errors(speech.handle))
         app.router.add_get(VOICES_PATH, answers_api_errors(speech.voices))
+        app.router.add_post(VOICES_PATH, answers_api_errors(speech.clone))
 
 
 def _model_failed(what: str, exc: Exception) -> ApiError:
@@ -228,6 +234,28 @@ class _Speech:
         self.catalog = catalog
         self.tts: TtsModel = context.tts
         self.slots = _Slots(limits.max_speeches, "speech requests")
+        self.cloned = ClonedVoices()
+
+    async def clone(self, request: web.Request) -> web.StreamResponse:
+        """A voice cloned from the recording in the body: its id (the same for the same
+        recording)."""
+        check_bearer_key(request, self.context.key_allowed)
+        with self.slots.taken():
+            try:
+                data = await read_bytes(request, self.limits.max_upload_bytes)
+                pcm = decode_audio(data, SAMPLE_RATE, MAX_PREFIX_SECONDS, "the recording")
+                prefix = await self.context.thread.call(lambda: self.tts.voice_prefix(pcm))
+            except BadBody as exc:
+                raise ApiError(exc.status, str(exc), "file") from None
+            except AudioError as exc:
+                raise ApiError(400, one_line(exc), "file") from None
+            except MoshiError as exc:  # the model thread has stopped
+                raise ApiError(503, one_line(exc)) from None
+        voice_id = self.cloned.add(prefix)
+        seconds = prefix.shape[1] * FRAME_SIZE / SAMPLE_RATE
+        return web.json_response(
+            {"id": voice_id, "object": "audio.voice", "name": voice_id, "seconds": seconds}
+        )
 
     async def voices(self, request: web.Request) -> web.StreamResponse:
         check_bearer_key(request, self.context.key_allowed)
@@ -244,10 +272,12 @@ class _Speech:
             speech = _speech_request(
                 await read_json_object(request, self.limits.max_json_bytes), self.limits
             )
+            prefix = self.cloned.get(speech.voice)
+            voice = DEFAULT_VOICE if prefix is not None else speech.voice
             try:
-                voice_file = await asyncio.to_thread(self.catalog.resolve, speech.voice)
+                voice_file = await asyncio.to_thread(self.catalog.resolve, voice)
                 stream = await self.context.thread.call(
-                    lambda: _open_stream(self.tts, voice_file, speech.text)
+                    lambda: _open_stream(self.tts, voice_file, speech.text, prefix)
                 )
             except TtsError as exc:  # the voice's file is missing or unreadable
                 raise ApiError(400, one_line(exc), "voice") from None
@@ -299,9 +329,10 @@ def _speech_request(body: dict, limits: AudioLimits) -> _SpeechRequest:
     return _SpeechRequest(text, voice, response_format, stream)
 
 
-def _open_stream(tts: TtsModel, voice_file: Path, text: str):
-    """A `TtsStream` in `voice_file`'s voice, `text` pushed and closed (on the model thread)."""
-    stream = tts.stream(voice=voice_file)
+def _open_stream(tts: TtsModel, voice_file: Path, text: str, prefix: np.ndarray | None = None):
+    """A `TtsStream` in `voice_file`'s voice continuing a cloned voice's `prefix` (if given),
+    `text` pushed and closed (on the model thread)."""
+    stream = tts.stream(voice=voice_file, prefix=prefix)
     stream.push(text)
     stream.close()
     return stream

@@ -127,14 +127,14 @@ class Attention(nn.Module):
         """Queries (B, H, T, head_dim), keys and values (B, H_kv, T, head_dim) of x (B, T, D),
         RoPE from `offset`."""
         batch, steps, _ = x.shape
-        heads = self.num_heads + 2 * self.num_kv_heads
-        qkv = self.in_proj(x).reshape(batch, steps, heads, self.head_dim)
+        qkv = self.in_proj(x)
         if self.num_kv_heads == self.num_heads:
             qkv = qkv.reshape(batch, steps, 3, self.num_heads, self.head_dim)
             qkv = qkv.transpose(2, 0, 3, 1, 4)  # (3, B, H, T, head_dim)
             queries, keys, values = qkv[0], qkv[1], qkv[2]
         else:
-            qkv = qkv.transpose(0, 2, 1, 3)  # (B, H + 2 H_kv, T, head_dim)
+            heads = self.num_heads + 2 * self.num_kv_heads
+            qkv = qkv.reshape(batch, steps, heads, self.head_dim).transpose(0, 2, 1, 3)
             queries, keys, values = mx.split(qkv, self._kv_splits(), axis=1)
         if self.use_rope:
             queries = self._rope(queries, offset)

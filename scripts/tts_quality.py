@@ -37,12 +37,12 @@ import numpy as np
 from bench.weights import TTS_LM_FILE, TTS_TOKENIZER, mimi_weights, tts_weights
 from bench_stats import TTS_TEXTS
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,

@@ -54,7 +54,7 @@ def golden_lm():
     """(float32 Lm loaded from the reference fixture weights, dict of golden arrays)."""
     import mlx.core as mx
 
-    from moshi_mlx.checkpoints.lm import load_lm
+    from moshi_mlx.testing.checkpoints import load_lm
 
     lm = load_lm(LM_FIXTURES / "weights.safetensors", dtype=mx.float32)
     return lm, dict(np.load(LM_FIXTURES / "golden.npz"))

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from moshi_mlx.chat.generate import LmGen, step_functions
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_with_noise
+from moshi_mlx.testing.checkpoints import load_lm
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from moshi_mlx.chat.generate import LmGen
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import ConfigError, MoshiError
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hibiki"
 RELATIVE = 1e-4

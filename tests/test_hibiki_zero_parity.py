@@ -13,9 +13,9 @@ import pytest
 
 from moshi_mlx.chat.check import compare_generation
 from moshi_mlx.chat.generate import LmGen
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hibiki_zero"
 RELATIVE = 1e-4

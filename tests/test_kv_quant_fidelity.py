@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.testing.checkpoints import (
+    load_lm,
     logit_fidelity,
     random_teacher_tokens,
     write_random_lm_checkpoint,

@@ -6,9 +6,9 @@ import pytest
 from conftest import MANIFESTS
 from mlx.utils import tree_flatten
 
-from moshi_mlx.checkpoints.lm import build_lm
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.testing.checkpoints import lazy_lm
 
 
 def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -29,7 +29,7 @@ def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
     ],
 )
 def test_7b_parameters_equal_published_manifest(manifest, bits, group_size):
-    model = build_lm(LmConfig.moshi_7b(), bits=bits, group_size=group_size)  # lazy: no eval
+    model = lazy_lm(LmConfig.moshi_7b(), bits=bits, group_size=group_size)  # lazy: no eval
     ours = {
         name: (tuple(p.shape), str(p.dtype).removeprefix("mlx.core."))
         for name, p in tree_flatten(model.parameters())

@@ -11,10 +11,9 @@ from safetensors import safe_open
 
 from moshi_mlx.checkpoints.header import compute_dtype, detect_quantization, parameter_count
 from moshi_mlx.checkpoints.io import layout_of
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.errors import ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
+from moshi_mlx.testing.checkpoints import load_lm, write_random_lm_checkpoint
 
 
 def _forward(lm, steps: int = 6) -> np.ndarray:
@@ -154,7 +153,7 @@ def test_wrong_config_for_file(tiny_lm_checkpoints):
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(WeightsError, match="not found"):
         load_lm(tmp_path / "nope.safetensors", LmConfig.tiny())
-    with pytest.raises(WeightsError, match="no LM checkpoint"):
+    with pytest.raises(WeightsError, match="has no model.q4.safetensors"):
         load_lm(tmp_path, LmConfig.tiny())
     write_random_lm_checkpoint(tmp_path, LmConfig.tiny(), write_config=True)
     (tmp_path / "config.json").write_text(json.dumps({"dim": 64}))

@@ -123,8 +123,7 @@ def test_an_stt_checkpoint_loads_in_either_naming_with_the_heads_it_holds(tmp_pa
     from safetensors.numpy import save_file
 
     from moshi_mlx.checkpoints.conversion import to_pytorch_naming
-    from moshi_mlx.checkpoints.lm import load_lm
-    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
+    from moshi_mlx.testing.checkpoints import load_lm, write_random_lm_checkpoint
 
     path = write_random_lm_checkpoint(tmp_path / "mlx", _tiny_stt(heads=4))
     written = load_lm(path, _tiny_stt(heads=4), dtype=mx.float32)

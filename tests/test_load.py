@@ -197,7 +197,7 @@ def test_an_option_the_model_does_not_take_is_refused_before_any_weight(
     def no_weights(*args, **kwargs):
         raise AssertionError("a weight was read")
 
-    monkeypatch.setattr(loading, "lm_from_file", no_weights)
+    monkeypatch.setattr(loading, "load_strict", no_weights)
     folder = cached_tiny_moshi(tmp_path_factory)["moshi"].parent
     with pytest.raises(ConfigError, match="^voice_repo is a text-to-speech option; .* Moshi"):
         moshi_mlx.load(folder, voice_repo="kyutai/tts-voices")

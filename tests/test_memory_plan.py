@@ -22,7 +22,6 @@ from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
 from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.checkpoints.header import lm_header
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.spec import output_layout
 from moshi_mlx.cli.infer import main as run_inference
@@ -40,6 +39,7 @@ from moshi_mlx.runtime.memory_plan import (
     quantized_lm_weight_bytes,
     wired_memory,
 )
+from moshi_mlx.testing.checkpoints import load_lm
 
 GB = 1e9
 EIGHT_GB_MAC = (int(8 * GB * 2 / 3), "GPU working set")  # macOS wires about two thirds
@@ -173,7 +173,7 @@ def test_a_model_that_does_not_fit_stops_before_reading_weights(
     def no_weights(*args, **kwargs):
         raise AssertionError("a weight was read")
 
-    monkeypatch.setattr(loading, "lm_from_file", no_weights)
+    monkeypatch.setattr(loading, "load_strict", no_weights)
     files = cached_tiny_moshi(tmp_path_factory)
     huge = replace(LmConfig.moshi_7b(), num_layers=400, card=2048)  # about 90 GB in bf16
     moshi = _header_only_lm(tmp_path, huge)

@@ -24,7 +24,6 @@ from moshi_mlx.chat.persona.schedule import (
     prompt_frames,
 )
 from moshi_mlx.chat.persona.voice import load_voice_audio
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
@@ -32,6 +31,7 @@ from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.runtime.token_ring import token_ring_width
+from moshi_mlx.testing.checkpoints import load_lm
 
 
 def _lm(config: LmConfig, seed: int = 0, full_depformer: bool = False) -> Lm:

@@ -13,12 +13,12 @@ from tiny_moshi import write_eight_step_file
 from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.voice import encode_voice, load_voice_audio, read_voice, voice_source
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.runtime.codec import MlxCodec
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "personaplex"
 MIMI = Path(__file__).parent / "fixtures" / "mimi"

@@ -33,7 +33,6 @@ from tiny_moshi import (
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.chat.check import compare_generation
 from moshi_mlx.checkpoints.conversion import convert_shapes, to_pytorch_naming
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import LM_FILES, output_layout
 from moshi_mlx.cli.quantize import main
@@ -41,7 +40,7 @@ from moshi_mlx.models.config import MOSHI_DELAYS, LmConfig
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.stt.stepper import ListenStepper
 from moshi_mlx.stt.transcriber import SttModel
-from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
+from moshi_mlx.testing.checkpoints import load_lm, write_random_lm_checkpoint
 
 LM_FIXTURES = Path(__file__).parent / "fixtures" / "lm"
 KYUTAI_CONFIGS = Path(__file__).parent / "fixtures" / "kyutai_configs"

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import sentencepiece
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import WordEnded, WordStarted
 from moshi_mlx.stt.stepper import ListenStepper
 from moshi_mlx.stt.transcriber import SttModel
+from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stt_2b6"
 SUFFIX = 32  # Kyutai's ceil(audio_delay_seconds * 12.5) frames of silence after the audio

@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stt"
 

@@ -12,9 +12,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition, voice_keys_values

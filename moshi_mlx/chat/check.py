@@ -16,8 +16,8 @@ import numpy as np
 from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
 from moshi_mlx.checkpoints.io import check_fits_model, read_safetensors
-from moshi_mlx.checkpoints.lm import lm_from_tensors, load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.runtime.loading import LoadOptions, load_parts
 from moshi_mlx.runtime.sampling import SamplingConfig
 
 
@@ -70,11 +70,12 @@ def check_source(path: str | Path, config: LmConfig) -> None:
     check_fits_model(Lm(config, full_depformer=True), converted, str(path))
 
 
-def load_source_lm(path: str | Path, config: LmConfig) -> Lm:
-    """An unquantized `Lm` from a checkpoint in Kyutai's MLX or PyTorch naming, as `load_lm`
-    builds it."""
-    tensors = read_safetensors(path).tensors
-    return lm_from_tensors(tensors, {}, config, str(path))
+def load_lm_file(path: str | Path, config: LmConfig) -> Lm:
+    """The `Lm` of `config` from a checkpoint file (Kyutai's MLX or PyTorch naming, any
+    precision), by the one load path."""
+    path = Path(path)
+    options = LoadOptions(moshi_weight=path, lm_config=config)
+    return load_parts(str(path.parent), options, lm_only=True).lm
 
 
 def compare_generation(
@@ -88,18 +89,18 @@ def compare_generation(
 
     The source generates greedily from random user codes; the converted model is then run on
     exactly the inputs the source saw. The models are loaded one after the other, so memory
-    holds one at a time. The converted model runs as `load_lm` builds it, so the figures
+    holds one at a time. The converted model runs as `load_parts` builds it, so the figures
     include the quantized kernels' own rounding (on CPU, MLX's quantized matmul on bf16
     activations is far less precise than a dense one for wide layers).
     """
     rng = np.random.default_rng(seed)
     user_codes = rng.integers(0, config.card, (config.num_user_codebooks, steps))
-    source_lm = load_source_lm(source_path, config)
+    source_lm = load_lm_file(source_path, config)
     inputs, sampled = _greedy_stream(source_lm, user_codes)
     source = _logits(source_lm, inputs, sampled)
     del source_lm
     mx.clear_cache()
-    converted = _logits(load_lm(converted_path, config), inputs, sampled)
+    converted = _logits(load_lm_file(converted_path, config), inputs, sampled)
     tokens = np.array(sampled)  # (steps, 1 + moshi_codebooks)
     text_diff = converted["text_logits"] - source["text_logits"]
     audio_diff = converted["audio_logits"] - source["audio_logits"]

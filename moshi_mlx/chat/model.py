@@ -28,18 +28,17 @@ from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec, load_codec
+from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import (
     LoadedParts,
     LoadOptions,
     check_codec_fits,
-    codec_codebooks,
     load_parts,
 )
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig
-from moshi_mlx.runtime.tokenizer import TextDecoder, load_tokenizer
+from moshi_mlx.runtime.tokenizer import TextDecoder
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -81,13 +80,15 @@ class MoshiModel:
     def __init__(
         self,
         lm: Lm,
+        codec: Codec,
+        tokenizer: sentencepiece.SentencePieceProcessor,
         files: WeightFiles,
         codec_backend: str = "mlx",
         memory: MemoryPlan | None = None,
         kv_quantization: KVQuantization | None = None,
-        codec: Codec | None = None,
-        tokenizer: sentencepiece.SentencePieceProcessor | None = None,
     ):
+        """A chat model of built parts (it loads nothing: `load`, or `from_parts` of what
+        `moshi_mlx.runtime.loading.load_parts` loaded)."""
         self.lm = lm
         # The compiled steps its conversations share, per sampling, KV layout and guidance.
         self.step_cache: ModelCache[StepFunctions] = ModelCache(lm)
@@ -96,8 +97,8 @@ class MoshiModel:
         self.files = files
         self.codec_backend = codec_backend
         check_codec_fits(lm.cfg)
-        self._codec = codec or load_codec(files.mimi, codec_backend, codec_codebooks(lm.cfg))
-        self.tokenizer = tokenizer or load_tokenizer(files.tokenizer)
+        self._codec = codec
+        self.tokenizer = tokenizer
         self.prompts = None  # PersonaPlex: its voice and role prompts (`persona.prompts`)
         if lm.cfg.prompted:
             self.prompts = Prompts(lm, self._codec, self.tokenizer, files, kv_quantization)
@@ -118,12 +119,12 @@ class MoshiModel:
         """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
         return cls(
             parts.lm,
+            parts.codec,
+            parts.tokenizer,
             parts.files,
             codec_backend,
             parts.memory,
             parts.kv_quantization,
-            codec=parts.codec,
-            tokenizer=parts.tokenizer,
         )
 
     def conversation(

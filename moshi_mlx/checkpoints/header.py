@@ -2,7 +2,7 @@
 
 From the names, shapes and dtypes of a file's tensors, its metadata and the LM config: the
 tensors as the model will hold them (MLX naming, the depformer slices it samples), the
-quantization, the parameter count, the compute dtype `load_lm` chooses, and for Kyutai's
+quantization, the parameter count, the compute dtype the loader chooses, and for Kyutai's
 PyTorch naming the conversion planned tensor by tensor. Planning memory and loading the weights
 both run from this record; neither reads the header again.
 

@@ -41,11 +41,12 @@ WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
 
 @dataclass(frozen=True)
 class WeightFiles:
-    """Local paths of everything a model needs; `lm_config` is None for the 7B preset."""
+    """Local paths of everything a model needs; `lm_config` is None for the 7B preset, `mimi`
+    and `tokenizer` when only the LM was looked for."""
 
     moshi: Path
-    mimi: Path
-    tokenizer: Path
+    mimi: Path | None
+    tokenizer: Path | None
     lm_config: Path | None
     # The repo (hub id or folder) files not found locally come (or would come) from, and the
     # config.json's contents (read once): not part of equality.
@@ -213,11 +214,12 @@ def resolve_weights(
     lm_config: str | Path | None = None,
     default_repo: str = DEFAULT_REPO,
     config_required: bool = False,
+    lm_only: bool = False,
 ) -> WeightFiles:
     """Find (downloading if needed) every file of a model; see the module docstring. The
     config.json is found first (`find_config`) and read once; it names the files
     (`moshi_name`, `mimi_name`, `tokenizer_name`), else the defaults are Kyutai's; `quantize`
-    picks the LM file of a Moshi repo."""
+    picks the LM file of a Moshi repo. `lm_only`: the LM file alone (and its config)."""
     repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
     # Check every given path before any (slow) download, so a typo fails at once: a file
     # given as weights must open as safetensors (its header only).
@@ -239,7 +241,10 @@ def resolve_weights(
         "mimi": (names.get("mimi_name", MIMI_FILE), "mimi_weight", mimi_weight),
         "tokenizer": (names.get("tokenizer_name", TOKENIZER_FILE), "tokenizer", tokenizer),
     }
-    found = {field: _find_file(repo, *entry) for field, entry in wanted.items()}
+    fields = ("moshi",) if lm_only else tuple(wanted)
+    found = {
+        field: _find_file(repo, *wanted[field]) if field in fields else None for field in wanted
+    }
     return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import Layout, read_json, read_safetensors
+from moshi_mlx.checkpoints.io import Layout, SafetensorsFile, read_json, read_safetensors
 from moshi_mlx.errors import ConfigError, Setting
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -103,34 +103,26 @@ def config_in(folder: str | Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def read_lm_config(path: str | Path | None) -> LmConfig:
-    """The LM config of a Kyutai `config.json`, or Moshi 7B's when there is none."""
-    return LmConfig.from_dict(read_json(path)) if path is not None else LmConfig.moshi_7b()
-
-
-def lm_config_of(lm_file: str | Path, config_path: str | Path | None = None) -> LmConfig:
-    """The LM config of an LM file: a `config.json` if given, else the one our files carry
-    in their metadata (`CONFIG_KEY`), else the preset its layout says (a 16-step depformer:
-    PersonaPlex 7B; otherwise Moshi 7B)."""
-    if config_path is not None:
-        return read_lm_config(config_path)
-    file = read_safetensors(lm_file)
-    return lm_config_from_header(file.layout, file.metadata, str(lm_file))
-
-
-def lm_config_from_header(
-    layout: Layout, metadata: dict[str, str], source: str, config_data: dict | None = None
+def lm_config_of(
+    lm_file: str | Path | SafetensorsFile, config: str | Path | dict | LmConfig | None = None
 ) -> LmConfig:
-    """`lm_config_of` from what was already read: a config.json's contents (`config_data`),
-    else the LM file's header (`layout`, `metadata`, read from `source`)."""
-    if config_data is not None:
-        return LmConfig.from_dict(config_data)
-    if CONFIG_KEY in metadata:
+    """The LM config of an LM file (a path, or the file opened), resolved here alone:
+    `config` when given (an `LmConfig`, a config.json's path or its contents), else the one
+    our files carry in their metadata (`CONFIG_KEY`), else the preset its layout says (a
+    16-step depformer: PersonaPlex 7B; otherwise Moshi 7B)."""
+    if isinstance(config, LmConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        config = read_json(config)
+    if config is not None:
+        return LmConfig.from_dict(config)
+    file = lm_file if isinstance(lm_file, SafetensorsFile) else read_safetensors(lm_file)
+    if CONFIG_KEY in file.metadata:
         try:
-            return LmConfig.from_dict(json.loads(metadata[CONFIG_KEY]))
+            return LmConfig.from_dict(json.loads(file.metadata[CONFIG_KEY]))
         except ValueError:
-            raise ConfigError(f"{source}: its metadata's LM config is not JSON") from None
-    steps = {m.group(1) for name in layout if (m := _DEPFORMER_STEP.match(name))}
+            raise ConfigError(f"{file.path}: its metadata's LM config is not JSON") from None
+    steps = {m.group(1) for name in file.tensors if (m := _DEPFORMER_STEP.match(name))}
     personaplex = LmConfig.personaplex_7b()
     return personaplex if len(steps) == personaplex.dep_q else LmConfig.moshi_7b()
 

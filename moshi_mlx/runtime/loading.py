@@ -5,9 +5,10 @@ Each step uses what the steps before it found and never goes back to a file alre
 1. options (`LoadOptions`): the compute dtype and the KV cache's quantization, checked first.
 2. files (`checkpoints.hub.resolve_weights`): given paths, a local folder laid out like the
    hub repo, the weights folder, then the hub; the config.json is found first and read once.
-3. header and config (`checkpoints.io.read_safetensors`, `checkpoints.spec`): the LM file's
-   header, read once; the LM config (given, config.json, else the header's metadata, else
-   its layout), checked against the model kind, the context and the codec.
+3. header and config (`checkpoints.io.read_safetensors`, `checkpoints.spec.lm_config_of`):
+   the LM file opened once (lazily: its header); the LM config, resolved in that one place
+   (given, config.json, else the header's metadata, else its layout), checked against the
+   model kind, the context and the codec.
 4. what the header says (`checkpoints.header.lm_header`): one record (`LmHeader`) of the
    tensors as loaded (MLX naming, the depformer slices held; the conversion from PyTorch
    naming planned tensor by tensor), the quantization, the parameter count and the default
@@ -15,12 +16,14 @@ Each step uses what the steps before it found and never goes back to a file alre
 5. memory (`runtime.memory_plan`): the codec's bytes, then the plan, arithmetic over the
    record and the options (`find_model` ends here: `--memory-plan` reads no weight); for
    chat, a plan that does not fit stops the load.
-6. weights (`checkpoints.lm.lm_from_file`): the model built and quantized from the record,
-   then only the tensors it holds read from where the header said (the header is not read
-   again), converted, and loaded strictly in the planned dtype.
+6. weights (`_build_lm`, the one builder): the model built and quantized from the record
+   (`checkpoints.lm.empty_lm`), the file's tensors as it holds them (`checkpoints.lm.
+   sanitize`: PyTorch names converted, Hibiki's row fix; only those read), loaded strictly in
+   the planned dtype.
 7. codec and tokenizer (`runtime.codec`, `runtime.tokenizer`).
 
-`moshi_mlx.load`, `MoshiModel.load`, `SttModel.load` and `TtsModel.load` all come here.
+`moshi_mlx.load`, `MoshiModel.load`, `SttModel.load` and `TtsModel.load` all come here, and
+tools and tests that want an LM alone (`load_parts(..., lm_only=True)`).
 """
 
 from __future__ import annotations
@@ -34,15 +37,15 @@ import sentencepiece
 
 from moshi_mlx.checkpoints.header import LmHeader, lm_header
 from moshi_mlx.checkpoints.hub import WeightFiles, resolve_weights
-from moshi_mlx.checkpoints.io import SafetensorsFile, read_safetensors
-from moshi_mlx.checkpoints.lm import lm_from_file
+from moshi_mlx.checkpoints.io import SafetensorsFile, input_major, load_strict, read_safetensors
+from moshi_mlx.checkpoints.lm import empty_lm, sanitize
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
     DEFAULT_STT_REPO,
     DEFAULT_TTS_REPO,
     check_codec_fits,
     codec_codebooks,
-    lm_config_from_header,
+    lm_config_of,
 )
 from moshi_mlx.errors import ConfigError, Setting, WeightsMismatchError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -84,7 +87,9 @@ class LoadOptions:
     an `LmConfig`; `dtype` is the LM's compute dtype (an `mx.Dtype` or "float32",
     "bfloat16", "float16"; default: bf16 on a GPU, float32 on the CPU); `context` shortens the
     attention window; `kv_bits` (8 or 4, with `kv_group_size`) quantizes a chat model's KV
-    cache; `check_memory` False loads a chat model that the plan says will not fit."""
+    cache; `check_memory` False loads a chat model that the plan says will not fit;
+    `full_depformer` also keeps the depformer slices of the user's codebooks that
+    PersonaPlex's files hold (a repair of its voice prompts uses them)."""
 
     quantize: int | None = None
     moshi_weight: str | Path | None = None
@@ -97,6 +102,7 @@ class LoadOptions:
     kv_bits: int | None = None
     kv_group_size: int | None = None
     check_memory: bool = True
+    full_depformer: bool = False
 
     @classmethod
     def named(cls, **options: object) -> LoadOptions:
@@ -152,16 +158,19 @@ class LoadedParts:
     """What every model kind is made of once loaded."""
 
     lm: Lm
-    codec: Codec
-    tokenizer: sentencepiece.SentencePieceProcessor
+    codec: Codec | None  # None (and `tokenizer`) when only the LM was loaded (`lm_only`)
+    tokenizer: sentencepiece.SentencePieceProcessor | None
     files: WeightFiles
     memory: MemoryPlan
     kv_quantization: KVQuantization | None
 
 
-def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) -> FoundModel:
+def find_model(
+    repo: str | None, options: LoadOptions, kind: str | None = None, lm_only: bool = False
+) -> FoundModel:
     """Steps 1 to 4 (see the module docstring) for `repo` (None: the kind's default repo);
-    `kind` None takes the one the config's `model_type` says."""
+    `kind` None takes the one the config's `model_type` says; `lm_only`: the LM alone (no
+    codec or tokenizer is looked for, its memory is not counted)."""
     dtype, kv_quantization = options.compute_dtype, options.kv_quantization
     given = options.lm_config if isinstance(options.lm_config, LmConfig) else None
     wanted = KINDS[kind or "chat"]
@@ -173,12 +182,10 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
         options.tokenizer,
         None if given is not None else options.lm_config,
         config_required=kind is not None and wanted.config_required,
+        lm_only=lm_only,
     )
     header = read_safetensors(files.moshi)
-    source = str(files.moshi)
-    config = given or lm_config_from_header(
-        header.layout, header.metadata, source, files.config_data
-    )
+    config = lm_config_of(header, given or files.config_data)
     found_kind = KIND_OF_MODEL_TYPE[config.model_type]
     if kind is not None and found_kind != kind:
         raise ConfigError(
@@ -194,9 +201,9 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
                 parameter="context",
             )
         config = replace(config, context=options.context)
-    if found_kind == "chat":
+    if found_kind == "chat" and not lm_only:
         check_codec_fits(config)
-    elif options.kv_bits is not None:
+    elif found_kind != "chat" and options.kv_bits is not None:
         raise ConfigError(
             "a quantized KV cache (",
             Setting("kv_bits"),
@@ -208,8 +215,8 @@ def find_model(repo: str | None, options: LoadOptions, kind: str | None = None) 
     codebooks = codec_codebooks(config)
     if kv_quantization is not None:
         kv_quantization.check_head_dim(config.temporal_config().head_dim)
-    lm = lm_header(header.layout, header.metadata, config, source)
-    codec = codec_bytes(options.codec_backend, files.mimi, codebooks)
+    lm = lm_header(header.layout, header.metadata, config, str(files.moshi), options.full_depformer)
+    codec = 0 if lm_only else codec_bytes(options.codec_backend, files.mimi, codebooks)
     memory = plan_memory(lm, codec, dtype, kv_quantization)
     return FoundModel(found_kind, files, header, lm, codebooks, memory)
 
@@ -219,11 +226,14 @@ def load_parts(
     options: LoadOptions,
     kind: str | None = None,
     kind_options: Iterable[str] = (),
+    lm_only: bool = False,
 ) -> LoadedParts:
-    """The whole path (see the module docstring): find and plan, check, load. `kind_options`
-    names the options given that only some kinds take (`Kind.options`): `ConfigError`,
-    before any weight is read, when the model found is not of such a kind."""
-    found = find_model(repo, options, kind)
+    """The whole path (see the module docstring), the one way a model is built: find and
+    plan, check, load. `kind_options` names the options given that only some kinds take
+    (`Kind.options`): `ConfigError`, before any weight is read, when the model found is not
+    of such a kind. `lm_only`: the LM alone (no codec or tokenizer, no memory check), for
+    tools and tests."""
+    found = find_model(repo, options, kind, lm_only)
     for name in kind_options:
         if name not in KINDS[found.kind].options:
             takers = " or ".join(k.name for k in KINDS.values() if name in k.options)
@@ -232,11 +242,11 @@ def load_parts(
                 f" is a {takers} option; {found.files.repo} is a {found.config.model_name} model",
                 parameter=name,
             )
-    if options.check_memory and KINDS[found.kind].checks_memory:
+    if options.check_memory and KINDS[found.kind].checks_memory and not lm_only:
         check_fits(found.memory, found.lm.config)
     files = found.files
     try:
-        lm = lm_from_file(found.header, found.lm, found.memory.dtype)
+        lm = _build_lm(found.lm, found.header.tensors, found.memory.dtype)
     except WeightsMismatchError as exc:
         used = files.lm_config or "the one its file carries or its layout says"
         raise WeightsMismatchError(
@@ -246,6 +256,21 @@ def load_parts(
             Setting("lm_config"),
             parameter="lm_config",
         ) from None
+    if lm_only:
+        return LoadedParts(lm, None, None, files, found.memory, found.memory.kv)
     codec = load_codec(files.mimi, options.codec_backend, found.codec_codebooks)
     tokenizer = load_tokenizer(files.tokenizer)
     return LoadedParts(lm, codec, tokenizer, files, found.memory, found.memory.kv)
+
+
+def _build_lm(lm: LmHeader, weights: dict[str, mx.array], dtype: mx.Dtype) -> Lm:
+    """The model `lm` describes, loaded strictly with the file's `weights` (lazy: only those
+    it holds are read, through `sanitize`) and evaluated, in `dtype`."""
+    model, dtype, input_major_names = empty_lm(lm, dtype)
+    tensors = sanitize(weights, lm)
+    for name in input_major_names:
+        if name in tensors:
+            tensors[name] = input_major(tensors[name].astype(dtype))
+    load_strict(model, tensors, lm.source, dtype=dtype)
+    mx.eval(model.parameters())
+    return model

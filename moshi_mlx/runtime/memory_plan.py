@@ -204,7 +204,7 @@ def plan_memory(
     """The memory plan of a model about to be loaded (see the module docstring): arithmetic
     over what its LM file's header says (`lm`, whose config's context is the one planned), the
     codec's bytes (`codec_bytes`), the compute `dtype` (default: the one `lm` records, which
-    `load_lm` chooses), the KV cache's quantization and the device's `capacity` (bytes, in
+    the loader chooses), the KV cache's quantization and the device's `capacity` (bytes, in
     words; default: `device_capacity`)."""
     dtype = dtype or lm.dtype
     config = lm.config

@@ -18,11 +18,12 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from moshi_mlx.checkpoints.io import SafetensorsWriter
-from moshi_mlx.checkpoints.lm import build_lm, quantize_lm
+from moshi_mlx.checkpoints.lm import quantize_lm
 from moshi_mlx.checkpoints.mimi import MIMI_CONFIG_KEY, TensorEntry, mimi_tensor_table
 from moshi_mlx.checkpoints.spec import CONFIG_FILE, LM_FILES
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.models.mimi import MimiConfig
+from moshi_mlx.runtime.loading import LoadOptions, load_parts
 
 
 def _save_safetensors_lazily(path: str | Path, tensors: dict[str, mx.array]) -> None:
@@ -57,6 +58,39 @@ def _random_weights(model: Lm, seed: int) -> dict[str, mx.array]:
     return weights
 
 
+def lazy_lm(
+    config: LmConfig,
+    dtype: mx.Dtype = mx.bfloat16,
+    bits: int | None = None,
+    group_size: int | None = None,
+    full_depformer: bool = False,
+) -> Lm:
+    """An `Lm` of `config` whose weights are not evaluated (nothing is allocated), in `dtype`,
+    quantized as Kyutai's files are when `bits`: what a random checkpoint is made from."""
+    model = Lm(config, full_depformer)
+    model.set_dtype(dtype)
+    if bits is not None:
+        quantize_lm(model, bits, group_size)
+    return model
+
+
+def load_lm(
+    path: str | Path,
+    config: LmConfig | str | Path | None = None,
+    dtype: mx.Dtype | None = None,
+    full_depformer: bool = False,
+) -> Lm:
+    """The LM alone of an LM file, or of the folder holding one (its most precise), loaded
+    by the one load path (`load_parts(..., lm_only=True)`); `config` an `LmConfig` or a
+    config.json (default: the config.json beside the file, else what the file says)."""
+    path = Path(path)
+    folder, file = (path, None) if path.is_dir() else (path.parent, path)
+    options = LoadOptions(
+        moshi_weight=file, lm_config=config, dtype=dtype, full_depformer=full_depformer
+    )
+    return load_parts(str(folder), options, lm_only=True).lm
+
+
 def write_random_lm_checkpoint(
     path: str | Path,
     config: LmConfig,
@@ -76,7 +110,7 @@ def write_random_lm_checkpoint(
     if path.is_dir() or not path.suffix:
         path = path / LM_FILES[bits or 16][1]
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = build_lm(config, dtype=mx.float32, full_depformer=True)
+    model = lazy_lm(config, dtype=mx.float32, full_depformer=True)
     model.update(tree_unflatten(list(_random_weights(model, seed).items())))
     model.set_dtype(mx.bfloat16)
     if bits is not None:

@@ -14,11 +14,11 @@ import numpy as np
 from bench_stats import summarize
 
 from moshi_mlx.chat.generate import LmGen
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.memory_plan import kv_cache_bytes
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes

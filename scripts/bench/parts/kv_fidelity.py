@@ -9,10 +9,9 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.chat.generate import teacher_forced_logits
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
-from moshi_mlx.testing.checkpoints import logit_fidelity, random_teacher_tokens
+from moshi_mlx.testing.checkpoints import load_lm, logit_fidelity, random_teacher_tokens
 
 from ..part import Part
 from ..shapes import LM_SHAPES, dtype_label

@@ -17,11 +17,11 @@ import numpy as np
 from bench_stats import LM_METRICS, lm_result, pool_rounds
 
 from moshi_mlx.chat.generate import LmGen
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.runtime.sampling import SamplingConfig, sample
 from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..floor import step_floor
 from ..kyutai import run_kyutai

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..form import FORMS
 from ..part import Part

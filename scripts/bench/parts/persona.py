@@ -22,12 +22,11 @@ from moshi_mlx.chat.generate import GenState, LmGen, StepFunctions, fresh_state
 from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
-from moshi_mlx.checkpoints.io import read_safetensors
-from moshi_mlx.checkpoints.lm import lm_from_tensors
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.runtime.token_ring import token_ring_width
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, user_codes
@@ -121,14 +120,12 @@ def _replay_times(lm: Lm, inputs: np.ndarray) -> list[float]:
 
 
 def _persona_and_moshi(weights: Path, shape: str, dtype: mx.Dtype | None) -> tuple[Lm, Lm, float]:
-    """PersonaPlex's `Lm` (`personaplex_config`) and Moshi's over one load of a Moshi file,
-    sharing every array, and the seconds the load took."""
+    """PersonaPlex's `Lm` (`personaplex_config`) and Moshi's of a Moshi file, sharing every
+    array, and the seconds the loads took."""
     moshi_config = LmConfig.from_dict(LM_SHAPES[shape])
-    file = read_safetensors(weights)
-    tensors, metadata = file.tensors, file.metadata
     started = time.perf_counter()
-    moshi_lm = lm_from_tensors(tensors, metadata, moshi_config, str(weights), dtype)
-    lm = lm_from_tensors(tensors, metadata, personaplex_config(moshi_config), str(weights), dtype)
+    moshi_lm = load_lm(weights, moshi_config, dtype)
+    lm = load_lm(weights, personaplex_config(moshi_config), dtype)
     lm.update(moshi_lm.parameters())
     return lm, moshi_lm, time.perf_counter() - started
 

@@ -14,10 +14,10 @@ from bench_stats import FRAME_MS, summarize
 
 from moshi_mlx.chat.generate import LmGen
 from moshi_mlx.chat.model import step_frame
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.codec import load_codec
 from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part, backend_dtype_label, real_time_factor_notes
 from ..shapes import DTYPES, LM_SHAPES, dtype_label, lm_shapes, noise_frames

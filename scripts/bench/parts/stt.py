@@ -13,10 +13,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.codec import load_codec
 from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
 from ..shapes import LM_SHAPES, lm_shapes

@@ -27,11 +27,11 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import TTS_TEXTS, pool_tts, summarize, tts_result
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 

@@ -13,11 +13,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.lm import load_lm
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.prefix import is_recording, recording_codes
 from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun

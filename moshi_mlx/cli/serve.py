@@ -393,6 +393,7 @@ async def _serve(args: argparse.Namespace, preset: Preset) -> None:
         await _load(args, preset, context)
         if args.moshi is not None:
             context.chat = _chat_service(args, thread)
+            context.add_model("moshi", args.hf_repo or DEFAULT_REPO)  # /v1/realtime's ?model=
         secure = ssl_context(args.ssl) if args.ssl else None
         guard = ConnectionGuard(replace(limits), tally)
         runner = await guard.serve(create_app(context, guard), host, args.port, secure)

@@ -48,9 +48,9 @@ def create_app(context: ServeContext, guard: ConnectionGuard) -> web.Application
     openai_chat.add_routes(app, context)  # /v1/models for every model; completions with an LLM
     if context.stt is not None and context.tts is not None and context.llm is not None:
         assistant_routes.add_routes(app, context)  # the spoken assistant's page and websocket
-    if context.stt is not None:
-        realtime_routes.add_routes(app, context)  # OpenAI's /v1/realtime (a conversation
-        # with the STT, TTS and LLM; transcription with the STT alone)
+    if context.stt is not None or context.chat is not None:
+        realtime_routes.add_routes(app, context)  # OpenAI's /v1/realtime: the assistant,
+        # transcription with the STT alone, Moshi full duplex
     add_fallback_route(app, context.key_allowed)  # any other /v1 route: OpenAI's error shape
     if context.chat is not None:
         chat_routes.add_routes(app, context)  # last: its page's files answer under `/`

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 MAX_GENERATIONS = 4
 # A streaming client that has not taken a chunk for this long is dropped.
 WRITE_SECONDS = 10.0
-_MODEL_KINDS = ("llm", "stt", "tts")  # the order of /v1/models
+_MODEL_KINDS = ("llm", "stt", "tts", "moshi")  # the order of /v1/models
+_LOADED = {"moshi": "chat"}  # the context's field holding a kind's model, where not its name
 
 
 def add_routes(app: web.Application, context: ServeContext) -> None:
@@ -59,7 +60,10 @@ class _ChatRoutes:
         names = dict(self.context.model_names)
         if self.context.llm is not None:
             names.setdefault("llm", self.context.llm.name)
-        loaded = {kind: getattr(self.context, kind) is not None for kind in _MODEL_KINDS}
+        loaded = {
+            kind: getattr(self.context, _LOADED.get(kind, kind)) is not None
+            for kind in _MODEL_KINDS
+        }
         return {names[kind]: kind for kind in _MODEL_KINDS if loaded[kind] and kind in names}
 
     def model_object(self, model_id: str) -> dict[str, Any]:

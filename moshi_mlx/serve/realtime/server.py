@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from moshi_mlx.assistant import ReplySampling, TurnRules
+from moshi_mlx.errors import one_line
 from moshi_mlx.realtime import (
     DUPLEX,
     REALTIME,
@@ -33,6 +34,8 @@ from moshi_mlx.realtime import (
 )
 from moshi_mlx.realtime.duplex import DuplexRealtimeSession, OpenDuplex
 from moshi_mlx.realtime.events import error
+from moshi_mlx.serve.chat.persona import prompt_choice
+from moshi_mlx.serve.chat.protocol import ProtocolError
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import CLOSE_SECONDS
 from moshi_mlx.serve.openai.errors import ApiError, answers_api_errors, check_bearer_key
@@ -94,13 +97,48 @@ def _parts_maker(context: ServeContext) -> MakeParts:
     def open_speech(voice_file):
         return context.tts.stream(voice=voice_file, cfg_coef=DEFAULT_CFG_COEF)
 
-    async def make_parts(kind: str) -> SessionParts:
+    async def make_parts(kind: str) -> SessionParts | OpenDuplex:
+        if kind == DUPLEX:
+            return _duplex_opener(context)
         stt = await context.thread.call(context.stt.speech_to_text)
         if kind == TRANSCRIPTION:
             return SessionParts(stt)
         return SessionParts(stt, context.llm, open_speech, find_voice)
 
     return make_parts
+
+
+def _duplex_opener(context: ServeContext) -> OpenDuplex:
+    """Conversations of the server's chat model (Moshi, PersonaPlex) with its sampling, in a
+    session's persona (None: the server's); SessionError while it loads or if it failed."""
+    chat = context.chat
+    if not chat.ready.is_set():
+        raise SessionError("the chat model is still loading; try again shortly", "model")
+    if chat.error is not None:
+        raise SessionError(f"the chat model failed to load: {one_line(chat.error)}", "model")
+    settings = chat.settings
+
+    def open_duplex(voice: str | None, role: str | None):
+        if not chat.persona.prompted:  # Moshi: no persona (a client's instructions aside)
+            voice = role = None
+        voice = _persona_choice("voice_prompt", voice, chat, "session.audio.output.voice")
+        role = _persona_choice("text_prompt", role, chat, "session.instructions")
+        return chat.session(settings.sampling, settings.seed, voice, role)
+
+    return open_duplex
+
+
+def _persona_choice(name: str, value: str | None, chat, param: str) -> str | None:
+    """A PersonaPlex voice or role as `/api/chat` checks it (a published voice name, a role
+    of bounded length); SessionError naming `param` otherwise."""
+    if value is None:
+        return None
+    try:
+        voice, role = prompt_choice({name: value}, chat.persona)
+    except ProtocolError as exc:
+        message = str(exc).replace(f"query parameter {name}", param)
+        raise SessionError(message, param) from None
+    return voice if name == "voice_prompt" else role
 
 
 class _RealtimeHandler:
@@ -128,13 +166,19 @@ class _RealtimeHandler:
         context = self._context
         names = context.model_names
         model = request.query.get("model") or ""
-        moshi = names.get("moshi")
+        moshi = names.get("moshi") or ("moshi" if context.chat is not None else None)
+        if model and model != moshi and not any(context.is_model(k, model) for k in names):
+            served = ", ".join(sorted(set(names.values()))) or "none"
+            raise ApiError(
+                404, f"model {model[:100]!r} is not served here (GET /v1/models: {served})",
+                "model", "model_not_found",
+            )  # fmt: skip
         if request.query.get("intent") == "transcription":
             if not self._transcribes:
                 raise ApiError(400, "this server has no STT to transcribe with (--stt)", "intent")
             kind = TRANSCRIPTION
         elif moshi is not None and (
-            context.is_model("moshi", model) or (not model and not self._converses)
+            model == moshi or context.is_model("moshi", model) or not (model or self._converses)
         ):
             kind = DUPLEX
         elif self._converses:
@@ -147,12 +191,6 @@ class _RealtimeHandler:
                 "intent",
             )
         default = {TRANSCRIPTION: names.get("stt"), DUPLEX: moshi}.get(kind, names.get("llm"))
-        if model and not any(context.is_model(name, model) for name in names):
-            served = ", ".join(sorted(set(names.values()))) or "none"
-            raise ApiError(
-                404, f"model {model[:100]!r} is not served here (GET /v1/models: {served})",
-                "model", "model_not_found",
-            )  # fmt: skip
         return kind, model or default or ""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

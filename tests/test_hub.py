@@ -77,6 +77,14 @@ def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
     assert files.lm_config == folder / "config.json"  # none beside lm.safetensors
 
 
+def test_a_given_file_that_is_not_safetensors_is_refused_with_its_parameter(tmp_path):
+    wav = tmp_path / "speech.wav"
+    wav.write_bytes(b"RIFF" + bytes(60))
+    with pytest.raises(WeightsError, match=f"^{wav} is not a safetensors file") as refused:
+        hub.resolve_weights(moshi_weight=wav)
+    assert refused.value.parameter == "moshi_weight"
+
+
 def test_missing_flag_path_names_the_flag(tmp_path):
     with pytest.raises(WeightsError, match="mimi_weight=.*nope.safetensors: file not found"):
         hub.resolve_weights(mimi_weight=tmp_path / "nope.safetensors")

@@ -228,7 +228,7 @@ def resolve_weights(
         if path is not None:
             found = _user_path(path, parameter)
             if parameter != "tokenizer":
-                read_safetensors(found)
+                read_safetensors(found, parameter)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
     data = _read_config(config) if config is not None else None
     if data is not None and data.get("model_type", "moshi") not in MODEL_TYPES:

@@ -32,18 +32,21 @@ def layout_of(tensors: dict[str, mx.array]) -> Layout:
     return {name: (tuple(array.shape), array.dtype) for name, array in tensors.items()}
 
 
-def read_safetensors(path: str | Path) -> SafetensorsFile:
+def read_safetensors(path: str | Path, parameter: str | None = None) -> SafetensorsFile:
     """A safetensors file opened lazily (`mx.load`): its header is read, no tensor data is
-    until a tensor is evaluated; `WeightsError` for a missing file or one that is not
-    safetensors (empty, truncated, another format)."""
+    until a tensor is evaluated; `WeightsError` (about `parameter`, the one that gave the
+    path, if any) for a missing file or one that is not safetensors (empty, truncated,
+    another format)."""
     path = Path(path)
     if not path.is_file():
-        raise WeightsError(f"weights file not found: {path}")
+        raise WeightsError(f"weights file not found: {path}", parameter=parameter)
     try:
         tensors, metadata = mx.load(str(path), format="safetensors", return_metadata=True)
     except (RuntimeError, ValueError) as exc:  # MLX's messages for a bad header or size
         reason = "it is empty" if path.stat().st_size == 0 else one_line(exc).split("] ", 1)[-1]
-        raise WeightsError(f"{path} is not a safetensors file ({reason})") from None
+        raise WeightsError(
+            f"{path} is not a safetensors file ({reason})", parameter=parameter
+        ) from None
     return SafetensorsFile(path, tensors, dict(metadata or {}))
 
 

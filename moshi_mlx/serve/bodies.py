@@ -17,7 +17,14 @@ import json
 import msgpack
 from aiohttp import web
 
+from moshi_mlx.errors import MoshiError
+
 _READ_CHUNK = 64 * 1024
+
+
+class ProtocolError(MoshiError):
+    """A websocket message its protocol does not allow; the reason goes back to the client in
+    the protocol's own error message (chat's 0x05, STT's and TTS's `Error`)."""
 
 
 class BadBody(ValueError):

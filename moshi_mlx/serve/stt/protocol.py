@@ -31,8 +31,7 @@ import msgpack
 import numpy as np
 
 from moshi_mlx.audio import SAMPLE_RATE
-from moshi_mlx.errors import MoshiError
-from moshi_mlx.serve.bodies import BadBody, unpack_msgpack
+from moshi_mlx.serve.bodies import BadBody, ProtocolError, unpack_msgpack
 
 MAX_AUDIO_SECONDS = 10
 MAX_AUDIO_SAMPLES = MAX_AUDIO_SECONDS * SAMPLE_RATE  # per Audio message
@@ -42,10 +41,6 @@ _MAX_KEYS = 16
 _MAX_CONTAINERS = 4  # a message is one map holding at most one array
 _MAX_STRING = 1024
 _I64 = (-(2**63), 2**63 - 1)
-
-
-class ProtocolError(MoshiError):
-    """A client message the protocol does not allow; the reason goes back as an Error."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from moshi_mlx.serve.bodies import ProtocolError
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.http import origin_allowed
@@ -38,8 +39,14 @@ from moshi_mlx.serve.sessions import (
     send_and_close,
 )
 from moshi_mlx.serve.stt import protocol
-from moshi_mlx.serve.stt.protocol import ProtocolError
-from moshi_mlx.serve.stt.worker import Channel, Failed, MarkerReached, Opened, Stepped, SttWorker
+from moshi_mlx.serve.stt.worker import (
+    Channel,
+    MarkerReached,
+    Opened,
+    Stepped,
+    StreamFailed,
+    SttWorker,
+)
 from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import WordEnded, WordStarted
 
@@ -131,7 +138,7 @@ class _SttHandler:
         busy = f"busy: all {self._config.max_streams} streams are in use; try again later"
         await self.sessions.run(
             request.remote,
-            lambda: _Connection(ws, self._worker, self._config),
+            lambda: _SttConnection(ws, self._worker, self._config),
             lambda: _fail(ws, busy),
         )
         return ws
@@ -146,14 +153,14 @@ async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
     await send_and_close(ws, protocol.error(without_paths(reason)))
 
 
-class _Connection:
+class _SttConnection:
     """One websocket: the client's audio and markers to the worker, its results back."""
 
     def __init__(self, ws: web.WebSocketResponse, worker: SttWorker, config: SttServerConfig):
         self._ws = ws
         self._worker = worker
         self._config = config
-        self._unsent: asyncio.Queue[bytes | Failed] = asyncio.Queue()
+        self._unsent: asyncio.Queue[bytes | StreamFailed] = asyncio.Queue()
         self._channel: Channel | None = None
         self._streaming = asyncio.Event()
         self._stalled = asyncio.Event()
@@ -191,9 +198,9 @@ class _Connection:
         self._stopping = True
         await close_going_away(self._ws)
 
-    def _on_event(self, event: Opened | Stepped | MarkerReached | Failed) -> None:
+    def _on_event(self, event: Opened | Stepped | MarkerReached | StreamFailed) -> None:
         """A worker result, on the loop: queued for the client as protocol messages."""
-        if isinstance(event, Failed):
+        if isinstance(event, StreamFailed):
             self._unsent.put_nowait(event)
             return
         if isinstance(event, Opened):
@@ -245,7 +252,7 @@ class _Connection:
         self._streaming.set()
         while True:
             message = await self._unsent.get()
-            if isinstance(message, Failed):
+            if isinstance(message, StreamFailed):
                 raise _StreamEnded(message.reason)
             await self._ws.send_bytes(message)
 

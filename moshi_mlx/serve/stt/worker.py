@@ -91,13 +91,13 @@ class MarkerReached:
 
 
 @dataclass(frozen=True)
-class Failed:
+class StreamFailed:
     """The stream cannot go on; the reason (one line) is for the client."""
 
     reason: str
 
 
-StreamEvent = Opened | Stepped | MarkerReached | Failed
+StreamEvent = Opened | Stepped | MarkerReached | StreamFailed
 
 
 class _Marker:
@@ -250,7 +250,7 @@ class SttWorker(RealTimeClock):
 
     def open(self, channel: Channel) -> None:
         """Open the channel's stream: it receives `Opened`; its row comes with its first whole
-        frame (`Failed` if none is free then)."""
+        frame (`StreamFailed` if none is free then)."""
         self._jobs.append(("open", channel, time.monotonic()))
         self.thread.wake()
 
@@ -337,7 +337,7 @@ class SttWorker(RealTimeClock):
             except Exception as exc:  # noqa: BLE001 - reported to this client only
                 del self._streams[channel]
                 self.open_streams = len(self._streams)
-                _deliver(channel, Failed(f"cannot start a stream: {one_line(exc)}"))
+                _deliver(channel, StreamFailed(f"cannot start a stream: {one_line(exc)}"))
 
     def _step_batch(self) -> None:
         """One frame of every busy row; its results, then the markers that came due."""
@@ -374,7 +374,7 @@ class SttWorker(RealTimeClock):
         for channel, stream in streams.items():
             if stream.row is not None:
                 self._batch.remove(stream.row)
-            _deliver(channel, Failed(reason))
+            _deliver(channel, StreamFailed(reason))
 
 
 def _compile(batch: SttRows) -> None:

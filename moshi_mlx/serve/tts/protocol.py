@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from moshi_mlx.errors import MoshiError
-from moshi_mlx.serve.bodies import BadBody, unpack_msgpack
+from moshi_mlx.serve.bodies import BadBody, ProtocolError, unpack_msgpack
 
 FORMATS = ("PcmMessagePack", "Pcm", "OggOpus", "OggOpusMessagePack")
 END_OF_TEXT = b"\0"
@@ -28,10 +27,6 @@ MAX_VOICE_FLOATS = 512 * 1024  # (1, 512, 1000): 80 s of a 512-wide voice embedd
 MAX_MESSAGE_BYTES = 9 * MAX_VOICE_FLOATS + 1024
 _MAX_CONTAINERS = 4  # one map, the embedding and its shape
 _MAX_KEYS = 8
-
-
-class ProtocolError(MoshiError):
-    """A client message the protocol does not allow; the reason goes back as an Error."""
 
 
 @dataclass(frozen=True)

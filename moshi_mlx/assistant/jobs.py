@@ -32,7 +32,7 @@ class Listener(Protocol):
     def finish_stream(self, stream: int) -> tuple[SttEvent, ...]: ...
 
 
-class Speech(Protocol):
+class SpeechStream(Protocol):
     """A streaming TTS (`moshi_mlx.tts.synthesizer.TtsStream`)."""
 
     words: list[tuple[str, float]]
@@ -128,7 +128,7 @@ class SpeakJob(RealTimeClock):
         super().__init__()
         self._on_frame = on_frame
         self._lock = threading.Lock()
-        self._speech: Speech | None = None
+        self._speech: SpeechStream | None = None
         self._steps: Iterator[Any] | None = None
         self._answer = 0
         self._texts: deque[tuple[str, bool]] = deque()  # (words, close after them)
@@ -142,7 +142,7 @@ class SpeakJob(RealTimeClock):
     def answer(self) -> int:
         return self._answer
 
-    def open(self, speech: Speech, answer: int) -> None:
+    def open(self, speech: SpeechStream, answer: int) -> None:
         with self._lock:
             self._speech, self._steps, self._answer = speech, speech.steps(), answer
             self._texts.clear()

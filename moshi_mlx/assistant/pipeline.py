@@ -33,7 +33,7 @@ from moshi_mlx.assistant.jobs import (
     Listener,
     ListenJob,
     SpeakJob,
-    Speech,
+    SpeechStream,
 )
 from moshi_mlx.assistant.latency import LatencyLog, TurnLatency, TurnTimes
 from moshi_mlx.assistant.turns import (
@@ -146,7 +146,7 @@ class Assistant:
         thread: ModelThread,
         stt: Listener,
         llm: ReplyModel | None,
-        make_speech: Callable[[], Speech] | None,
+        make_speech: Callable[[], SpeechStream] | None,
         history: History,
         *,
         rules: TurnRules | None = None,
@@ -296,7 +296,7 @@ class Assistant:
         if self._spare is None and self._make_speech is not None:
             self._spare = asyncio.wrap_future(self.thread.call_soon(self._make_speech))
 
-    async def _take_speech(self) -> Speech:
+    async def _take_speech(self) -> SpeechStream:
         self._prepare_speech()
         spare, self._spare = self._spare, None
         return await spare

@@ -29,7 +29,7 @@ import numpy as np
 
 from moshi_mlx.assistant import Assistant, History, ReplySampling, TurnRules
 from moshi_mlx.assistant.history import Turn
-from moshi_mlx.assistant.jobs import Listener, Speech
+from moshi_mlx.assistant.jobs import Listener, SpeechStream
 from moshi_mlx.assistant.pipeline import AssistantWords, Event, Notice, ReplyModel, UserWords
 from moshi_mlx.assistant.turns import (
     AnswerEnded,
@@ -92,7 +92,7 @@ class SessionParts:
 
     stt: Listener
     llm: ReplyModel | None = None
-    open_speech: Callable[[Any], Speech] | None = None
+    open_speech: Callable[[Any], SpeechStream] | None = None
     find_voice: Callable[[str], Awaitable[Any]] | None = None
 
 
@@ -165,7 +165,7 @@ class RealtimeSession:
         if self.assistant is not None:
             await self.assistant.close()
 
-    def _open_speech(self) -> Speech:
+    def _open_speech(self) -> SpeechStream:
         return self.parts.open_speech(self._voice)
 
     def _sampling(self) -> ReplySampling:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 from pathlib import Path
+from typing import Protocol
 
 import sentencepiece
 
@@ -11,6 +12,19 @@ from moshi_mlx.errors import WeightsError
 
 PADDING_IDS = (0, 3)  # Moshi's text padding tokens: not text
 _WORD_START = "\u2581"  # SentencePiece's leading-space marker
+
+
+class TextTokenizer(Protocol):
+    """What the products need of a SentencePiece model (`load_tokenizer`'s): TTS scripts
+    encode words, STT's word timer also decodes them and knows the end and the vocabulary."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def eos_id(self) -> int: ...
+
+    def get_piece_size(self) -> int: ...
 
 
 def load_tokenizer(path: str | Path) -> sentencepiece.SentencePieceProcessor:

@@ -21,21 +21,10 @@ segment starts, when the segment closes, or at `finish()`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
+from moshi_mlx.runtime.tokenizer import TextTokenizer
 from moshi_mlx.stt.events import SttEvent, WordEnded, WordStarted
-
-
-class Tokenizer(Protocol):
-    """What `WordTimer` needs of a SentencePiece model (`tokenizer.load_tokenizer`)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-    def eos_id(self) -> int: ...
-
-    def get_piece_size(self) -> int: ...
 
 
 class Word(NamedTuple):
@@ -54,7 +43,7 @@ class WordTimer:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         *,
         audio_delay: float,
         silence_prefix: float,

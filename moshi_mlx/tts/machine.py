@@ -19,9 +19,10 @@ import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from moshi_mlx.errors import TtsError
+from moshi_mlx.runtime.tokenizer import TextTokenizer
 
 _NO_TOKEN = -1  # lookahead stream value read as an all-zero embedding (multiplexed as 0)
 
@@ -65,12 +66,6 @@ class Entry:
         object.__setattr__(self, "padding", padding)
 
 
-class Tokenizer(Protocol):
-    """What `script_to_entries` needs of a text tokenizer (a SentencePieceProcessor)."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-
 # A pause, `<break time="1.5s"/>`, or a run of whitespace. As in Kyutai's, the "." of the
 # duration matches any character, and `float` then accepts or refuses the number.
 _EVENT = re.compile(r'<break\s+time="([0-9]+(?:.[0-9]*)?)s"\s*/?>|\s+')
@@ -78,7 +73,7 @@ _REPLACEMENTS = (("\u2019", "'"), (":", " "), ("(", ""), (")", ""))
 
 
 def script_to_entries(
-    tokenizer: Tokenizer,
+    tokenizer: TextTokenizer,
     token_ids: TokenIds,
     frame_rate: float,
     turns: Sequence[str],

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from moshi_mlx.assistant import Assistant, History, ReplySampling, TurnRules
 from moshi_mlx.assistant.history import DEFAULT_SYSTEM
-from moshi_mlx.assistant.jobs import Listener, Speech
+from moshi_mlx.assistant.jobs import Listener, SpeechStream
 from moshi_mlx.assistant.pipeline import Event, ReplyModel
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
@@ -47,7 +47,7 @@ class ConversationParts:
 
     stt: Listener
     llm: ReplyModel
-    make_speech: Callable[[], Speech]
+    make_speech: Callable[[], SpeechStream]
 
 
 MakeParts = Callable[[], Awaitable[ConversationParts]]

@@ -110,7 +110,7 @@ function showPersona(data) {
   $("persona").hidden = false;
 }
 
-class Session extends VoiceSession {
+class ChatSession extends VoiceSession {
   constructor() {
     super(stats, display);
     this.lastLagAt = -Infinity;
@@ -229,7 +229,7 @@ const startStop = new StartStop({
   stats,
   display,
   missing: MISSING,
-  makeSession: () => new Session(),
+  makeSession: () => new ChatSession(),
   showRunning: setButton,
 });
 

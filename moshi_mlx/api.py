@@ -1,4 +1,5 @@
-"""`moshi_mlx.load`: the one way in. The config's model type says which model it is.
+"""`moshi_mlx.load`: a model of the family from a repo or folder, the class its config's model
+type says.
 
     import moshi_mlx
 
@@ -6,7 +7,7 @@
     model = moshi_mlx.load("kyutai/stt-1b-en_fr")  # SttModel
     model = moshi_mlx.load("~/models/tts-1.6b-en_fr")  # TtsModel, from a downloaded snapshot
 
-Every kind loads through the one path of `moshi_mlx.runtime.loading`.
+Every kind is built by `moshi_mlx.runtime.loading.load_parts`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Mimi checkpoints in Kyutai's published PyTorch layout: names, conv layouts, codebooks.
 
-`mimi_tensor_table` is the one place that knows the file format: it lists every tensor of the
+`mimi_tensor_table` holds what this package knows of Mimi's file format: it lists every tensor of the
 published file (PyTorch name and shape), the `Mimi` parameter it becomes, and how its layout
 changes. Loading and the random test checkpoints of `moshi_mlx.testing.checkpoints` both read that table.
 """

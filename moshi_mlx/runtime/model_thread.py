@@ -1,4 +1,4 @@
-"""The one thread that runs every MLX call of a process (a server, the assistant), and its
+"""The thread that runs every MLX call of a server process (and the assistant's), and its
 scheduler.
 
 MLX keeps streams, compile caches and random state per thread, and two threads driving Metal
@@ -198,7 +198,7 @@ class BackgroundIterator(AsyncIterator[T]):
 
 
 class ModelThread:
-    """The one thread that runs every MLX call of a server process (MLX streams, compile caches
+    """The thread that runs every MLX call of a server process (MLX streams, compile caches
     and random state are per thread; two threads driving Metal at once crash it)."""
 
     def __init__(self, name: str = "moshi-mlx-model") -> None:

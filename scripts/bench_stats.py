@@ -91,6 +91,10 @@ LM_SHAPES["stt-1b"] = {
 # stt-1b's structure (16 layers and heads, 32 streams in, the 4 heads) at width 64: a step is
 # its overhead (operations, dispatch, syncs), as `7b-structure`.
 LM_SHAPES["stt-1b-structure"] = {**LM_SHAPES["stt-1b"], "dim": 64}
+# Kyutai's stt-2.6b-en as its published config.json: 48 layers 2048 wide, no voice-activity
+# heads, text 2.5 s behind, a 375-step context; its structure at width 64.
+LM_SHAPES["stt-2.6b"] = _published(_CONFIGS / "stt-2.6b-en.json")
+LM_SHAPES["stt-2.6b-structure"] = {**LM_SHAPES["stt-2.6b"], "dim": 64}
 # stt-1b's structure at 128 wide and 2 layers: the `stt` part's tests.
 LM_SHAPES["stt-tiny"] = {**LM_SHAPES["stt-1b"], "dim": 128, "num_heads": 4, "num_layers": 2}
 

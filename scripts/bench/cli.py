@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
         "--shapes",
         type=_csv,
         default=["tiny", "1b"],
-        help="tiny,1b,7b,7b-structure,hibiki-zero-3b,hibiki-zero-3b-structure,stt-1b,stt-1b-structure,stt-tiny; tts part: tts-tiny,tts-small,tts-1.6b,tts-1.6b-structure",
+        help="tiny,1b,7b,7b-structure,hibiki-zero-3b,hibiki-zero-3b-structure,stt-1b,stt-1b-structure,stt-2.6b,stt-2.6b-structure,stt-tiny; tts part: tts-tiny,tts-small,tts-1.6b,tts-1.6b-structure",
     )
     parser.add_argument("--quant", type=_csv, default=["bf16", "q4"], help="bf16,q8,q4")
     parser.add_argument(

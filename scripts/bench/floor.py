@@ -61,6 +61,8 @@ PUBLISHED = (
     Published("Hibiki-Zero 3B q4", _shape("hibiki-zero-3b"), 4, _shape("hibiki-zero-3b-structure")),
     Published("Hibiki-Zero 3B q8", _shape("hibiki-zero-3b"), 8, _shape("hibiki-zero-3b-structure")),
     Published("STT 1B bf16", _shape("stt-1b"), None, _shape("stt-1b-structure")),
+    Published("STT 2.6B bf16", _shape("stt-2.6b"), None, _shape("stt-2.6b-structure")),
+    Published("STT 2.6B q8", _shape("stt-2.6b"), 8, _shape("stt-2.6b-structure")),
     Published("TTS 1.6B bf16", _shape("tts-1.6b"), None, _shape("tts-1.6b-structure")),
     Published("TTS 1.6B q8", _shape("tts-1.6b"), 8, _shape("tts-1.6b-structure")),
 )

@@ -14,6 +14,12 @@ audio out); the first frame's way from the TTS step that made it to the client (
 encoding, JSON, socket). For every audio delta: the time from the session's emit to the
 client's receipt (JSON and socket).
 
+Moshi's full duplex end to end (`MOSHI_FRAMES` frames): the tiny random Moshi (shape `tiny`,
+the full-size random Mimi through rustymimi) behind the same connection, a `DuplexSession` on
+the model thread; the client sends one mic frame at a time and times it to the reply frame it
+produced, and each frame's model step is timed inside: the difference is what the socket, the
+events and the thread hops add to a frame.
+
 Moshi's full duplex through the same socket, the model aside: a client sends each mic frame as
 an append, the server's `DuplexRealtimeSession` hands it to a conversation that answers at once
 with a frame (an echo, standing for Moshi's step), and the client times the frame's way there
@@ -59,6 +65,8 @@ from .assistant import (
 )
 
 ECHO_FRAMES = 200
+MOSHI_FRAMES = 30
+MOSHI_SHAPE = "tiny"
 
 
 class _EchoDuplex:
@@ -285,6 +293,123 @@ def bench_realtime(folder: Path, turns: int) -> dict:
     return result
 
 
+def _load_moshi(folder: Path):
+    from bench_stats import LM_SHAPES
+
+    from moshi_mlx.chat.model import MoshiModel
+    from moshi_mlx.models.config import LmConfig
+
+    from ..weights import TTS_TOKENIZER, lm_weights, mimi_weights, tts_weights
+
+    return MoshiModel.load(
+        moshi_weight=lm_weights(folder, MOSHI_SHAPE, "bf16"),
+        mimi_weight=mimi_weights(folder),
+        tokenizer=tts_weights(folder, "tts-tiny", voices=1) / TTS_TOKENIZER,
+        lm_config=LmConfig.from_dict(LM_SHAPES[MOSHI_SHAPE]),
+        codec_backend="rustymimi",
+    )
+
+
+class _TimedConversation:
+    """A Moshi conversation whose steps are timed (seconds, in `steps`)."""
+
+    def __init__(self, conversation, steps: list[float]):
+        self._conversation = conversation
+        self._steps = steps
+        self.seed = conversation.seed
+
+    def step(self, pcm: np.ndarray):
+        start = time.perf_counter()
+        reply = self._conversation.step(pcm)
+        self._steps.append(time.perf_counter() - start)
+        return reply
+
+    def close(self) -> None:
+        self._conversation.close()
+
+
+class _TimedModel:
+    """A MoshiModel whose conversations time their steps."""
+
+    def __init__(self, model, steps: list[float]):
+        self._model = model
+        self._steps = steps
+
+    def conversation(self, **options):
+        return _TimedConversation(self._model.conversation(**options), self._steps)
+
+
+async def _moshi_round_trips(thread, model, frames: int) -> tuple[list[float], list[float]]:
+    """(seconds from each mic frame sent to Moshi's reply frame received, one frame at a
+    time; seconds of each frame's model step)."""
+    from moshi_mlx.chat.duplex import DuplexSession
+
+    steps: list[float] = []
+    timed = _TimedModel(model, steps)
+
+    def open_duplex(_voice, _role):
+        return DuplexSession(thread, timed, seed=1, max_lag_frames=frames + 10)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
+        await ws.prepare(request)
+
+        async def make_session(emit):
+            return DuplexRealtimeSession(open_duplex, SessionConfig(model="moshi"), emit)
+
+        await RealtimeConnection(ws, make_session, Limits()).run()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/realtime", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"ws://127.0.0.1:{runner.addresses[0][1]}/v1/realtime"
+    rng = np.random.default_rng(4)
+    trips = []
+    try:
+        async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
+            for _ in range(frames):
+                pcm = (0.1 * rng.standard_normal(FRAME_SIZE)).astype(np.float32)
+                data = base64.b64encode((pcm * 32767).astype("<i2").tobytes()).decode()
+                start = time.perf_counter()
+                await ws.send_str(json.dumps({"type": "input_audio_buffer.append", "audio": data}))
+                while json.loads((await ws.receive(timeout=60)).data)["type"] != (
+                    "response.output_audio.delta"
+                ):
+                    pass
+                trips.append(time.perf_counter() - start)
+    finally:
+        await runner.cleanup()
+    return trips, steps
+
+
+def bench_moshi(folder: Path, frames: int = MOSHI_FRAMES) -> dict:
+    """Moshi's mic frame -> reply frame through the socket (ms), one frame at a time, less
+    that frame's model step: what the socket, the events and the thread hops add."""
+    thread = ModelThread("bench-realtime-moshi")
+    thread.start()
+    held: dict = {}
+    try:
+        model = held["model"] = thread.call_soon(lambda: _load_moshi(folder)).result()
+        trips, steps = asyncio.run(_moshi_round_trips(thread, model, frames + 5))
+    finally:
+        thread.call_soon(lambda: _drop(held)).result()
+        thread.stop()
+    trips_ms = 1000 * np.array(trips[5:])  # 5 warm-up frames
+    added_ms = trips_ms - 1000 * np.array(steps[5 : len(trips)])
+    return {
+        "shape": MOSHI_SHAPE,
+        "frames": len(trips_ms),
+        "step_ms_median": float(np.median(1000 * np.array(steps[5:]))),
+        "round_trip_ms_median": float(np.median(trips_ms)),
+        "round_trip_ms_p95": float(np.percentile(trips_ms, 95)),
+        "added_ms_median": float(np.median(added_ms)),
+        "added_ms_p95": float(np.percentile(added_ms, 95)),
+    }
+
+
 def bench_duplex_layer(frames: int = ECHO_FRAMES) -> dict:
     """The socket and event layer's round trip per full-duplex frame (ms), the model aside."""
     trips = 1000 * np.array(asyncio.run(_echo_round_trips(frames + 10))[10:])  # 10 warm-up
@@ -301,6 +426,7 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
         "shape": "stt-tiny+tts-tiny+llm-tiny",
         "ours": bench_realtime(folder, args.turns),
         "duplex_layer": bench_duplex_layer(),
+        "moshi": bench_moshi(folder),
     }
 
 
@@ -326,6 +452,14 @@ def summary(case: dict) -> str:
         f"  Moshi full duplex, the model aside (an echo): mic frame -> reply frame through the "
         f"socket median {layer['round_trip_ms_median']:.1f} ms, p95 "
         f"{layer['round_trip_ms_p95']:.1f} ms ({layer['frames']} frames)"
+    )
+    moshi = case["moshi"]
+    lines.append(
+        f"  Moshi full duplex ({moshi['shape']}, one frame at a time): mic frame -> its reply "
+        f"frame through the socket median {moshi['round_trip_ms_median']:.0f} ms, p95 "
+        f"{moshi['round_trip_ms_p95']:.0f} ms ({moshi['frames']} frames), of which the step "
+        f"{moshi['step_ms_median']:.0f} ms; added by socket, events and thread hops median "
+        f"{moshi['added_ms_median']:.1f} ms, p95 {moshi['added_ms_p95']:.1f} ms"
     )
     return "\n".join(lines)
 

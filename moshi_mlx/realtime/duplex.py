@@ -26,8 +26,6 @@ How full duplex maps onto the Realtime API's events:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -40,7 +38,7 @@ from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.config import SessionConfig, SessionError
 from moshi_mlx.realtime.formats import FrameCutter
-from moshi_mlx.realtime.session import MAX_APPEND_BYTES, DroppedAudio
+from moshi_mlx.realtime.session import DroppedAudio, appended_audio
 
 # OpenAI's voice names, and none: the server's default persona voice.
 DEFAULT_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
@@ -126,19 +124,7 @@ class DuplexRealtimeSession:
         self._emit(events.event("session.updated", session=probe.as_dict(self.id)))
 
     async def _append(self, message: dict) -> None:
-        audio = message.get("audio")
-        if not isinstance(audio, str):
-            raise SessionError("audio must be a base64 string", "audio")
-        if len(audio) > MAX_APPEND_BYTES * 4 // 3 + 4:
-            raise SessionError(f"audio is over {MAX_APPEND_BYTES} bytes", "audio", "too_large")
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise SessionError("audio is not valid base64", "audio") from None
-        audio_format = self.config.input_format
-        if len(data) % audio_format.bytes_per_sample:
-            raise SessionError(f"{audio_format.type} audio must hold whole samples", "audio")
-        self.push_audio(audio_format.decode(data))
+        self.push_audio(appended_audio(message, self.config.input_format))
 
     async def _clear(self, _message: dict) -> None:
         self._cutter.clear()

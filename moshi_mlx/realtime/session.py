@@ -43,7 +43,7 @@ from moshi_mlx.assistant.turns import (
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError
-from moshi_mlx.realtime.formats import FrameCutter
+from moshi_mlx.realtime.formats import AudioFormat, FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
 
@@ -55,6 +55,23 @@ LEAD_FRAMES = 3
 MAX_INPUT_BACKLOG_SECONDS = 15
 # Bytes of audio one `input_audio_buffer.append` may carry (base64 decoded).
 MAX_APPEND_BYTES = 4 * 1024 * 1024
+
+
+def appended_audio(message: dict, audio_format: AudioFormat) -> np.ndarray:
+    """The samples (24 kHz float32) of an `input_audio_buffer.append` event's base64 `audio`
+    in `audio_format`; `SessionError` naming "audio" when it is not such audio or too long."""
+    audio = message.get("audio")
+    if not isinstance(audio, str):
+        raise SessionError("audio must be a base64 string", "audio")
+    if len(audio) > MAX_APPEND_BYTES * 4 // 3 + 4:
+        raise SessionError(f"audio is over {MAX_APPEND_BYTES} bytes", "audio", "too_large")
+    try:
+        data = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise SessionError("audio is not valid base64", "audio") from None
+    if len(data) % audio_format.bytes_per_sample:
+        raise SessionError(f"{audio_format.type} audio must hold whole samples", "audio")
+    return audio_format.decode(data)
 
 
 class DroppedAudio:
@@ -217,19 +234,7 @@ class RealtimeSession:
         self._emit(events.event("session.updated", session=probe.as_dict(self.id)))
 
     async def _append(self, message: dict) -> None:
-        audio = message.get("audio")
-        if not isinstance(audio, str):
-            raise SessionError("audio must be a base64 string", "audio")
-        if len(audio) > MAX_APPEND_BYTES * 4 // 3 + 4:
-            raise SessionError(f"audio is over {MAX_APPEND_BYTES} bytes", "audio", "too_large")
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise SessionError("audio is not valid base64", "audio") from None
-        audio_format = self.config.input_format
-        if len(data) % audio_format.bytes_per_sample:
-            raise SessionError(f"{audio_format.type} audio must hold whole samples", "audio")
-        self.push_audio(audio_format.decode(data))
+        self.push_audio(appended_audio(message, self.config.input_format))
 
     async def _commit(self, _message: dict) -> None:
         rest = self._cutter.rest()

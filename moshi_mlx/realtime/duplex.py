@@ -36,9 +36,10 @@ import numpy as np
 from moshi_mlx.errors import MoshiError, one_line
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
+from moshi_mlx.realtime.client_events import appended_audio, dispatch
 from moshi_mlx.realtime.config import SessionConfig, SessionError
 from moshi_mlx.realtime.formats import FrameCutter
-from moshi_mlx.realtime.session import DroppedAudio, appended_audio
+from moshi_mlx.realtime.session import DroppedAudio
 
 # OpenAI's voice names, and none: the server's default persona voice.
 DEFAULT_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
@@ -92,17 +93,7 @@ class DuplexRealtimeSession:
     # --- the client's events ---
     async def handle(self, message: dict[str, Any]) -> None:
         """One client event; a bad one gets an `error` event, and the session goes on."""
-        kind = message.get("type")
-        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
-        client_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
-        try:
-            if handler is None:
-                raise SessionError(
-                    f"unknown event type {str(kind)[:60]!r}", "type", "unknown_event"
-                )
-            await handler(self, message)
-        except SessionError as exc:
-            self._emit(events.error(exc.message, exc.param, exc.code, client_event_id=client_id))
+        await dispatch(_HANDLERS, self, message, self._emit)
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """Mic samples (float32 at 24 kHz, any count) for Moshi."""

@@ -17,8 +17,6 @@ on the event loop; the models run on the model thread.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -42,8 +40,9 @@ from moshi_mlx.assistant.turns import (
 )
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
+from moshi_mlx.realtime.client_events import appended_audio, dispatch
 from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError
-from moshi_mlx.realtime.formats import AudioFormat, FrameCutter
+from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
 
@@ -53,25 +52,6 @@ log = logging.getLogger("moshi_mlx.realtime")
 LEAD_FRAMES = 3
 # Seconds of mic audio the STT may fall behind (a client sending faster than real time).
 MAX_INPUT_BACKLOG_SECONDS = 15
-# Bytes of audio one `input_audio_buffer.append` may carry (base64 decoded).
-MAX_APPEND_BYTES = 4 * 1024 * 1024
-
-
-def appended_audio(message: dict, audio_format: AudioFormat) -> np.ndarray:
-    """The samples (24 kHz float32) of an `input_audio_buffer.append` event's base64 `audio`
-    in `audio_format`; `SessionError` naming "audio" when it is not such audio or too long."""
-    audio = message.get("audio")
-    if not isinstance(audio, str):
-        raise SessionError("audio must be a base64 string", "audio")
-    if len(audio) > MAX_APPEND_BYTES * 4 // 3 + 4:
-        raise SessionError(f"audio is over {MAX_APPEND_BYTES} bytes", "audio", "too_large")
-    try:
-        data = base64.b64decode(audio, validate=True)
-    except (binascii.Error, ValueError):
-        raise SessionError("audio is not valid base64", "audio") from None
-    if len(data) % audio_format.bytes_per_sample:
-        raise SessionError(f"{audio_format.type} audio must hold whole samples", "audio")
-    return audio_format.decode(data)
 
 
 class DroppedAudio:
@@ -192,17 +172,7 @@ class RealtimeSession:
     # --- the client's events ---
     async def handle(self, message: dict[str, Any]) -> None:
         """One client event; a bad one gets an `error` event, and the session goes on."""
-        kind = message.get("type")
-        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
-        client_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
-        try:
-            if handler is None:
-                raise SessionError(
-                    f"unknown event type {str(kind)[:60]!r}", "type", "unknown_event"
-                )
-            await handler(self, message)
-        except SessionError as exc:
-            self._emit(events.error(exc.message, exc.param, exc.code, client_event_id=client_id))
+        await dispatch(_HANDLERS, self, message, self._emit)
 
     def push_audio(self, pcm: np.ndarray) -> None:
         """Mic samples (float32 at 24 kHz, any count) for the STT."""

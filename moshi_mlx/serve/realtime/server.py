@@ -1,13 +1,13 @@
 """`/v1/realtime` on `python -m moshi_mlx.serve`: OpenAI's Realtime API over the server's
-models, mounted when an STT is loaded.
+models, mounted when an STT or the chat model (`--moshi`) is loaded.
 
 The handshake is what the `openai` package's `client.realtime.connect(model=...)` sends:
 `GET /v1/realtime?model=M` (M a model `GET /v1/models` lists; none: the server's), an
 `Authorization: Bearer KEY` header when the server has API keys, no subprotocol;
-`?intent=transcription` opens a transcription session (the STT alone), any other a
-conversation with the assistant (the STT, the LLM and the TTS, all loaded). A refused
-handshake gets OpenAI's JSON error (401, 400, 404); a session over the cap gets an `error`
-event and a close.
+`?intent=transcription` opens a transcription session (the STT alone); `M` naming the chat
+model a full-duplex session with Moshi or PersonaPlex; any other a conversation with the
+assistant (the STT, the LLM and the TTS, all loaded). A refused handshake gets OpenAI's JSON
+error (401, 400, 404); a session over the cap gets an `error` event and a close.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ with every weight rounded to a bfloat16 value so the committed bf16 file is exac
 bias}` (LayerNorm: 1 and 0 at construction) are drawn at random; the conditioners'
 `learnt_padding` (0.2 * randn) and the embeddings' `low_rank` / `out1` / `out2` linears
 (PyTorch's default init) are random as constructed. Two changes make the greedy TTS runs take
-varied decisions: the `control` and `cfg` conditioners' output_proj are scaled by 1/8 (at full
+varied decisions: the `control` and `config` conditioners' output_proj are scaled by 1/8 (at full
 scale the constant summed condition swamps the token embeddings and the random model predicts
 the same text token at every step), and the text_linear rows of the only tokens the TTS state
 machine tells apart, pad (3) and word (0), become 4 * pad and 4 * pad + 3 * word, so that
@@ -27,7 +27,7 @@ tests/fixtures/tts/ (dim 64, 2 layers, context 16 so the attention window slides
 = 8, delays [0, 0, 2 x 7]; text card 100, input vocab 101 whose id 100 is the start token;
 depformer dim 32 with 6 weight sets over the 8 codebooks; audio delay 0.32 s = 4 steps):
 - config.json: the published TTS config.json's keys, in its order (conditioners `speaker_wavs`
-  (tensor, dim 16, cross-attended), `cfg` and `control` (LUTs summed into the input), fuser,
+  (tensor, dim 16, cross-attended), `config` and `control` (LUTs summed into the input), fuser,
   tts_config, model_id {"sig": "0badf00d", "epoch": 7}, model_type "tts", lm_gen_config),
 - weights.safetensors: the LM in bf16 under the names of the published
   `dsm_tts_1e68beda@240.safetensors`: every attention packed into `...self_attn.in_proj_weight`
@@ -66,7 +66,7 @@ depformer dim 32 with 6 weight sets over the 8 codebooks; audio delay 0.32 s = 4
   - cross_src (2, 50, 64) float32: the cross-attention source after the fuser (5 slots x 10
     frames of `speaker_wavs` projected, `learnt_padding` in the empty slots, plus the fuser's
     sinusoidal position embedding),
-  - sum_cond (2, 1, 64) float32: the summed `control` + `cfg` conditions added to the input,
+  - sum_cond (2, 1, 64) float32: the summed `control` + `config` conditions added to the input,
 - golden_generate.json: greedy runs of `TTSModel.generate` (TTSModel built directly: this LM, a
   tiny random MimiModel (only its frame_rate 12.5 is used), the tokenizer,
   StateMachine(TokenIds(101), second_stream_ahead=2, max_padding=8, initial_padding=2),
@@ -360,7 +360,8 @@ def expected_input(model: LMModel, codes: np.ndarray) -> np.ndarray:
 
 def forced_golden(model: LMModel, tts: TTSModel, voices: list[Path]) -> dict[str, np.ndarray]:
     attributes = [
-        tts.make_condition_attributes([voice], cfg_coef=cfg) for voice, cfg in zip(voices, CFGS)
+        tts.make_condition_attributes([voice], cfg_coef=config)
+        for voice, config in zip(voices, CFGS)
     ]
     conditions = model.condition_provider.prepare_and_provide(attributes)
     codes = forced_codes()
@@ -414,7 +415,8 @@ def run_generate(
     for entries in all_entries:  # every character known: no <unk> (0, also the word token)
         assert all(tokenizer.unk_id() not in entry.tokens for entry in entries), entries
     attributes = [
-        tts.make_condition_attributes([voice], cfg_coef=cfg) for voice, cfg in zip(voices, cfgs)
+        tts.make_condition_attributes([voice], cfg_coef=config)
+        for voice, config in zip(voices, cfgs)
     ]
     step_logits, audio_margins = [], []
     forward_text, forward_depformer = model.forward_text, model.forward_depformer

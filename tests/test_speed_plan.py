@@ -46,18 +46,18 @@ def test_frame_time_is_bytes_over_bandwidth_plus_ops():
 
 
 def test_frame_reads_each_generated_slice_and_counts_its_ops(tts_lm):
-    cfg = tts_lm.cfg
+    config = tts_lm.cfg
     all_weights, others = frame_bytes(tts_lm)
-    fewer_weights, same_others = frame_bytes(tts_lm, n_q=cfg.dep_q - 1)
-    last = tts_lm.depformer.slices[cfg.dep_q - 1]
+    fewer_weights, same_others = frame_bytes(tts_lm, n_q=config.dep_q - 1)
+    last = tts_lm.depformer.slices[config.dep_q - 1]
     table_row = last.emb.weight.nbytes // last.emb.weight.shape[0]
     assert all_weights - fewer_weights == (
         sum(v.nbytes for v in _leaves(last)) - last.emb.weight.nbytes + table_row
     )
     assert others == same_others > 0
-    layers = cfg.num_layers + cfg.dep_q * cfg.depformer_num_layers
+    layers = config.num_layers + config.dep_q * config.depformer_num_layers
     assert frame_ops(tts_lm) == speed_plan.OPS_PER_LAYER * layers + speed_plan.OPS_PER_SAMPLE * (
-        1 + cfg.dep_q
+        1 + config.dep_q
     )
 
 

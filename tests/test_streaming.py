@@ -46,8 +46,10 @@ def _conv_transpose() -> tuple[ConvTransposeState, Callable]:
 
 
 def _transformer(context: int = 8) -> Transformer:
-    cfg = TransformerConfig(d_model=64, num_heads=2, num_layers=2, ffn_hidden=64, context=context)
-    return Transformer(cfg)
+    config = TransformerConfig(
+        d_model=64, num_heads=2, num_layers=2, ffn_hidden=64, context=context
+    )
+    return Transformer(config)
 
 
 def _kv_cache() -> tuple[KVCache, Callable]:

@@ -22,23 +22,23 @@ CONFIGS = [
 
 def _windowed_reference(t: Transformer, x: mx.array) -> mx.array:
     """Full-sequence attention with an explicit window mask, no cache logic involved."""
-    cfg = t.cfg
+    config = t.cfg
     steps = x.shape[1]
     pos = mx.arange(steps)
     delta = pos[:, None] - pos[None, :]
-    mask = (delta >= 0) & (delta < cfg.context)
+    mask = (delta >= 0) & (delta < config.context)
     for layer in t.layers:
         attn = layer.self_attn
         h = layer.norm1(x)
-        qkv = attn.in_proj(h).reshape(1, steps, 3, cfg.num_heads, cfg.head_dim)
+        qkv = attn.in_proj(h).reshape(1, steps, 3, config.num_heads, config.head_dim)
         q, k, v = qkv.transpose(2, 0, 3, 1, 4)
         q = mx.fast.rope(
-            q, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0
+            q, config.head_dim, traditional=True, base=config.max_period, scale=1.0, offset=0
         )
         k = mx.fast.rope(
-            k, cfg.head_dim, traditional=True, base=cfg.max_period, scale=1.0, offset=0
+            k, config.head_dim, traditional=True, base=config.max_period, scale=1.0, offset=0
         )
-        scores = (q @ k.transpose(0, 1, 3, 2)) * cfg.head_dim**-0.5
+        scores = (q @ k.transpose(0, 1, 3, 2)) * config.head_dim**-0.5
         scores = mx.where(mask, scores, -mx.inf)
         out = mx.softmax(scores, axis=-1) @ v
         out = attn.out_proj(out.transpose(0, 2, 1, 3).reshape(1, steps, -1))
@@ -52,11 +52,11 @@ def _windowed_reference(t: Transformer, x: mx.array) -> mx.array:
     return x
 
 
-@pytest.mark.parametrize("cfg", CONFIGS)
-def test_streaming_matches_windowed_full_sequence(cfg):
+@pytest.mark.parametrize("config", CONFIGS)
+def test_streaming_matches_windowed_full_sequence(config):
     mx.random.seed(0)
-    t = Transformer(cfg)
-    x = mx.random.normal((1, 23, cfg.d_model))
+    t = Transformer(config)
+    x = mx.random.normal((1, 23, config.d_model))
     expected = _windowed_reference(t, x)
     full = t(x, t.make_caches())
     caches = t.make_caches()
@@ -65,7 +65,7 @@ def test_streaming_matches_windowed_full_sequence(cfg):
     chunks = mx.concatenate([t(x[:, i : i + 4], caches) for i in range(0, 23, 4)], axis=1)
     for got in (full, one_by_one, chunks):
         assert mx.allclose(got, expected, atol=1e-5).item()
-    assert caches[0].offset == 23 and caches[0].length == cfg.context
+    assert caches[0].offset == 23 and caches[0].length == config.context
 
 
 def test_ring_capacity_buckets():
@@ -79,14 +79,14 @@ def test_ring_capacity_buckets():
 def test_compiled_ring_steps_equal_cache_steps(dtype):
     """One compiled function steps a `KVRing` across its buckets (64, 70) and past the wrap;
     every output equals the eager `KVCache` step's, bit for bit."""
-    cfg = TransformerConfig(64, 4, 2, 96, context=70)
+    config = TransformerConfig(64, 4, 2, 96, context=70)
     mx.random.seed(1)
-    t = Transformer(cfg)
+    t = Transformer(config)
     t.set_dtype(dtype)
-    x = mx.random.normal((1, 150, cfg.d_model)).astype(dtype)
+    x = mx.random.normal((1, 150, config.d_model)).astype(dtype)
 
     def step(x, keys, values, position):
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         out = t.step(x, ring)
         ring = ring.advanced()
         return out, ring.keys, ring.values, ring.position
@@ -97,9 +97,9 @@ def test_compiled_ring_steps_equal_cache_steps(dtype):
         ring = ring.grown(i)
         expected = t(x[:, i : i + 1], caches)[:, 0]
         out, keys, values, position = compiled(x[:, i], ring.keys, ring.values, ring.position)
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         assert mx.array_equal(out, expected).item(), i
-    assert ring.capacity == cfg.context and ring.position.item() == x.shape[1]
+    assert ring.capacity == config.context and ring.position.item() == x.shape[1]
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
@@ -139,19 +139,19 @@ def test_widened_step_equals_layer_calls_with_cross_attention():
     """The step's residual stream held in float32 (RMSNorm layers, with cross-attention and
     random norm weights, their float32 copies read) gives the bf16 layers' numbers, bit for
     bit, compiled, over several positions."""
-    cfg = TransformerConfig(64, 4, 2, 96, context=8, cross_attention=True)
+    config = TransformerConfig(64, 4, 2, 96, context=8, cross_attention=True)
     mx.random.seed(4)
-    t = Transformer(cfg)
+    t = Transformer(config)
     for layer in t.layers:
         for norm in (layer.norm1, layer.norm2):
-            norm.weight = 1 + 0.3 * mx.random.normal((cfg.d_model,))
+            norm.weight = 1 + 0.3 * mx.random.normal((config.d_model,))
     t.set_dtype(mx.bfloat16)
-    cross = t.cross_keys_values(mx.random.normal((1, 5, cfg.d_model)).astype(mx.bfloat16))
-    x = (4 * mx.random.normal((1, 6, cfg.d_model))).astype(mx.bfloat16)
+    cross = t.cross_keys_values(mx.random.normal((1, 5, config.d_model)).astype(mx.bfloat16))
+    x = (4 * mx.random.normal((1, 6, config.d_model))).astype(mx.bfloat16)
     mx.eval(transpose_weights(t), cross)
 
     def step(x, keys, values, position):
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         out, ring = t.step(x, ring, cross), ring.advanced()
         return out, ring.keys, ring.values, ring.position
 
@@ -160,7 +160,7 @@ def test_widened_step_equals_layer_calls_with_cross_attention():
     for i in range(x.shape[1]):
         expected = t(x[:, i : i + 1], caches, cross)[:, 0]
         out, keys, values, position = compiled(x[:, i], ring.keys, ring.values, ring.position)
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         assert out.dtype == mx.bfloat16 and mx.array_equal(out, expected).item(), i
 
 
@@ -169,19 +169,19 @@ def test_cross_attention_reads_its_query_rows_made_once(quantized):
     """After `transpose_weights` the cross-attention's queries read the query rows of its
     packed `in_proj` made once (transposed; a quantized one's packed rows, scales and
     biases), with the same outputs; a replaced `in_proj` is read again."""
-    cfg = TransformerConfig(64, 4, 1, 96, context=4, cross_attention=True)
+    config = TransformerConfig(64, 4, 1, 96, context=4, cross_attention=True)
     mx.random.seed(7)
-    attention = CrossAttention(cfg)
+    attention = CrossAttention(config)
     attention.set_dtype(mx.bfloat16)
     if quantized:
         nn.quantize(attention, group_size=32, bits=8)
-    source = mx.random.normal((1, 5, cfg.d_model)).astype(mx.bfloat16)
-    x = mx.random.normal((1, cfg.d_model)).astype(mx.bfloat16)
+    source = mx.random.normal((1, 5, config.d_model)).astype(mx.bfloat16)
+    x = mx.random.normal((1, config.d_model)).astype(mx.bfloat16)
     cross = attention.keys_values(source)
     before = attention(x, cross)
     mx.eval(transpose_weights(attention))
     assert isinstance(attention.query_weight.view, dict) == quantized  # rows, or transposed
     assert isinstance(attention.query_weight.view, mx.array) != quantized
     assert mx.array_equal(attention(x, cross), before).item()
-    attention.in_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+    attention.in_proj = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
     assert not mx.array_equal(attention(x, cross), before).item()

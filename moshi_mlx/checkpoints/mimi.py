@@ -51,15 +51,15 @@ def _conv(name: str, target: str, c_out: int, c_in: int, kernel: int, bias: bool
         yield TensorEntry(f"{name}.bias", (c_out,), f"{target}.bias", "same")
 
 
-def _resnet(name: str, target: str, dim: int, cfg: MimiConfig):
-    hidden = dim // cfg.seanet.compress
-    kernel = cfg.seanet.residual_kernel_size
+def _resnet(name: str, target: str, dim: int, config: MimiConfig):
+    hidden = dim // config.seanet.compress
+    kernel = config.seanet.residual_kernel_size
     yield from _conv(f"{name}.block.1.conv.conv", f"{target}.conv1", hidden, dim, kernel)
     yield from _conv(f"{name}.block.3.conv.conv", f"{target}.conv2", dim, hidden, 1)
 
 
-def _encoder(cfg: MimiConfig):
-    sn = cfg.seanet
+def _encoder(config: MimiConfig):
+    sn = config.seanet
     yield from _conv(
         "encoder.model.0.conv.conv", "encoder.init_conv", sn.n_filters, sn.channels, sn.kernel_size
     )
@@ -67,7 +67,7 @@ def _encoder(cfg: MimiConfig):
     for i, ratio in enumerate(reversed(sn.ratios)):
         for j in range(sn.n_residual_layers):
             yield from _resnet(
-                f"encoder.model.{index}", f"encoder.blocks.{i}.residuals.{j}", dim, cfg
+                f"encoder.model.{index}", f"encoder.blocks.{i}.residuals.{j}", dim, config
             )
             index += 1
         index += 1  # ELU
@@ -89,8 +89,8 @@ def _encoder(cfg: MimiConfig):
     )
 
 
-def _decoder(cfg: MimiConfig):
-    sn = cfg.seanet
+def _decoder(config: MimiConfig):
+    sn = config.seanet
     dim = sn.n_filters * 2 ** len(sn.ratios)
     yield from _conv(
         "decoder.model.0.conv.conv", "decoder.init_conv", dim, sn.dimension, sn.kernel_size
@@ -106,7 +106,7 @@ def _decoder(cfg: MimiConfig):
         index, dim = index + 1, dim // 2
         for j in range(sn.n_residual_layers):
             yield from _resnet(
-                f"decoder.model.{index}", f"decoder.blocks.{i}.residuals.{j}", dim, cfg
+                f"decoder.model.{index}", f"decoder.blocks.{i}.residuals.{j}", dim, config
             )
             index += 1
     index += 1  # ELU
@@ -119,8 +119,8 @@ def _decoder(cfg: MimiConfig):
     )
 
 
-def _transformer(side: str, cfg: MimiConfig):
-    tr = cfg.transformer
+def _transformer(side: str, config: MimiConfig):
+    tr = config.transformer
     d, ff = tr.d_model, tr.ffn_hidden
     for layer in range(tr.num_layers):
         name = f"{side}_transformer.transformer.layers.{layer}"
@@ -141,8 +141,8 @@ def _transformer(side: str, cfg: MimiConfig):
             yield TensorEntry(f"{name}.{torch_suffix}", shape, f"{target}.{ours}", layout)
 
 
-def _quantizer(cfg: MimiConfig):
-    qz, latent = cfg.quantizer, cfg.seanet.dimension
+def _quantizer(config: MimiConfig):
+    qz, latent = config.quantizer, config.seanet.dimension
     halves = [
         ("rvq_first", "semantic", qz.semantic_codebooks),
         ("rvq_rest", "acoustic", qz.total_codebooks - qz.semantic_codebooks),
@@ -171,15 +171,15 @@ def _quantizer(cfg: MimiConfig):
             )
 
 
-def mimi_tensor_table(cfg: MimiConfig) -> list[TensorEntry]:
+def mimi_tensor_table(config: MimiConfig) -> list[TensorEntry]:
     """Every tensor of a Mimi checkpoint in the published PyTorch layout, in file order."""
-    dim, stride = cfg.seanet.dimension, cfg.downsample_stride
+    dim, stride = config.seanet.dimension, config.downsample_stride
     return [
-        *_encoder(cfg),
-        *_decoder(cfg),
-        *_transformer("encoder", cfg),
-        *_transformer("decoder", cfg),
-        *_quantizer(cfg),
+        *_encoder(config),
+        *_decoder(config),
+        *_transformer("encoder", config),
+        *_transformer("decoder", config),
+        *_quantizer(config),
         TensorEntry(
             "downsample.conv.conv.conv.weight", (dim, dim, 2 * stride), "downsample.weight", "conv"
         ),
@@ -203,14 +203,14 @@ _LAYOUT_CHANGES = {
 
 
 def convert_mimi_tensors(
-    tensors: dict[str, mx.array], cfg: MimiConfig, num_codebooks: int
+    tensors: dict[str, mx.array], config: MimiConfig, num_codebooks: int
 ) -> dict[str, mx.array]:
     """PyTorch-layout tensors -> `Mimi` parameters (codebooks = sum / clamped usage, stacked)."""
     converted: dict[str, mx.array] = {}
     sums: dict[str, dict[int, mx.array]] = {}
     usages: dict[str, dict[int, mx.array]] = {}
-    num_acoustic = num_codebooks - cfg.quantizer.semantic_codebooks
-    for entry in mimi_tensor_table(cfg):
+    num_acoustic = num_codebooks - config.quantizer.semantic_codebooks
+    for entry in mimi_tensor_table(config):
         if entry.target.startswith("quantizer.acoustic") and num_acoustic == 0:
             continue
         tensor = tensors[entry.name]
@@ -251,11 +251,11 @@ def load_mimi(path: str | Path, num_codebooks: int = 8, config: MimiConfig | Non
     file's metadata carries, else the published model's."""
     file = read_safetensors(path)
     tensors, metadata = file.tensors, file.metadata
-    cfg = config or mimi_config_from_metadata(metadata, path)
-    model = Mimi(cfg, num_codebooks)
-    expected = {entry.name: (entry.shape, None) for entry in mimi_tensor_table(cfg)}
+    config = config or mimi_config_from_metadata(metadata, path)
+    model = Mimi(config, num_codebooks)
+    expected = {entry.name: (entry.shape, None) for entry in mimi_tensor_table(config)}
     check_tensors(expected, tensors, str(path))
     tensors = {name: t.astype(mx.float32) for name, t in tensors.items()}
-    load_strict(model, convert_mimi_tensors(tensors, cfg, num_codebooks), str(path), mx.float32)
+    load_strict(model, convert_mimi_tensors(tensors, config, num_codebooks), str(path), mx.float32)
     mx.eval(model.parameters(), model.quantizer.search_tables())
     return model

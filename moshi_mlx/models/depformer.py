@@ -47,15 +47,15 @@ def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
 
 class DepformerSlice(nn.Module):
     def __init__(
-        self, emb: nn.Module, lm_dim: int, card: int, cfg: TransformerConfig, norm: bool = False
+        self, emb: nn.Module, lm_dim: int, card: int, config: TransformerConfig, norm: bool = False
     ):
         super().__init__()
         self.emb = emb
-        self.linear_in = Linear(lm_dim, cfg.d_model, bias=False)
-        self.transformer = Transformer(cfg)
+        self.linear_in = Linear(lm_dim, config.d_model, bias=False)
+        self.transformer = Transformer(config)
         if norm:  # `depformer_norm` "layer_norm", as Kyutai's reference makes it
-            self.norm = nn.LayerNorm(cfg.d_model, eps=1e-5)
-        self.linear_out = Linear(cfg.d_model, card, bias=False)
+            self.norm = nn.LayerNorm(config.d_model, eps=1e-5)
+        self.linear_out = Linear(config.d_model, card, bias=False)
 
     def _head(self, x: mx.array) -> mx.array:
         """The logits of the transformer's output x (..., d_model)."""
@@ -95,24 +95,24 @@ class Depformer(nn.Module):
     """The depformer's first `num_slices` slices (default: Moshi's codebooks, the ones sampled;
     PersonaPlex's `dep_q` also counts slices for the user's codebooks, never sampled)."""
 
-    def __init__(self, cfg: LmConfig, num_slices: int | None = None):
+    def __init__(self, config: LmConfig, num_slices: int | None = None):
         super().__init__()
-        tcfg = cfg.depformer_config()
-        rank = cfg.depformer_low_rank_embeddings
+        tcfg = config.depformer_config()
+        rank = config.depformer_low_rank_embeddings
         self.slices = [
             DepformerSlice(
-                make_embedding(cfg.text_card + 1, tcfg.d_model, rank, cfg.demux_second_stream)
+                make_embedding(config.text_card + 1, tcfg.d_model, rank, config.demux_second_stream)
                 if k == 0
-                else make_embedding(cfg.card + 1, tcfg.d_model, rank),
-                cfg.dim,
-                cfg.card,
+                else make_embedding(config.card + 1, tcfg.d_model, rank),
+                config.dim,
+                config.card,
                 tcfg,
-                cfg.depformer_norm is not None,
+                config.depformer_norm is not None,
             )
-            for k in range(cfg.moshi_codebooks if num_slices is None else num_slices)
+            for k in range(config.moshi_codebooks if num_slices is None else num_slices)
         ]
-        self.sampled_slices = cfg.moshi_codebooks
-        self.share_scheduled_weights(cfg.depformer_weights_per_step_schedule)
+        self.sampled_slices = config.moshi_codebooks
+        self.share_scheduled_weights(config.depformer_weights_per_step_schedule)
 
     def share_scheduled_weights(self, schedule: tuple[int, ...] | None) -> None:
         """Make each slice use the input projection and transformer of the first slice of its

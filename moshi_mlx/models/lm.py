@@ -36,25 +36,29 @@ class Lm(nn.Module):
     codebooks: for scoring and for converting files whole).
     """
 
-    def __init__(self, cfg: LmConfig, full_depformer: bool = False):
+    def __init__(self, config: LmConfig, full_depformer: bool = False):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = config
         # id text_card: the start token
-        self.text_emb = make_embedding(cfg.text_card + 1, cfg.dim, demux=cfg.demux_second_stream)
-        self.audio_embs = [nn.Embedding(cfg.card + 1, cfg.dim) for _ in range(cfg.n_q)]
+        self.text_emb = make_embedding(
+            config.text_card + 1, config.dim, demux=config.demux_second_stream
+        )
+        self.audio_embs = [nn.Embedding(config.card + 1, config.dim) for _ in range(config.n_q)]
         # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
         self.stacked_audio: StackedTables | None = None
-        self.transformer = Transformer(cfg.temporal_config())
-        self.out_norm = RMSNorm(cfg.dim, NORM_EPS[cfg.norm])
-        self.text_linear = Linear(cfg.dim, cfg.text_card, bias=False)
+        self.transformer = Transformer(config.temporal_config())
+        self.out_norm = RMSNorm(config.dim, NORM_EPS[config.norm])
+        self.text_linear = Linear(config.dim, config.text_card, bias=False)
         self.extra_heads = [
-            Linear(cfg.dim, cfg.extra_heads_dim, bias=False)
-            for _ in range(cfg.extra_heads_num_heads)
+            Linear(config.dim, config.extra_heads_dim, bias=False)
+            for _ in range(config.extra_heads_num_heads)
         ]
-        if cfg.dep_q:
-            self.depformer = Depformer(cfg, cfg.dep_q if full_depformer else None)
-        if cfg.conditioners:
-            self.condition_provider = ConditionProvider(cfg.conditioners, cfg.fuser, cfg.dim)
+        if config.dep_q:
+            self.depformer = Depformer(config, config.dep_q if full_depformer else None)
+        if config.conditioners:
+            self.condition_provider = ConditionProvider(
+                config.conditioners, config.fuser, config.dim
+            )
 
     def condition(self, conditions: Sequence[Mapping[str, str | None]]) -> mx.array:
         """The condition vector (B, dim) that `step_text` adds to each input, for each batch

@@ -102,7 +102,7 @@ class MimiConfig:
         _check_supported(config)
         seanet = config.get("seanet", {})
         known = {f.name for f in fields(SeanetConfig)}
-        seanet_cfg = SeanetConfig(
+        seanet = SeanetConfig(
             **{k: tuple(v) if k == "ratios" else v for k, v in seanet.items() if k in known}
         )
         tr = config.get("transformer", {})
@@ -129,15 +129,15 @@ class MimiConfig:
             total_codebooks=qz.get("n_q", 32),
             semantic_codebooks=qz.get("n_q_semantic", 1),
         )
-        cfg = cls(
+        mimi = cls(
             sample_rate=config.get("sample_rate", 24_000),
             frame_rate=config.get("frame_rate", 12.5),
-            seanet=seanet_cfg,
+            seanet=seanet,
             transformer=transformer,
             quantizer=quantizer,
         )
-        cfg.validate()
-        return cfg
+        mimi.validate()
+        return mimi
 
     @property
     def frame_size(self) -> int:
@@ -178,26 +178,26 @@ class MimiState(StateTree):
 class Mimi(nn.Module):
     """The Mimi codec with `num_codebooks` active codebooks (Moshi uses 8)."""
 
-    def __init__(self, cfg: MimiConfig, num_codebooks: int = 8):
+    def __init__(self, config: MimiConfig, num_codebooks: int = 8):
         super().__init__()
-        cfg.validate()
-        total = cfg.quantizer.total_codebooks
-        if not cfg.quantizer.semantic_codebooks <= num_codebooks <= total:
+        config.validate()
+        total = config.quantizer.total_codebooks
+        if not config.quantizer.semantic_codebooks <= num_codebooks <= total:
             raise ConfigError(
-                f"num_codebooks must be between {cfg.quantizer.semantic_codebooks} and {total}, "
+                f"num_codebooks must be between {config.quantizer.semantic_codebooks} and {total}, "
                 f"got {num_codebooks}"
             )
-        self.cfg = cfg
+        self.cfg = config
         self.num_codebooks = num_codebooks
-        dim = cfg.seanet.dimension
-        stride = cfg.downsample_stride
-        self.encoder = SeanetEncoder(cfg.seanet)
-        self.encoder_transformer = Transformer(cfg.transformer)
+        dim = config.seanet.dimension
+        stride = config.downsample_stride
+        self.encoder = SeanetEncoder(config.seanet)
+        self.encoder_transformer = Transformer(config.transformer)
         self.downsample = Conv1d(dim, dim, 2 * stride, stride, bias=False, pad_mode="replicate")
-        self.quantizer = SplitResidualVectorQuantizer(dim, cfg.quantizer, num_codebooks)
+        self.quantizer = SplitResidualVectorQuantizer(dim, config.quantizer, num_codebooks)
         self.upsample = ConvTranspose1d(dim, dim, 2 * stride, stride, groups=dim, bias=False)
-        self.decoder_transformer = Transformer(cfg.transformer)
-        self.decoder = SeanetDecoder(cfg.seanet)
+        self.decoder_transformer = Transformer(config.transformer)
+        self.decoder = SeanetDecoder(config.seanet)
 
     @property
     def frame_size(self) -> int:

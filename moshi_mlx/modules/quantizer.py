@@ -23,11 +23,11 @@ class QuantizerConfig:
 class ResidualVectorQuantizer(nn.Module):
     """Project, then quantize the residual codebook after codebook (nearest entry, L2)."""
 
-    def __init__(self, latent_dim: int, cfg: QuantizerConfig, num_codebooks: int):
+    def __init__(self, latent_dim: int, config: QuantizerConfig, num_codebooks: int):
         super().__init__()
-        self.input_proj = nn.Linear(latent_dim, cfg.dimension, bias=False)
-        self.output_proj = nn.Linear(cfg.dimension, latent_dim, bias=False)
-        self.codebooks = mx.zeros((num_codebooks, cfg.bins, cfg.dimension))
+        self.input_proj = nn.Linear(latent_dim, config.dimension, bias=False)
+        self.output_proj = nn.Linear(config.dimension, latent_dim, bias=False)
+        self.codebooks = mx.zeros((num_codebooks, config.bins, config.dimension))
 
     @property
     def num_codebooks(self) -> int:
@@ -72,13 +72,13 @@ class ResidualVectorQuantizer(nn.Module):
 class SplitResidualVectorQuantizer(nn.Module):
     """`semantic` quantizes with the first codebook(s), `acoustic` with the next ones."""
 
-    def __init__(self, latent_dim: int, cfg: QuantizerConfig, num_codebooks: int):
+    def __init__(self, latent_dim: int, config: QuantizerConfig, num_codebooks: int):
         super().__init__()
-        self.num_semantic = cfg.semantic_codebooks
-        self.semantic = ResidualVectorQuantizer(latent_dim, cfg, cfg.semantic_codebooks)
-        self.num_acoustic = num_codebooks - cfg.semantic_codebooks
+        self.num_semantic = config.semantic_codebooks
+        self.semantic = ResidualVectorQuantizer(latent_dim, config, config.semantic_codebooks)
+        self.num_acoustic = num_codebooks - config.semantic_codebooks
         if self.num_acoustic > 0:
-            self.acoustic = ResidualVectorQuantizer(latent_dim, cfg, self.num_acoustic)
+            self.acoustic = ResidualVectorQuantizer(latent_dim, config, self.num_acoustic)
 
     def search_tables(self) -> list[mx.array]:
         """The derived arrays encoding searches with (see `ResidualVectorQuantizer`)."""

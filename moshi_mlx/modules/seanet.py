@@ -48,10 +48,10 @@ class SeanetConfig:
 class ResnetBlock(nn.Module):
     """x + conv2(elu(conv1(elu(x)))), the residual branch `compress` times narrower."""
 
-    def __init__(self, dim: int, cfg: SeanetConfig, dilation: int):
+    def __init__(self, dim: int, config: SeanetConfig, dilation: int):
         super().__init__()
-        hidden = dim // cfg.compress
-        self.conv1 = Conv1d(dim, hidden, cfg.residual_kernel_size, dilation=dilation)
+        hidden = dim // config.compress
+        self.conv1 = Conv1d(dim, hidden, config.residual_kernel_size, dilation=dilation)
         self.conv2 = Conv1d(hidden, dim, 1)
 
     def make_state(self) -> list[ConvState]:
@@ -65,10 +65,11 @@ class ResnetBlock(nn.Module):
 class EncoderBlock(nn.Module):
     """Residual blocks at `dim` channels, then a strided conv to 2 * dim channels."""
 
-    def __init__(self, dim: int, ratio: int, cfg: SeanetConfig):
+    def __init__(self, dim: int, ratio: int, config: SeanetConfig):
         super().__init__()
         self.residuals = [
-            ResnetBlock(dim, cfg, cfg.dilation_base**j) for j in range(cfg.n_residual_layers)
+            ResnetBlock(dim, config, config.dilation_base**j)
+            for j in range(config.n_residual_layers)
         ]
         self.downsample = Conv1d(dim, 2 * dim, 2 * ratio, stride=ratio)
 
@@ -84,11 +85,12 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """A transposed conv from `dim` to dim // 2 channels, then residual blocks."""
 
-    def __init__(self, dim: int, ratio: int, cfg: SeanetConfig):
+    def __init__(self, dim: int, ratio: int, config: SeanetConfig):
         super().__init__()
         self.upsample = ConvTranspose1d(dim, dim // 2, 2 * ratio, stride=ratio)
         self.residuals = [
-            ResnetBlock(dim // 2, cfg, cfg.dilation_base**j) for j in range(cfg.n_residual_layers)
+            ResnetBlock(dim // 2, config, config.dilation_base**j)
+            for j in range(config.n_residual_layers)
         ]
 
     def make_state(self) -> list:
@@ -117,23 +119,23 @@ class _SeanetStack(nn.Module):
 class SeanetEncoder(_SeanetStack):
     """(B, T, channels) waveform -> (B, T // hop_length, dimension) latent."""
 
-    def __init__(self, cfg: SeanetConfig):
+    def __init__(self, config: SeanetConfig):
         super().__init__()
-        self.init_conv = Conv1d(cfg.channels, cfg.n_filters, cfg.kernel_size)
-        dims = [cfg.n_filters * 2**i for i in range(len(cfg.ratios))]
+        self.init_conv = Conv1d(config.channels, config.n_filters, config.kernel_size)
+        dims = [config.n_filters * 2**i for i in range(len(config.ratios))]
         self.blocks = [
-            EncoderBlock(dim, ratio, cfg) for dim, ratio in zip(dims, reversed(cfg.ratios))
+            EncoderBlock(dim, ratio, config) for dim, ratio in zip(dims, reversed(config.ratios))
         ]
-        self.final_conv = Conv1d(2 * dims[-1], cfg.dimension, cfg.last_kernel_size)
+        self.final_conv = Conv1d(2 * dims[-1], config.dimension, config.last_kernel_size)
 
 
 class SeanetDecoder(_SeanetStack):
     """(B, T, dimension) latent -> (B, T * hop_length, channels) waveform."""
 
-    def __init__(self, cfg: SeanetConfig):
+    def __init__(self, config: SeanetConfig):
         super().__init__()
-        top = cfg.n_filters * 2 ** len(cfg.ratios)
-        self.init_conv = Conv1d(cfg.dimension, top, cfg.kernel_size)
-        dims = [top // 2**i for i in range(len(cfg.ratios))]
-        self.blocks = [DecoderBlock(dim, ratio, cfg) for dim, ratio in zip(dims, cfg.ratios)]
-        self.final_conv = Conv1d(cfg.n_filters, cfg.channels, cfg.last_kernel_size)
+        top = config.n_filters * 2 ** len(config.ratios)
+        self.init_conv = Conv1d(config.dimension, top, config.kernel_size)
+        dims = [top // 2**i for i in range(len(config.ratios))]
+        self.blocks = [DecoderBlock(dim, ratio, config) for dim, ratio in zip(dims, config.ratios)]
+        self.final_conv = Conv1d(config.n_filters, config.channels, config.last_kernel_size)

@@ -99,11 +99,11 @@ def frame_bytes(lm: Lm, n_q: int | None = None, full_context: bool = True) -> tu
     """(weight bytes, other bytes) one frame reads with the first `n_q` codebooks generated
     (None: all): weights as `lm` holds them; others the KV cache (at full context when
     `full_context`) and the voices' cross-attention keys and values (one voice slot each)."""
-    cfg = lm.cfg
-    n_q = cfg.dep_q if n_q is None else n_q
+    config = lm.cfg
+    n_q = config.dep_q if n_q is None else n_q
     tables = [lm.text_emb, *lm.audio_embs]
     weights = _nbytes(lm) - sum(_nbytes(t) for t in tables) + sum(_row_bytes(t) for t in tables)
-    if cfg.dep_q:
+    if config.dep_q:
         depformer = lm.depformer
         weights -= _nbytes(depformer)
         for depformer_slice in depformer.slices[:n_q]:
@@ -112,18 +112,18 @@ def frame_bytes(lm: Lm, n_q: int | None = None, full_context: bool = True) -> tu
     if "condition_provider" in lm:
         weights -= _nbytes(lm.condition_provider)
     act = 2 if lm.out_norm.weight.dtype != mx.float32 else 4
-    positions = cfg.context if full_context else 1
-    others = 2 * cfg.num_layers * positions * cfg.kv_dim * act
-    if cfg.cross_attention:
-        others += 2 * cfg.num_layers * 125 * cfg.dim * act  # a published voice: 125 frames
+    positions = config.context if full_context else 1
+    others = 2 * config.num_layers * positions * config.kv_dim * act
+    if config.cross_attention:
+        others += 2 * config.num_layers * 125 * config.dim * act  # a published voice: 125 frames
     return weights, others
 
 
 def frame_ops(lm: Lm, n_q: int | None = None) -> int:
     """The compiled step's operations per frame with `n_q` codebooks (None: all)."""
-    cfg = lm.cfg
-    n_q = cfg.dep_q if n_q is None else n_q
-    layers = cfg.num_layers + n_q * cfg.depformer_num_layers
+    config = lm.cfg
+    n_q = config.dep_q if n_q is None else n_q
+    layers = config.num_layers + n_q * config.depformer_num_layers
     return OPS_PER_LAYER * layers + OPS_PER_SAMPLE * (1 + n_q)
 
 

@@ -49,24 +49,24 @@ def prompt_state(
 ) -> GenState:
     """The state a conversation starts from after `voice` and the role's tokens (wrapped in
     `<system>` tags already), lazily: evaluate it (`mx.eval(state.ring.keys, ...)`) once."""
-    cfg = lm.cfg
+    config = lm.cfg
     room = max_role_tokens(lm, voice)
     if len(role_tokens) > room:
         raise ConfigError(
             f"the role is {len(role_tokens)} tokens long; with this voice ({voice.frames} "
-            f"frames) it may be at most {room} tokens (the model's context is {cfg.attention_window})"
+            f"frames) it may be at most {room} tokens (the model's context is {config.attention_window})"
         )
     if voice.codes is not None:
         voice_codes, restored = voice.codes, None
     else:  # NVIDIA's replay feeds placeholder frames, then restores the saved token ring
-        voice_codes = np.full((voice.frames, cfg.moshi_codebooks), cfg.card)
+        voice_codes = np.full((voice.frames, config.moshi_codebooks), config.card)
         restored = (voice.frames - 1, voice.ring)
     frames = prompt_frames(voice_codes, role_tokens)
     if voice.codes is None:  # the placeholder frames' user stream, like their Moshi stream
-        user = np.full(cfg.num_user_codebooks, cfg.card)
+        user = np.full(config.num_user_codebooks, config.card)
         frames[: voice.frames] = [(text, moshi, user) for text, moshi, _ in frames[: voice.frames]]
-    width = token_ring_width(cfg)
-    plan = plan_prompt(cfg, frames, width, restored)
+    width = token_ring_width(config)
+    plan = plan_prompt(config, frames, width, restored)
     embeddings = lm.embed(mx.array(plan.inputs.T[None], mx.int32))  # (1, runs, dim)
     if voice.embeddings is not None:
         saved = mx.array(voice.embeddings).astype(embeddings.dtype)[None]

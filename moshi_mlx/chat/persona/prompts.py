@@ -83,13 +83,13 @@ class Prompts:
         (default `DEFAULT_ROLE`; `@file` reads a file), evaluated."""
         source = self.source(voice)
         tokens = role_tokens(read_role(role if role is not None else DEFAULT_ROLE), self.tokenizer)
-        cfg, dtype = self.lm.cfg, self.lm.text_emb.weight.dtype
+        config, dtype = self.lm.cfg, self.lm.text_emb.weight.dtype
         key = prompt_key(
             lm=self._fingerprint(self.files.moshi),
             codec=self._fingerprint(self.files.mimi),
             voice=source.digest,
             role=tokens,
-            config=cfg.to_dict(),
+            config=config.to_dict(),
             dtype=str(dtype),
             kv=str(self.kv_quantization),
         )
@@ -102,7 +102,7 @@ class Prompts:
             mx.eval(state.tokens, state.given, state.ring.keys, state.ring.values)
             how = "read from the prompt cache"
         else:
-            voice_prompt = read_voice(source, cfg, self.codec.fresh())
+            voice_prompt = read_voice(source, config, self.codec.fresh())
             state = prompt_state(self.lm, voice_prompt, tokens, self.kv_quantization)
             mx.eval(state.tokens, state.given, state.ring.keys, state.ring.values)
             how = "computed"

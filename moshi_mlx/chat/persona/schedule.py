@@ -59,7 +59,7 @@ def prompt_frames(
 
 
 def plan_prompt(
-    cfg: LmConfig,
+    config: LmConfig,
     frames: list[tuple[int, np.ndarray, np.ndarray]],
     width: int,
     restored: tuple[int, np.ndarray] | None = None,
@@ -67,12 +67,12 @@ def plan_prompt(
     """Replay NVIDIA's column writes for `frames` (`prompt_frames`). `restored` (after frame
     index, its (K, slots) token ring) overwrites the columns of a voice saved as
     embeddings, as NVIDIA's `load_voice_prompt_embeddings` replay does."""
-    delays = np.array(cfg.delays)
-    initial = np.array(cfg.start_tokens)
+    delays = np.array(config.delays)
+    initial = np.array(config.start_tokens)
     calls = len(frames)
-    tokens = np.full((cfg.num_codebooks, calls + width + cfg.max_delay), _UNWRITTEN)
+    tokens = np.full((config.num_codebooks, calls + width + config.max_delay), _UNWRITTEN)
     given = np.zeros(tokens.shape, bool)
-    rows = np.arange(cfg.num_codebooks)
+    rows = np.arange(config.num_codebooks)
     inputs = []
     for call, (text, moshi, user) in enumerate(frames):
         columns = call + delays
@@ -93,9 +93,9 @@ def plan_prompt(
             for column in range(max(call + 2 - slots, 0), call + 2):
                 tokens[:, column] = saved[:, column % slots]
     runs = calls - 1
-    ring = np.full((cfg.num_codebooks, width), _UNWRITTEN)
-    ring_given = np.zeros((1 + cfg.moshi_codebooks, width), bool)
+    ring = np.full((config.num_codebooks, width), _UNWRITTEN)
+    ring_given = np.zeros((1 + config.moshi_codebooks, width), bool)
     for column in range(runs, runs + width):
         ring[:, column % width] = tokens[:, column]
-        ring_given[:, column % width] = given[: 1 + cfg.moshi_codebooks, column]
+        ring_given[:, column % width] = given[: 1 + config.moshi_codebooks, column]
     return PromptPlan(np.stack(inputs), ring, ring_given, runs)

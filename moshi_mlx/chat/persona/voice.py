@@ -135,11 +135,11 @@ def voice_source(path: Path, label: str | None = None) -> VoiceSource:
     return VoiceSource(label or str(path), path, kind, digest)
 
 
-def read_voice(source: VoiceSource, cfg: LmConfig, codec: Codec) -> VoicePrompt:
-    """The voice prompt of `source` for a model of `cfg`; `codec` is a fresh Mimi stream
+def read_voice(source: VoiceSource, config: LmConfig, codec: Codec) -> VoicePrompt:
+    """The voice prompt of `source` for a model of `config`; `codec` is a fresh Mimi stream
     (for recordings)."""
     if source.kind == "pt":
-        return _read_saved_voice(source.path, cfg)
+        return _read_saved_voice(source.path, config)
     return VoicePrompt(codes=encode_voice(load_voice_audio(source.path), codec))
 
 
@@ -177,23 +177,23 @@ def encode_voice(pcm: np.ndarray, codec: Codec) -> np.ndarray:
     return np.array(stacked, dtype=np.int64)
 
 
-def _read_saved_voice(path: Path, cfg: LmConfig) -> VoicePrompt:
+def _read_saved_voice(path: Path, config: LmConfig) -> VoicePrompt:
     data = read_torch_file(path)
     if not isinstance(data, dict) or set(data) != {"embeddings", "cache"}:
         raise WeightsError(f"{path} is not a PersonaPlex voice (a dict of embeddings and cache)")
     embeddings, ring = np.asarray(data["embeddings"]), np.asarray(data["cache"])
-    if embeddings.ndim != 4 or embeddings.shape[1:3] != (1, 1) or embeddings.shape[3] != cfg.dim:
+    if embeddings.ndim != 4 or embeddings.shape[1:3] != (1, 1) or embeddings.shape[3] != config.dim:
         raise WeightsError(
             f"{path}: voice embeddings of shape {embeddings.shape}; this model needs "
-            f"(frames, 1, 1, {cfg.dim})"
+            f"(frames, 1, 1, {config.dim})"
         )
-    slots = cfg.max_delay + 3  # NVIDIA's token ring
-    if ring.shape != (1, cfg.num_codebooks, slots) or not np.issubdtype(ring.dtype, np.integer):
+    slots = config.max_delay + 3  # NVIDIA's token ring
+    if ring.shape != (1, config.num_codebooks, slots) or not np.issubdtype(ring.dtype, np.integer):
         raise WeightsError(
             f"{path}: voice token ring of shape {ring.shape}; this model needs "
-            f"(1, {cfg.num_codebooks}, {slots}) integers"
+            f"(1, {config.num_codebooks}, {slots}) integers"
         )
-    if ring.min() < -2 or ring[0, 1:].max() > cfg.card or ring[0, 0].max() > cfg.text_card:
+    if ring.min() < -2 or ring[0, 1:].max() > config.card or ring[0, 0].max() > config.text_card:
         raise WeightsError(f"{path}: voice token ring holds tokens outside the model's range")
     if len(embeddings) < 1 or not np.isfinite(embeddings).all():
         raise WeightsError(f"{path}: voice embeddings are empty or not finite")

@@ -6,10 +6,11 @@ cache, 4 bits with group 32 halve the cache again. Attention multiplies the quer
 packed keys, and the probabilities with the packed values, through `mx.quantized_matmul`: the
 cache is never dequantized as a whole.
 
-The newest `RECENT_POSITIONS` positions are also kept unquantized, in a small ring of their
-own, and attention reads them from there: a step attends most to its recent past, and this
-is where 4 bits lose the most (on the tiny test model, 4-bit depformer logits go from 1.2e-1
-to 8e-2 relative error). At Moshi's 3000-step context it costs 1% of an unquantized cache.
+The newest `RECENT_POSITIONS` positions are also kept unquantized, in a small window of their
+own (position p at slot p % its size), and attention reads them from there: a step attends
+most to its recent past, and this is where 4 bits lose the most (on the tiny test model, 4-bit
+depformer logits go from 1.2e-1 to 8e-2 relative error). At Moshi's 3000-step context it
+costs 1% of an unquantized cache.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from moshi_mlx.errors import ConfigError, Setting
 KV_BITS = (8, 4)
 KV_GROUP_SIZES = (32, 64, 128)
 DEFAULT_KV_GROUP_SIZE = {8: 64, 4: 32}
-RECENT_POSITIONS = 32  # the newest positions, kept unquantized beside the packed ring
+RECENT_POSITIONS = 32  # the newest positions, kept unquantized beside the packed slots
 
-# One layer's keys (or values): uint32 data, scales and biases, one slot per ring slot, and
+# One layer's keys (or values): uint32 data, scales and biases, one per `KVRing` slot, and
 # the newest positions unquantized (B, H, recent_slots, head_dim).
 Quantized = tuple[mx.array, mx.array, mx.array, mx.array]
 
 
 def recent_slots(context: int) -> int:
-    """Slots of the unquantized ring of the newest positions, for a window of `context`."""
+    """Slots of the unquantized recent window, for an attention window of `context`."""
     return min(RECENT_POSITIONS, context)
 
 
@@ -108,8 +109,8 @@ class KVQuantization:
     def write(
         self, buffer: Quantized, new: mx.array, slot: mx.array, recent_slot: mx.array
     ) -> Quantized:
-        """`buffer` with one position new (B, H, 1, head_dim) packed into ring slot `slot`
-        and kept as it is in slot `recent_slot` of the newest positions ((1,) int32 each)."""
+        """`buffer` with one position new (B, H, 1, head_dim) packed into slot `slot` and kept
+        as it is in slot `recent_slot` of the recent window ((1,) int32 each)."""
         packed = [
             mx.slice_update(part, value, slot, axes=(2,))
             for part, value in zip(buffer[:3], self.quantize(new))

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("chat", "stt", "tts", "llm"),
     ("assistant",),
     ("api",),
+    ("realtime",),
     ("serve",),
     ("cli",),
     ("testing",),

@@ -58,7 +58,7 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
 @dataclass(frozen=True)
-class Kind:
+class ModelKind:
     """What differs between the model kinds on the way in."""
 
     name: str  # in words, for errors
@@ -70,11 +70,13 @@ class Kind:
 
 
 KINDS = {
-    "chat": Kind(
+    "chat": ModelKind(
         "chat (Moshi, PersonaPlex, Hibiki)", ("moshi", "hibiki"), DEFAULT_REPO, False, True
     ),
-    "stt": Kind("speech-to-text", ("stt",), DEFAULT_STT_REPO, True, False),
-    "tts": Kind("text-to-speech", ("tts",), DEFAULT_TTS_REPO, True, False, ("voice_repo", "n_q")),
+    "stt": ModelKind("speech-to-text", ("stt",), DEFAULT_STT_REPO, True, False),
+    "tts": ModelKind(
+        "text-to-speech", ("tts",), DEFAULT_TTS_REPO, True, False, ("voice_repo", "n_q")
+    ),
 }
 KIND_OPTIONS = {name for kind in KINDS.values() for name in kind.options}
 KIND_OF_MODEL_TYPE = {t: name for name, kind in KINDS.items() for t in kind.model_types}
@@ -230,7 +232,7 @@ def load_parts(
 ) -> LoadedParts:
     """The whole path (see the module docstring), the one way a model is built: find and
     plan, check, load. `kind_options` names the options given that only some kinds take
-    (`Kind.options`): `ConfigError`, before any weight is read, when the model found is not
+    (`ModelKind.options`): `ConfigError`, before any weight is read, when the model found is not
     of such a kind. `lm_only`: the LM alone (no codec or tokenizer, no memory check), for
     tools and tests."""
     found = find_model(repo, options, kind, lm_only)

@@ -55,8 +55,10 @@ def test_an_app_talks_to_the_assistant_in_process():
         while (frame := session.pull()) is not None:
             pulled.append(frame)
         assert len(pulled) == 9 and all(f.shape == (1920,) for f in pulled)
-        # never waits for the model: well under a frame (a GIL switch may cost a few ms)
-        assert np.median(push_seconds) < 0.001 and max(push_seconds) < 0.05, push_seconds
+        # never waits for the model: well under a frame (on a loaded machine a preempted
+        # thread may wait for a CPU now and then, whatever it runs)
+        assert np.median(push_seconds) < 0.001, push_seconds
+        assert np.percentile(push_seconds, 90) < 0.005, push_seconds
 
         session.send({"type": "conversation.item.create", "item": {"type": "message",
                       "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip

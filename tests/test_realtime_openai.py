@@ -360,3 +360,37 @@ def test_a_first_response_greets_under_its_own_instructions(address, parts):
             assert prompt[1]["role"] == "user" and len(prompt) == 2  # the greeting request
 
     run(body())
+
+
+def test_a_text_only_session_writes_its_answers(address, parts):
+    """`output_modalities: ["text"]` (the `openai` package's README example): the answer as
+    `response.output_text.delta`s, the LLM's text whole, no audio; a response may ask for
+    audio again."""
+
+    async def body():
+        async with connected(address) as (connection, events):
+            await connection.session.update(
+                session={"type": "realtime", "output_modalities": ["text"]}
+            )
+            await events.wait("session.updated")
+            await connection.conversation.item.create(
+                item={"type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": "Say hello!"}]}
+            )  # fmt: skip
+            await connection.response.create()
+            done = events.all[await events.wait("response.done")]["response"]
+            assert done["status"] == "completed" and done["output_modalities"] == ["text"]
+            text = "".join(
+                e["delta"] for e in events.all if e["type"] == "response.output_text.delta"
+            )
+            assert text == "Paris is **lovely**. "  # as the LLM wrote it
+            written = events.all[await events.wait("response.output_text.done")]["text"]
+            assert written == text and done["output"][0]["content"][0]["text"] == text
+            assert not [e for e in events.all if e["type"] == "response.output_audio.delta"]
+            await connection.response.create(response={"output_modalities": ["audio"]})
+            spoken = events.all[await events.wait("response.done", events.all.index(
+                next(e for e in events.all if e["type"] == "response.done")) + 1)]["response"]  # fmt: skip
+            assert spoken["output_modalities"] == ["audio"]
+            assert [e for e in events.all if e["type"] == "response.output_audio.delta"]
+
+    run(body())

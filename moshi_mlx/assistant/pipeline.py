@@ -102,6 +102,14 @@ class AssistantWords:
 
 
 @dataclass(frozen=True)
+class AnswerText:
+    """A piece of an answer written, not spoken (`Assistant.speak_answers` False), as the LLM
+    writes it."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Notice:
     """Something the user should know (an LLM or TTS error), in one line."""
 
@@ -113,6 +121,7 @@ class Notice:
 Event = (
     UserWords
     | AssistantWords
+    | AnswerText
     | UserSaid
     | AnswerEnded
     | TurnLatency
@@ -178,6 +187,10 @@ class Assistant:
         self._times: TurnTimes | None = None  # the turn being timed, until its answer starts
         self._timed: dict[int, TurnTimes] = {}  # answer -> its turn's times
         self._answer = 0
+        # Whether answers are spoken (TTS) or only written (`AnswerText` events), and the
+        # choice of the answer running now.
+        self.speak_answers = make_speech is not None
+        self.answer_speaks = self.speak_answers
         self._reply: asyncio.Task | None = None
         self._spare: asyncio.Future | None = None  # a TTS stream opened ahead
         self._shown = 0  # words of the current answer shown
@@ -251,10 +264,13 @@ class Assistant:
                 if self._times is not None:
                     self._timed[self._answer] = self._times
                     self._times = None
+                self.answer_speaks = self.speak_answers
                 self._on_event(action)
-                self._reply = asyncio.create_task(self._answer_with(action.messages))
+                answering = self._answer_with(action.messages, self.answer_speaks)
+                self._reply = asyncio.create_task(answering)
             elif isinstance(action, Speak | CloseSpeech):
-                self.speak_job.push(action.text, close=isinstance(action, CloseSpeech))
+                if self.answer_speaks:
+                    self.speak_job.push(action.text, close=isinstance(action, CloseSpeech))
                 self.thread.wake()
             elif isinstance(action, StopReply):
                 if self._reply is not None:
@@ -267,18 +283,20 @@ class Assistant:
                     self._prepare_speech()
                 self._on_event(action)
 
-    async def _answer_with(self, messages: list[dict[str, str]]) -> None:
+    async def _answer_with(self, messages: list[dict[str, str]], speak: bool) -> None:
         answer = self._answer
-        try:
-            speech = await self._take_speech()
-        except Exception as exc:  # noqa: BLE001 - the user is told; the next turn tries again
-            self._timed.pop(answer, None)
-            self._on_event(Notice(f"the TTS failed: {one_line(exc)}"))
-            self.turns.reply_failed()
-            return
-        self.speak_job.open(speech, answer)
-        self.thread.wake()
+        if speak:
+            try:
+                speech = await self._take_speech()
+            except Exception as exc:  # noqa: BLE001 - the user is told; the next turn tries
+                self._timed.pop(answer, None)
+                self._on_event(Notice(f"the TTS failed: {one_line(exc)}"))
+                self.turns.reply_failed()
+                return
+            self.speak_job.open(speech, answer)
+            self.thread.wake()
         sampling = self.sampling
+        written = ""  # a text answer's text so far (all of it is "heard")
         try:
             pieces = self.llm.generate(
                 messages, sampling.temperature, sampling.top_p, sampling.max_tokens
@@ -288,9 +306,16 @@ class Assistant:
                 if piece.text and times is not None and times.first_token is None:
                     times.first_token = time.monotonic()
                 self._run(self.turns.reply_text(piece.text))
+                if not speak and piece.text:
+                    written += piece.text
+                    self.turns.heard(written)
+                    self._on_event(AnswerText(piece.text))
         except MoshiError as exc:
             self._on_event(Notice(f"the LLM failed: {one_line(exc)}"))
         self._run(self.turns.reply_ended())
+        if not speak:  # written out: the answer is over
+            self._timed.pop(answer, None)
+            self._run(self.turns.speech_done())
 
     def _prepare_speech(self) -> None:
         if self._spare is None and self._make_speech is not None:

@@ -16,10 +16,15 @@ from moshi_mlx.runtime.model_thread import FRAME_SECONDS
 
 
 class Answer:
-    """The response in progress; `emit` takes the server's events. `reason` is why it would
-    end cancelled now ("turn_detected" unless the client cancels it)."""
+    """The response in progress, spoken (`spoken`: audio with its transcript) or written (text
+    only); `emit` takes the server's events. `reason` is why it would end cancelled now
+    ("turn_detected" unless the client cancels it)."""
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None], config: SessionConfig):
+    def __init__(
+        self, emit: Callable[[dict[str, Any]], None], config: SessionConfig, spoken: bool = True
+    ):
+        self.spoken = spoken
+        self.text = ""  # a written answer's text so far
         self.id = events.new_id("resp")
         self.item_id = events.new_id("item")
         self.frames = 0  # sent
@@ -32,7 +37,7 @@ class Answer:
     def begin(self) -> dict[str, Any]:
         """Announce it (`response.created`, the output item, its audio part); the item."""
         self._emit(events.event("response.created", response=self._object("in_progress")))
-        item = events.answer_item(self.item_id, None, "in_progress")
+        item = events.answer_item(self.item_id, None, "in_progress", self.spoken)
         self._emit(
             events.event(
                 "response.output_item.added", response_id=self.id, output_index=0, item=item
@@ -40,9 +45,15 @@ class Answer:
         )
         return item
 
-    def begin_audio(self) -> None:
-        part = {"type": "audio", "transcript": ""}
+    def begin_part(self) -> None:
+        """Announce its content part: audio (with its transcript) or text."""
+        part = {"type": "audio", "transcript": ""} if self.spoken else {"type": "text", "text": ""}
         self._emit(self._content("response.content_part.added", part=part))
+
+    def write(self, text: str) -> None:
+        """A piece of a written answer."""
+        self.text += text
+        self._emit(self._content("response.output_text.delta", delta=text))
 
     def words(self, text: str) -> None:
         """Words the speaker starts playing."""
@@ -68,20 +79,26 @@ class Answer:
         self, status: str, transcript: str, reason: str | None = None, truncate: bool = True
     ) -> dict[str, Any]:
         """Close it with `status` ("completed", "cancelled": truncated to what was heard
-        unless not `truncate`, "failed"); the finished item."""
-        self._emit(self._content("response.output_audio.done"))
-        self._emit(self._content("response.output_audio_transcript.done", transcript=transcript))
-        part = {"type": "audio", "transcript": transcript}
+        unless not `truncate`, "failed") and its `transcript` (a written answer's text); the
+        finished item."""
+        if self.spoken:
+            self._emit(self._content("response.output_audio.done"))
+            done = self._content("response.output_audio_transcript.done", transcript=transcript)
+            self._emit(done)
+            part = {"type": "audio", "transcript": transcript}
+        else:
+            self._emit(self._content("response.output_text.done", text=transcript))
+            part = {"type": "text", "text": transcript}
         self._emit(self._content("response.content_part.done", part=part))
         state = "completed" if status == "completed" else "incomplete"
-        item = events.answer_item(self.item_id, transcript, state)
+        item = events.answer_item(self.item_id, transcript, state, self.spoken)
         self._emit(
             events.event(
                 "response.output_item.done", response_id=self.id, output_index=0, item=item
             )
         )
         self._emit(events.event("conversation.item.done", item=item, previous_item_id=None))
-        if status == "cancelled" and truncate:
+        if status == "cancelled" and truncate and self.spoken:
             played = min(self.frames, self.frames_due(time.monotonic()))
             self._emit(
                 events.event(
@@ -103,5 +120,11 @@ class Answer:
     def _object(self, status: str, output=(), reason: str | None = None) -> dict[str, Any]:
         config = self._config
         return events.response(
-            self.id, status, list(output), config.voice, config.output_format.as_dict(), reason
+            self.id,
+            status,
+            list(output),
+            config.voice,
+            config.output_format.as_dict(),
+            reason,
+            ["audio"] if self.spoken else ["text"],
         )

@@ -55,6 +55,7 @@ class SessionConfig:
     transcription: dict | None = None
     max_output_tokens: int | None = None
     include: tuple[str, ...] = ()
+    output_modalities: tuple[str, ...] = ("audio",)  # or ("text",): answers written only
 
     def rules(self, base: TurnRules) -> TurnRules:
         """`base` (the server's turn-taking) as this session's turn detection sets it."""
@@ -73,6 +74,11 @@ class SessionConfig:
         )
 
     @property
+    def speaks(self) -> bool:
+        """Whether answers are spoken (else only written)."""
+        return "audio" in self.output_modalities
+
+    @property
     def word_timings(self) -> bool:
         return WORD_TIMINGS in self.include
 
@@ -89,6 +95,10 @@ class SessionConfig:
             new.instructions = _text(session["instructions"], "session.instructions")
         if "model" in session and session["model"] is not None:
             new.model = _text(session["model"], "session.model", 256)
+        if session.get("output_modalities") is not None:
+            new.output_modalities = output_modalities(
+                session["output_modalities"], "session.output_modalities"
+            )
         if "max_output_tokens" in session:
             new.max_output_tokens = _max_tokens(session["max_output_tokens"])
         if "include" in session:
@@ -135,7 +145,7 @@ class SessionConfig:
             **common,
             "object": "realtime.session",
             "model": self.model,
-            "output_modalities": ["audio"],
+            "output_modalities": list(self.output_modalities),
             "instructions": self.instructions,
             "audio": {
                 "input": audio_in,
@@ -152,6 +162,13 @@ class SessionConfig:
             "truncation": "auto",
             "prompt": None,
         }
+
+
+def output_modalities(value: object, param: str) -> tuple[str, ...]:
+    """`["audio"]` (spoken answers, with their transcripts) or `["text"]` (written only)."""
+    if value not in (["audio"], ["text"]):
+        raise SessionError(f'{param} must be ["audio"] or ["text"]', param)
+    return tuple(value)
 
 
 def _object(value: object, param: str) -> dict:

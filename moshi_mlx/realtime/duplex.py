@@ -224,7 +224,7 @@ class DuplexRealtimeSession:
         self._transcript = []
         item = self._response.begin()
         self._emit(events.event("conversation.item.added", item=item, previous_item_id=None))
-        self._response.begin_audio()
+        self._response.begin_part()
 
     def _end_response(self, status: str, reason: str | None) -> None:
         response, self._response = self._response, None

@@ -40,9 +40,15 @@ def text_item(item_id: str, role: str, text: str) -> dict[str, Any]:
     return _message(item_id, role, [{"type": kind, "text": text}], True)
 
 
-def answer_item(item_id: str, transcript: str | None, status: str) -> dict[str, Any]:
-    """The assistant's spoken answer; no content until its audio is done."""
-    content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+def answer_item(
+    item_id: str, transcript: str | None, status: str, spoken: bool = True
+) -> dict[str, Any]:
+    """The assistant's answer, spoken (its transcript) or written (its text); no content
+    until it is done."""
+    part = {"type": "output_audio", "transcript": transcript}
+    if not spoken:
+        part = {"type": "output_text", "text": transcript}
+    content = [] if transcript is None else [part]
     return {**_message(item_id, "assistant", content, True), "status": status}
 
 
@@ -53,6 +59,7 @@ def response(
     voice: str,
     audio_format: dict,
     reason: str | None = None,
+    modalities: list[str] | None = None,
 ) -> dict[str, Any]:
     """A `realtime.response` object; `reason` for a cancelled one."""
     details = None
@@ -65,7 +72,7 @@ def response(
         "status": status,
         "status_details": details,
         "output": output,
-        "output_modalities": ["audio"],
+        "output_modalities": modalities or ["audio"],
         "audio": {"output": {"format": audio_format, "voice": voice}},
         "max_output_tokens": "inf",
         "metadata": None,

@@ -28,7 +28,14 @@ import numpy as np
 from moshi_mlx.assistant import Assistant, History, ReplySampling, TurnRules
 from moshi_mlx.assistant.history import Turn
 from moshi_mlx.assistant.jobs import Listener, SpeechStream
-from moshi_mlx.assistant.pipeline import AssistantWords, Event, Notice, ReplyModel, UserWords
+from moshi_mlx.assistant.pipeline import (
+    AnswerText,
+    AssistantWords,
+    Event,
+    Notice,
+    ReplyModel,
+    UserWords,
+)
 from moshi_mlx.assistant.turns import (
     AnswerEnded,
     FlushStt,
@@ -41,7 +48,7 @@ from moshi_mlx.assistant.turns import (
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.client_events import appended_audio, dispatch
-from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError
+from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError, output_modalities
 from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
@@ -152,6 +159,7 @@ class RealtimeSession:
             on_audio=self._pump,
             max_backlog=max_backlog,
         )
+        self.assistant.speak_answers = self.config.speaks
         await self.assistant.start()
         self._emit(events.event("session.created", session=self.config.as_dict(self.id)))
 
@@ -201,6 +209,7 @@ class RealtimeSession:
         self.assistant.turns.rules = probe.rules(self._base_rules)
         self.assistant.turns.history.system = probe.instructions
         self.assistant.sampling = self._sampling()
+        self.assistant.speak_answers = probe.speaks
         self._emit(events.event("session.updated", session=probe.as_dict(self.id)))
 
     async def _append(self, message: dict) -> None:
@@ -276,7 +285,16 @@ class RealtimeSession:
                 None,
                 "conversation_already_has_active_response",
             )
-        if not self.assistant.respond(instructions):
+        modalities = options.get("output_modalities")
+        speaks = self.config.speaks
+        if modalities is not None:
+            speaks = "audio" in output_modalities(modalities, "response.output_modalities")
+        self.assistant.speak_answers = speaks
+        try:
+            started = self.assistant.respond(instructions)
+        finally:
+            self.assistant.speak_answers = self.config.speaks
+        if not started:
             raise SessionError(
                 "the user's turn is being transcribed; the answer follows it",
                 None,
@@ -325,10 +343,14 @@ class RealtimeSession:
             self._start_response()
         elif isinstance(event, AssistantWords) and self._response is not None:
             self._response.words(event.text)
+        elif isinstance(event, AnswerText) and self._response is not None:
+            self._response.write(event.text)
         elif isinstance(event, StopReply) and self._response is not None:
-            self._finish_response("cancelled", event.heard, self._response.reason)
+            heard = event.heard if self._response.spoken else self._response.text
+            self._finish_response("cancelled", heard, self._response.reason)
         elif isinstance(event, AnswerEnded) and not event.cut_off and self._response is not None:
-            self._finish_response("completed", event.text)
+            text = event.text if self._response.spoken else self._response.text
+            self._finish_response("completed", text)
         elif isinstance(event, Notice):
             self._emit(events.error(event.text, None, "model_failed", "server_error"))
             if self._response is not None and self.assistant.turns.state is State.LISTENING:
@@ -396,10 +418,10 @@ class RealtimeSession:
 
     # --- the answer ---
     def _start_response(self) -> None:
-        self._response = Answer(self._emit, self.config)
+        self._response = Answer(self._emit, self.config, self.assistant.answer_speaks)
         item = self._response.begin()
         self._add_item(item, done=False)
-        self._response.begin_audio()
+        self._response.begin_part()
 
     def _finish_response(self, status: str, transcript: str, reason: str | None = None) -> None:
         if self._pump_timer is not None:

@@ -15,7 +15,7 @@ is 0x04 metadata, one JSON object per event:
 from __future__ import annotations
 
 from moshi_mlx.assistant.latency import STAGES, TurnLatency
-from moshi_mlx.assistant.pipeline import AssistantWords, Event, Notice, UserWords
+from moshi_mlx.assistant.pipeline import AnswerText, AssistantWords, Event, Notice, UserWords
 from moshi_mlx.assistant.turns import (
     AnswerEnded,
     FlushStt,
@@ -44,6 +44,6 @@ def event_message(event: Event) -> bytes | None:
         return protocol.metadata({"latency": {**split, "total": round(event.total * 1000, 1)}})
     if isinstance(event, Notice):
         return protocol.metadata({"notice": event.text})
-    if isinstance(event, UserStarted | FlushStt | StartReply | StopReply):
+    if isinstance(event, UserStarted | FlushStt | StartReply | StopReply | AnswerText):
         return None
     raise TypeError(f"not an assistant event: {event!r}")

@@ -155,10 +155,10 @@ def parameter_count(model: nn.Module) -> int:
 def compute_dtype(num_parameters: int, quantized: bool) -> mx.Dtype:
     """The dtype to compute in when the caller does not choose one.
 
-    bfloat16 on a GPU. On MLX's CPU backend, float32: its quantized kernels are about 8x
-    slower and much less precise with bf16 activations and scales, and a bf16 matrix-vector
-    product is no faster than a float32 one. Unquantized weights stay bf16 on the CPU only
-    when a float32 copy would take more than half the machine's memory.
+    bfloat16 on a GPU. On MLX's CPU backend, float32: its quantized kernels are slower and
+    less precise with bf16 activations and scales, and a bf16 matrix-vector product gains
+    nothing (docs/performance.md, "Float32 compute on the CPU"). Unquantized weights stay
+    bf16 on the CPU only when a float32 copy would take more than half the machine's memory.
     """
     if mx.default_device().type != mx.DeviceType.cpu:
         return mx.bfloat16

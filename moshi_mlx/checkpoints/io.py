@@ -77,8 +77,9 @@ def read_json(path: str | Path) -> dict:
 
 
 def input_major(weight: mx.array) -> mx.array:
-    """An (out, in) `nn.Linear` weight whose memory is (in, out): `x @ weight.T` then reads it
-    contiguously, which the CPU's reference BLAS does 1.6-2x as fast. Same values, same shape."""
+    """The (out, in) `nn.Linear` weight with the same values and shape, its memory laid out
+    (in, out): `x @ weight.T` then reads it contiguously, which the CPU's reference BLAS does
+    faster (docs/performance.md, "Float32 compute on the CPU")."""
     return mx.contiguous(weight.T).T
 
 

@@ -57,8 +57,8 @@ class Conv1d(nn.Module):
 
     weight: (kernel, C_in, C_out). Input (B, T, C_in) with T a multiple of the stride; output
     (B, T // stride, C_out). Computed as one matmul of the gathered input windows with the
-    weight, stored input-major so the CPU matmul streams it contiguously (2x faster than
-    `mx.conv1d` or an output-major weight on a CPU without a tuned BLAS).
+    weight, stored input-major so the CPU matmul streams it contiguously (faster than
+    `mx.conv1d` or an output-major weight on a CPU without a tuned BLAS; docs/performance.md).
     """
 
     def __init__(

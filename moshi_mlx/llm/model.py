@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from moshi_mlx.errors import MoshiError, WeightsError, one_line
-from moshi_mlx.llm.prompt_cache import KvCache, PromptCaches
+from moshi_mlx.llm.prompt_cache import LayerCaches, PromptCaches
 from moshi_mlx.llm.stops import StopMatcher
 
 # Tokens a reply may have when the caller sets no limit. Speech is the main use: 256 tokens are
@@ -144,7 +144,7 @@ class LlmModel:
             )
         return min(budget, room)
 
-    def _make_cache(self) -> KvCache:
+    def _make_cache(self) -> LayerCaches:
         from mlx_lm.models.cache import make_prompt_cache
 
         return make_prompt_cache(self.model)

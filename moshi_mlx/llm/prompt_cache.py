@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-KvCache = list[Any]  # mlx-lm's caches, one per layer
+LayerCaches = list[Any]  # an LLM generation's mlx-lm KV caches, one per layer
 _MODEL = "llm"  # the LRU's key for the model: one model per store
 
 
@@ -23,7 +23,7 @@ class PromptCaches:
     Not thread-safe: use it from the model thread only.
     """
 
-    def __init__(self, make_cache: Callable[[], KvCache], capacity: int = 4):
+    def __init__(self, make_cache: Callable[[], LayerCaches], capacity: int = 4):
         from mlx_lm.models.cache import LRUPromptCache
 
         self._make_cache = make_cache
@@ -33,7 +33,7 @@ class PromptCaches:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def take(self, prompt: Sequence[int]) -> tuple[KvCache, int]:
+    def take(self, prompt: Sequence[int]) -> tuple[LayerCaches, int]:
         """(a cache for `prompt`, how many of its first tokens that cache holds already).
 
         The count is below `len(prompt)`: the last prompt token is always run, for its
@@ -51,7 +51,7 @@ class PromptCaches:
             rest = prompt[-1:]
         return cache, len(prompt) - len(rest)
 
-    def put(self, tokens: Sequence[int], cache: KvCache) -> None:
+    def put(self, tokens: Sequence[int], cache: LayerCaches) -> None:
         """Keep `cache`, which holds `tokens`, for a later request; the least recently used
         goes past `capacity`."""
         if self.capacity > 0 and tokens:

@@ -106,7 +106,7 @@ function render() {
 }
 
 // --- the conversation's connection ---
-class AssistantSession extends VoiceSession {
+class AssistantVoiceSession extends VoiceSession {
   constructor() {
     super(stats, display);
   }
@@ -164,7 +164,7 @@ const startStop = new StartStop({
   stats,
   display,
   missing: MISSING,
-  makeSession: () => new AssistantSession(),
+  makeSession: () => new AssistantVoiceSession(),
   showRunning: (running) => {
     $("start").textContent = running ? "Stop" : "Start";
     $("start").classList.toggle("stop", running);

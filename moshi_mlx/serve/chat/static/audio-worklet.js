@@ -6,7 +6,7 @@ const MIC_FRAME = 480; // 20 ms at 24 kHz: one Opus frame
 const SILENCE = 1e-3; // |sample| above this counts as sound
 
 /** Streaming linear-interpolation resampler with a box pre-filter when downsampling. */
-class Resampler {
+class LinearResampler {
   constructor(inRate, outRate) {
     this.step = inRate / outRate;
     this.position = 0; // of the next output, in input samples after `previous`
@@ -48,7 +48,7 @@ function countSound(samples) {
 class MicProcessor extends AudioWorkletProcessor {
   constructor() {
     super();
-    this.resampler = new Resampler(sampleRate, MODEL_RATE);
+    this.resampler = new LinearResampler(sampleRate, MODEL_RATE);
     this.frame = new Float32Array(MIC_FRAME);
     this.filled = 0;
     this.soundSamples = 0;
@@ -99,7 +99,9 @@ class PlayerProcessor extends AudioWorkletProcessor {
   }
 
   enqueue({ samples, rate }) {
-    if (!this.resamplers.has(rate)) this.resamplers.set(rate, new Resampler(rate, sampleRate));
+    if (!this.resamplers.has(rate)) {
+      this.resamplers.set(rate, new LinearResampler(rate, sampleRate));
+    }
     const resampled = this.resamplers.get(rate).process(samples);
     for (let i = 0; i < resampled.length; i++) {
       if (this.size === this.ring.length) this.drop(1);

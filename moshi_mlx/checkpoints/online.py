@@ -76,7 +76,7 @@ def download(repo: str, filename: str) -> Path:
     """`filename` of the hub repo `repo`, from the Hugging Face cache (filled on the way);
     only from the cache when the hub is down. `HubMiss` says why it cannot be had."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
+    from huggingface_hub.utils import (  # where every release since 0.24 has them
         EntryNotFoundError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 NO_VALUE = object()  # a `Setting` that names a parameter without a value
 
@@ -71,3 +72,18 @@ def one_line(exc: BaseException) -> str:
     `ONE_LINE_CHARS` characters (an exception may carry a client's data: it never reaches a
     log or a client whole), or its type's name when it has no message."""
     return " ".join(str(exc).split())[:ONE_LINE_CHARS] or type(exc).__name__
+
+
+def removed_names(module: str, replacements: dict[str, str]) -> Callable[[str], NoReturn]:
+    """A module's `__getattr__` (PEP 562) that answers each name it no longer has with an
+    `ImportError` saying what replaced it (`replacements`: name -> a short sentence, e.g.
+    "LmGen is now ChatStepper (moshi_mlx.chat.generate)"), and any other with the usual
+    `AttributeError`. ImportError, because `from module import name` would turn an
+    AttributeError into its own message and lose ours."""
+
+    def __getattr__(name: str) -> NoReturn:
+        if name in replacements:
+            raise ImportError(replacements[name], name=module)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__

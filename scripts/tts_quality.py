@@ -41,9 +41,9 @@ from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
     Speech,
@@ -181,7 +181,7 @@ def speak(model: TtsModel, folder: Path, steps: int, voice_index: int = 0) -> Sp
     text = TTS_TEXTS[0]
     voice = folder / "voices" / f"voice{voice_index}.safetensors"
     request = TtsRequest(text, (voice,))
-    [speech] = model.synthesize([request], TtsSampling(temp=0.0), seed=0, max_steps=steps)
+    [speech] = model.synthesize([request], GREEDY, GREEDY, seed=0, max_steps=steps)
     return speech
 
 

@@ -11,7 +11,7 @@ from tiny_moshi import cached_tiny_moshi, fast_codec, load_tiny_model, tiny_conf
 from moshi_mlx.chat.model import MoshiModel, StepResult
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError, WeightsError
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
 
 FRAME = 1920
 
@@ -53,14 +53,14 @@ def test_step_shapes_and_silence_until_delays_fill(model):
 
 def test_seeded_conversations_repeat_and_reset_restarts(model):
     audio = _user_audio(4)
-    sampling = SamplingConfig(text_temp=0.9, audio_temp=0.9)
-    with model.conversation(sampling=sampling, seed=11) as conv:
+    sampling = Sampling(0.9, 25), Sampling(0.9, 250)
+    with model.conversation(*sampling, seed=11) as conv:
         first = _talk(conv, audio)
         conv.reset()
         again = _talk(conv, audio)
-    with model.conversation(sampling=sampling, seed=11) as conv:
+    with model.conversation(*sampling, seed=11) as conv:
         fresh = _talk(conv, audio)
-    with model.conversation(sampling=sampling, seed=12) as conv:
+    with model.conversation(*sampling, seed=12) as conv:
         other = _talk(conv, audio)
     # Same tokens; rustymimi's float sums may differ in the last bits (~1e-8).
     np.testing.assert_allclose(first[0], again[0], atol=1e-6)
@@ -71,14 +71,14 @@ def test_seeded_conversations_repeat_and_reset_restarts(model):
 
 def test_warm_up_compiles_the_step_and_changes_no_conversation(files):
     model = load_tiny_model(files)
-    sampling = SamplingConfig(text_temp=0.9, audio_temp=0.9)
+    sampling = Sampling(0.9, 25), Sampling(0.9, 250)
     audio = _user_audio(4)
-    with model.conversation(sampling=sampling, seed=11) as conv:
+    with model.conversation(*sampling, seed=11) as conv:
         cold = _talk(conv, audio)
     model.step_cache.clear()  # forget the compiled steps
-    model.warm_up(sampling)
-    assert model.step_cache.choices() == [(sampling, None, 1.0)]
-    with model.conversation(sampling=sampling, seed=11) as conv:
+    model.warm_up(*sampling)
+    assert model.step_cache.choices() == [(*sampling, None, 1.0)]
+    with model.conversation(*sampling, seed=11) as conv:
         warm = _talk(conv, audio)
     np.testing.assert_allclose(cold[0], warm[0], atol=1e-6)
     assert cold[1] == warm[1]

@@ -10,9 +10,10 @@ import pytest
 from tiny_moshi import cached_tiny_moshi, load_tiny_model
 
 from moshi_mlx.chat.duplex import DuplexClosed, DuplexLag, DuplexReply, DuplexSession
+from moshi_mlx.chat.generate import AUDIO_SAMPLING
 from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.runtime.model_thread import ModelThread
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
 
 FRAME = 1920
 
@@ -35,7 +36,7 @@ def _frames(count: int) -> list[np.ndarray]:
 def test_replies_equal_the_offline_conversation_and_close_frees_it(loaded):
     thread, model = loaded
     frames = _frames(6)
-    sampling = SamplingConfig(text_temp=0.9)
+    sampling = Sampling(0.9, 25), AUDIO_SAMPLING
 
     async def talk():
         session = DuplexSession(thread, model, sampling, seed=7, max_lag_frames=100)
@@ -61,7 +62,7 @@ def test_replies_equal_the_offline_conversation_and_close_frees_it(loaded):
 
 
 def _offline(model, frames, sampling):
-    with model.conversation(sampling=sampling, seed=7) as conversation:
+    with model.conversation(*sampling, seed=7) as conversation:
         return [conversation.step(frame) for frame in frames]
 
 

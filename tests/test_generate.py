@@ -6,11 +6,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.chat.generate import LmGen, step_functions
+from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING, ChatStepFunction, ChatStepper
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
-from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_with_noise
+from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise
 from moshi_mlx.testing.checkpoints import load_lm
 
 
@@ -23,14 +23,18 @@ def _user_codes(steps: int, card: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, card, (steps, 8))
 
 
-def _run(gen: LmGen, user: np.ndarray) -> tuple[list[int], np.ndarray]:
+def _run(gen: ChatStepper, user: np.ndarray) -> tuple[list[int], np.ndarray]:
     texts, codes = [], []
     for user_codes in user:
         step = gen.step(user_codes)
-        texts.append(step.text_token)
-        if step.moshi_codes is not None:
-            codes.append(step.moshi_codes)
+        texts.append(step.text.item())
+        if step.frame is not None:
+            codes.append(np.array(step.frame))
     return texts, np.stack(codes)
+
+
+def sample(logits: mx.array, temp: float, top_k: int, key: mx.array | None) -> mx.array:
+    return Sampling(temp, top_k).sample(logits, key)
 
 
 def test_sample_greedy_and_top_k():
@@ -56,7 +60,7 @@ def test_sample_follows_the_softmax_of_the_top_k():
     assert set(np.unique(tokens)) == {1, 3, 4}
     np.testing.assert_allclose(found, expected, atol=0.01)
     noise = gumbel_noise(logits.shape, mx.random.key(3))
-    assert sample_with_noise(logits, 0.7, 3, noise).tolist() == tokens.tolist()
+    assert Sampling(0.7, 3).sample_with_noise(logits, noise).tolist() == tokens.tolist()
 
 
 def test_sample_is_a_function_of_the_key():
@@ -70,12 +74,12 @@ def test_sample_is_a_function_of_the_key():
 
 def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):
     user = _user_codes(25, tiny_lm.cfg.card)
-    first = _run(LmGen(tiny_lm, seed=42), user)
-    again = _run(LmGen(tiny_lm, seed=42), user)
-    other = _run(LmGen(tiny_lm, seed=43), user)
+    first = _run(ChatStepper(tiny_lm, seed=42), user)
+    again = _run(ChatStepper(tiny_lm, seed=42), user)
+    other = _run(ChatStepper(tiny_lm, seed=43), user)
     assert first[0] == again[0] and np.array_equal(first[1], again[1])
     assert first[0] != other[0] or not np.array_equal(first[1], other[1])
-    gen = LmGen(tiny_lm, seed=42)
+    gen = ChatStepper(tiny_lm, seed=42)
     _run(gen, user[:7])
     gen.reset()
     after_reset = _run(gen, user)
@@ -84,13 +88,14 @@ def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):
 
 def test_step_outputs_and_delays(tiny_lm):
     cfg = tiny_lm.cfg
-    gen = LmGen(tiny_lm, SamplingConfig(text_temp=1.0, audio_temp=1.0), seed=0)
+    gen = ChatStepper(tiny_lm, Sampling(1.0, 25), Sampling(1.0, 250), seed=0)
     steps = [gen.step(codes) for codes in _user_codes(5, cfg.card)]
-    assert steps[0].moshi_codes is None  # max delay 1: the first frame is not complete yet
+    assert steps[0].frame is None  # max delay 1: the first frame is not complete yet
     for step in steps[1:]:
-        assert step.moshi_codes.shape == (cfg.dep_q,) and step.moshi_codes.dtype == np.int32
-        assert ((step.moshi_codes >= 0) & (step.moshi_codes < cfg.card)).all()
-    assert all(0 <= step.text_token < cfg.text_card for step in steps)
+        codes = np.array(step.frame)
+        assert codes.shape == (cfg.dep_q,) and codes.dtype == np.int32
+        assert ((codes >= 0) & (codes < cfg.card)).all()
+    assert all(0 <= step.text.item() < cfg.text_card for step in steps)
     gen.step(mx.array([-1] * 8))  # "no input" codes and mx arrays are accepted
     with pytest.raises(MoshiError, match="8 user codes"):
         gen.step(np.zeros(7, np.int64))
@@ -99,14 +104,16 @@ def test_step_outputs_and_delays(tiny_lm):
 def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
     """Each sampling gets its compiled step once; a model keeps only the most recently used
     ones, so clients choosing ever new temperatures do not grow it without bound."""
-    samplings = [SamplingConfig(text_temp=0.5 + k / 100) for k in range(MAX_STEP_FUNCTIONS + 2)]
+    samplings = [Sampling(0.5 + k / 100, 25) for k in range(MAX_STEP_FUNCTIONS + 2)]
     cache = ModelCache(tiny_lm)
-    first = step_functions(tiny_lm, samplings[0], cache=cache)
-    assert step_functions(tiny_lm, samplings[0], cache=cache) is first
-    generators = [LmGen(tiny_lm, sampling, seed=0, step_cache=cache) for sampling in samplings]
-    assert cache.choices() == [(s, None, 1.0) for s in samplings[-MAX_STEP_FUNCTIONS:]]
+    choice = (samplings[0], AUDIO_SAMPLING, None, 1.0)
+    first = ChatStepFunction.shared(tiny_lm, cache, choice)
+    assert ChatStepFunction.shared(tiny_lm, cache, choice) is first
+    generators = [ChatStepper(tiny_lm, s, seed=0, step_cache=cache) for s in samplings]
+    kept = samplings[-MAX_STEP_FUNCTIONS:]
+    assert cache.choices() == [(s, AUDIO_SAMPLING, None, 1.0) for s in kept]
     step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
-    assert 0 <= step.text_token < tiny_lm.cfg.text_card
+    assert 0 <= step.text.item() < tiny_lm.cfg.text_card
 
 
 def test_long_run_memory_is_flat():
@@ -124,7 +131,7 @@ def test_long_run_memory_is_flat():
     }
     lm = Lm(LmConfig.from_dict(LmConfig.tiny().to_dict() | slim))
     mx.eval(lm.parameters())
-    gen = LmGen(lm, seed=0)
+    gen = ChatStepper(lm, seed=0)
     user = np.random.default_rng(0).integers(0, lm.cfg.card, (256, 2))
     steps = 3200
     memory, times = {}, []
@@ -139,14 +146,14 @@ def test_long_run_memory_is_flat():
     assert np.median(times[-500:]) < 3 * np.median(times[200:700])
 
 
-class _EagerLmGen:
+class _EagerChat:
     """The step loop as it was before the compiled step: the temporal transformer run eagerly
     over `KVCache`s (exact filled length), the token ring and delays in numpy on the host."""
 
-    def __init__(self, lm: Lm, sampling: SamplingConfig, seed: int):
+    def __init__(self, lm: Lm, sampling: tuple[Sampling, Sampling], seed: int):
         cfg = lm.cfg
         self.lm, self.cfg = lm, cfg
-        self.sampling = sampling
+        self.text_sampling, self.audio_sampling = sampling
         self.caches = lm.make_caches()
         self.key = mx.random.key(seed)
         self.delays = np.array(cfg.delays)
@@ -172,20 +179,20 @@ class _EagerLmGen:
 
     def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
         """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
-        s, depformer = self.sampling, self.lm.depformer
+        audio_sampling, depformer = self.audio_sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
-        text = sample(text_logits, s.text_temp, s.text_top_k, text_key)
+        text = self.text_sampling.sample(text_logits, text_key)
         noise = gumbel_noise((1, self.cfg.dep_q * self.cfg.card), audio_key)  # all codebooks'
         noises = mx.split(noise, self.cfg.dep_q, axis=-1)
         caches, tokens = depformer.make_caches(), [text]
         for k, depformer_slice in enumerate(depformer.slices):
             logits = depformer_slice(temporal_out, tokens[-1], caches)
-            noise = noises[k] if s.audio_temp > 0 else None
-            tokens.append(sample_with_noise(logits, s.audio_temp, s.audio_top_k, noise))
+            noise = noises[k] if audio_sampling.draws else None
+            tokens.append(audio_sampling.sample_with_noise(logits, noise))
         return mx.concatenate(tokens)
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig.greedy()])
+@pytest.mark.parametrize("sampling", [(TEXT_SAMPLING, AUDIO_SAMPLING), (GREEDY, GREEDY)])
 def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypatch):
     """Context 100: 240 steps cross the KV buckets (64, 100) and wrap the ring twice; the
     tokens equal those of the eager loop, and the step is traced once per bucket."""
@@ -195,26 +202,26 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
     mx.eval(lm.parameters())
     user = _user_codes(240, cfg.card, seed=3)
     user[::7] = -1  # some "no input" frames
-    eager = _EagerLmGen(lm, sampling, seed=11)
+    eager = _EagerChat(lm, sampling, seed=11)
     traces = []
     real_step_text = Lm.step_text  # runs only when the compiled step is traced
     monkeypatch.setattr(Lm, "step_text", lambda *a: traces.append(1) or real_step_text(*a))
     cache = ModelCache(lm)
-    compiled = LmGen(lm, sampling, seed=11, step_cache=cache)
+    compiled = ChatStepper(lm, *sampling, seed=11, step_cache=cache)
     texts = set()
     for t, codes in enumerate(user):
         text, moshi_codes = eager.step(codes)
         step = compiled.step(codes)
-        assert step.text_token == text, t
+        assert step.text.item() == text, t
         if moshi_codes is None:
-            assert step.moshi_codes is None
+            assert step.frame is None
         else:
-            np.testing.assert_array_equal(step.moshi_codes, moshi_codes)
+            np.testing.assert_array_equal(np.array(step.frame), moshi_codes)
         texts.add(text)
         if t == 0:
             eager_first_text = text
     assert len(texts) > 5  # a stream worth comparing
     assert len(traces) == 2  # the 64-slot and 100-slot buckets
     assert compiled.ring.capacity == cfg.context
-    again = LmGen(lm, sampling, seed=11, step_cache=cache)  # a new conversation reuses the traces
-    assert again.step(user[0]).text_token == eager_first_text and len(traces) == 2
+    again = ChatStepper(lm, *sampling, seed=11, step_cache=cache)  # a new one reuses the traces
+    assert again.step(user[0]).text.item() == eager_first_text and len(traces) == 2

@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.errors import ConfigError, MoshiError
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hibiki"
@@ -33,16 +33,16 @@ def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
 
 
 def _run(lm, cfg_coef: float, source: np.ndarray) -> dict[str, np.ndarray]:
-    generator = LmGen(lm, SamplingConfig.greedy(), seed=0, cfg_coef=cfg_coef)
+    generator = ChatStepper(lm, GREEDY, GREEDY, seed=0, cfg_coef=cfg_coef)
     out = {k: [] for k in ("text_logits", "depformer_logits", "sampled", "codes")}
     for codes in source:
         step = generator.step(codes)
-        text_logits, audio_logits = step.guided_logits
+        text_logits, audio_logits = step.text_logits, step.audio_logits
         out["text_logits"].append(np.array(text_logits))
         out["depformer_logits"].append(np.array(audio_logits))
-        out["sampled"].append(np.array(step.sampled_tokens))
-        codes = step.moshi_codes
-        out["codes"].append(np.full(8, -1) if codes is None else codes)
+        out["sampled"].append(np.array(step.sampled))
+        codes = step.frame
+        out["codes"].append(np.full(8, -1) if codes is None else np.array(codes))
     return {k: np.stack(v) for k, v in out.items()}
 
 
@@ -73,6 +73,6 @@ def test_guidance_changes_the_logits(hibiki):
 
 def test_conditions_are_checked(hibiki, tiny_lm_checkpoints):
     with pytest.raises(ConfigError, match="cannot be 'great': use one of very_bad, bad"):
-        LmGen(hibiki, condition={"description": "great"})
+        ChatStepper(hibiki, condition={"description": "great"})
     with pytest.raises(MoshiError, match="takes no condition"):
-        LmGen(load_lm(tiny_lm_checkpoints["bf16"]), cfg_coef=3.0)
+        ChatStepper(load_lm(tiny_lm_checkpoints["bf16"]), cfg_coef=3.0)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from moshi_mlx.chat.check import compare_generation
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hibiki_zero"
@@ -62,14 +62,14 @@ def test_teacher_forced_logits_step_by_step(hibiki_zero, golden):
 
 def test_greedy_generation_matches_pytorch(hibiki_zero, golden):
     """The compiled step (KV ring past its window) gives the reference's tokens exactly."""
-    generator = LmGen(hibiki_zero, SamplingConfig.greedy(), seed=0)
+    generator = ChatStepper(hibiki_zero, GREEDY, GREEDY, seed=0)
     inputs, sampled, codes = [], [], []
     for frame in golden["source_codes"]:
         step = generator.step(frame)
-        inputs.append(np.array(step.input_tokens))
-        sampled.append(np.array(step.sampled_tokens))
-        moshi = step.moshi_codes
-        codes.append(np.full(16, -1) if moshi is None else moshi)
+        inputs.append(np.array(step.inputs))
+        sampled.append(np.array(step.sampled))
+        moshi = step.frame
+        codes.append(np.full(16, -1) if moshi is None else np.array(moshi))
     sampled = np.stack(sampled)
     np.testing.assert_array_equal(np.stack(inputs), golden["input_tokens"])
     np.testing.assert_array_equal(sampled[:, 0], golden["sampled_text"])

@@ -8,10 +8,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
+from moshi_mlx.chat.generate import ChatStepper, teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.testing.checkpoints import (
     load_lm,
     logit_fidelity,
@@ -55,15 +55,15 @@ def test_quantized_cache_tracks_the_unquantized_one(run, bits, max_error, min_ag
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_compiled_steps_read_the_quantized_cache_as_teacher_forcing_does(run, bits):
-    """`LmGen`'s compiled step over a quantized ring (packed slots and the recent ring, past
+    """`ChatStepper`'s compiled step over a quantized ring (packed slots and the recent ring, past
     the wrap) samples greedily what the uncompiled path's logits say on the same inputs."""
     *_, lm = run
     quantization = KVQuantization.of(bits)
-    gen = LmGen(lm, SamplingConfig.greedy(), seed=0, kv_quantization=quantization)
+    gen = ChatStepper(lm, GREEDY, GREEDY, seed=0, kv_quantization=quantization)
     user = np.random.default_rng(1).integers(0, CONFIG.card, (STEPS, 8))
     steps = [gen.step(codes) for codes in user]
-    inputs = mx.stack([step.input_tokens for step in steps])
-    sampled = np.array(mx.stack([step.sampled_tokens for step in steps]))
+    inputs = mx.stack([step.inputs for step in steps])
+    sampled = np.array(mx.stack([step.sampled for step in steps]))
     previous = mx.array(sampled[:, : CONFIG.dep_q])
     text, audio = teacher_forced_logits(lm, inputs, previous, quantization)
     assert np.array_equal(np.array(text).argmax(-1), sampled[:, 0])

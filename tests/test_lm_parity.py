@@ -7,9 +7,9 @@ check the attention window once the KV ring wraps.
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.models.lm import LmConfig
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 
 MAX_RELATIVE_ERROR = 1e-4
 
@@ -46,13 +46,13 @@ def test_teacher_forced_text_logits_whole_sequence(golden_lm):
 
 def test_greedy_stream_matches_reference_exactly(golden_lm):
     lm, golden = golden_lm
-    gen = LmGen(lm, SamplingConfig.greedy())
+    gen = ChatStepper(lm, GREEDY, GREEDY)
     for _ in range(2):  # a second conversation after reset() repeats the first
         texts, codes = [], []
         for user_codes in golden["greedy_user"]:
             step = gen.step(user_codes)
-            texts.append(step.text_token)
-            codes.append(step.moshi_codes)
+            texts.append(step.text.item())
+            codes.append(None if step.frame is None else np.array(step.frame))
         np.testing.assert_array_equal(texts, golden["greedy_text"])
         # Reference output before the delays are filled is all -2 ("ungenerated").
         assert codes[0] is None and (golden["greedy_out"][0] == -2).all()

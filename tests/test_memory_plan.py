@@ -19,7 +19,7 @@ from conftest import MANIFESTS
 from mlx.utils import tree_flatten
 from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.checkpoints.header import lm_header
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -300,7 +300,7 @@ def test_personaplex_plans_the_slices_it_samples_and_fits_8_gb_as_moshi():
 
 def test_hibiki_plans_its_condition_and_two_kv_rows():
     """A conditioned model's plan holds the condition tables (in the weights) and a KV ring
-    of 2 rows (guidance), which is what a guided `LmGen` allocates."""
+    of 2 rows (guidance), which is what a guided `ChatStepper` allocates."""
     hibiki = Path(__file__).parent / "fixtures" / "hibiki"
     config = LmConfig.from_dict(json.loads((hibiki / "config.json").read_text()))
     layout = read_safetensors(hibiki / "weights.safetensors").layout
@@ -314,8 +314,8 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     assert conditioner > 0
     lm = Lm(config)
     lm.set_dtype(mx.float32)
-    gen = LmGen(lm, cfg_coef=3.0)
-    gen.reserve_full_context()
+    gen = ChatStepper(lm, cfg_coef=3.0)
+    gen.reserve(lm.cfg.attention_window)
     ring = sum(a.nbytes for a in (*gen.ring.keys, *gen.ring.values))
     assert ring == plan.kv_cache
 

@@ -13,7 +13,7 @@ import soundfile
 from mlx.utils import tree_flatten
 from tiny_moshi import tiny_personaplex_config, write_eight_step_file, write_tiny_personaplex
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.persona.cache import load_state, save_state
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.role import read_role, role_tokens, wrapped
@@ -29,7 +29,7 @@ from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.testing.checkpoints import load_lm
 
@@ -99,12 +99,12 @@ def test_prefill_leaves_the_ring_as_step_by_step_replay(bits):
 
 
 def _greedy(lm, start, steps=12, seed=0):
-    gen = LmGen(lm, SamplingConfig.greedy(), seed=0, start=start)
+    gen = ChatStepper(lm, GREEDY, GREEDY, seed=0, start=start)
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(steps):
         step = gen.step(rng.integers(0, 64, 8))
-        out.append((step.text_token, tuple(step.moshi_codes)))
+        out.append((step.text.item(), tuple(np.array(step.frame).tolist())))
     return out
 
 
@@ -122,9 +122,9 @@ def test_a_restored_prompt_cache_gives_the_same_tokens(persona_lm, tmp_path):
 
 def test_first_conversation_step_returns_the_given_silence(persona_lm):
     state = prompt_state(persona_lm, _voice(), [11])
-    gen = LmGen(persona_lm, SamplingConfig(), seed=3, start=state)
+    gen = ChatStepper(persona_lm, seed=3, start=state)
     step = gen.step(np.zeros(8, np.int64))
-    sampled = np.array(step.sampled_tokens)
+    sampled = np.array(step.sampled)
     assert list(sampled[2:]) == list(SILENCE_TOKENS[1:])  # forced, not sampled
 
 

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from tiny_moshi import write_eight_step_file
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.voice import encode_voice, load_voice_audio, read_voice, voice_source
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
 from moshi_mlx.runtime.codec import MlxCodec
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "personaplex"
@@ -47,21 +47,21 @@ def _config() -> LmConfig:
 def _conversation(lm, state, user_codes, steps):
     """Greedy steps from `state` on the user's codes, with each step's logits computed on the
     inputs the step fed: tokens (steps, 17), text logits, Moshi's audio logits."""
-    generator = LmGen(lm, SamplingConfig.greedy(), seed=0, start=state)
+    generator = ChatStepper(lm, GREEDY, GREEDY, seed=0, start=state)
     ring = state.ring
     depformer_caches = lm.depformer.make_caches()
     tokens, text_logits, audio_logits = [], [], []
     for t in range(steps):
         step = generator.step(user_codes[t])
         ring = ring.grown(state.step_index + t)
-        temporal_out, text = lm.step_text(step.input_tokens[None, :, None], ring)
+        temporal_out, text = lm.step_text(step.inputs[None, :, None], ring)
         ring = ring.advanced()
-        previous = step.sampled_tokens[None, : lm.cfg.moshi_codebooks]
+        previous = step.sampled[None, : lm.cfg.moshi_codebooks]
         audio = lm.depformer.logits(temporal_out[:, None], previous, depformer_caches)
         mx.eval(text, audio, ring.keys, ring.values)
         text_logits.append(np.array(text[0]))
         audio_logits.append(np.array(audio[0]))
-        tokens.append([step.text_token, *step.moshi_codes])
+        tokens.append([step.text.item(), *np.array(step.frame).tolist()])
     return np.array(tokens), np.stack(text_logits), np.stack(audio_logits)
 
 

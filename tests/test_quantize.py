@@ -38,7 +38,7 @@ from moshi_mlx.checkpoints.spec import LM_FILES, output_layout
 from moshi_mlx.cli.quantize import main
 from moshi_mlx.models.config import MOSHI_DELAYS, LmConfig
 from moshi_mlx.runtime.codec import FRAME_SIZE
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.testing.checkpoints import load_lm, write_random_lm_checkpoint
 
@@ -143,10 +143,10 @@ def test_pytorch_named_input_gives_the_same_model(converted, sources):
 
 
 def test_quantized_generation_tracks_the_bf16_model(converted, sources):
-    """Figures (tiny reference model, 32 greedy steps, teacher-forced on the inputs `LmGen`
+    """Figures (tiny reference model, 32 greedy steps, teacher-forced on the inputs `ChatStepper`
     fed the bf16 model, float32 compute on the CPU): q8 agrees on 96.9% of text and 97.3% of
     audio tokens, max |logit difference| 0.10 / 0.08, relative RMS logit error 0.021; q4 on
-    75.0% / 66.4%, 0.93 / 0.95, 0.26. (Before the check drove `LmGen`, its own copy of the
+    75.0% / 66.4%, 0.93 / 0.95, 0.26. (Before the check drove `LmGen` (now `ChatStepper`), its own copy of the
     delays fed Moshi's generated codebooks `delay` steps late: 96.9% / 97.3%, 0.023 for q8 and
     59.4% / 68.8%, 0.27 for q4 on that stream.)
     The tiny random model's logits are nearly flat (RMS 1.0 over 100 text tokens, 0.68 over
@@ -445,10 +445,10 @@ def _speech_codes(model: SttModel, speech: np.ndarray) -> list[mx.array]:
 def _listen(model: SttModel, codes: list[mx.array]) -> dict[str, np.ndarray]:
     """The greedy text tokens (T,), text logits (T, text_card) and voice-activity head
     probabilities (T, heads, classes) of `model` stepping over `codes`."""
-    stepper = ListenStepper(model.lm)
+    stepper = SttStepper(model.lm)
     steps = [stepper.step(frame) for frame in codes]
     return {
-        "tokens": np.array(mx.concatenate([step.text_tokens for step in steps])),
+        "tokens": np.array(mx.concatenate([step.text for step in steps])),
         "logits": np.array(mx.concatenate([step.text_logits for step in steps])),
         "heads": np.array(mx.concatenate([step.head_probabilities for step in steps])),
     }

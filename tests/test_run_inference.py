@@ -232,7 +232,7 @@ def test_tokens_file_holds_every_step_the_api_produced(tmp_path, capsys, speech,
     args = parse_args(argv)
     model = load_model(args)
     steps = []
-    with model.conversation(sampling=sampling_from_args(args), seed=7) as conversation:
+    with model.conversation(*sampling_from_args(args), seed=7) as conversation:
         converse(conversation, read_audio(speech, 24_000), FRAME, on_step=steps.append)
     cfg = model.lm.cfg
     assert sorted(written) == ["audio_codes", "input_tokens", "text_tokens"]

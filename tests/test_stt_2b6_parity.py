@@ -17,7 +17,7 @@ from moshi_mlx.models.config import LmConfig
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.stt.batch import SttBatch
 from moshi_mlx.stt.events import WordEnded, WordStarted
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.stt.transcriber import SttModel
 from moshi_mlx.testing.checkpoints import load_lm
 
@@ -69,7 +69,7 @@ def test_the_published_layout(stt):
 def test_text_logits_step_by_step(stt, golden):
     silence, audio = golden["silence_codes"], golden["audio_codes"]
     chunks = [silence] * stt.silence_prefix_steps + list(audio) + [silence] * SUFFIX
-    stepper = ListenStepper(stt.lm)
+    stepper = SttStepper(stt.lm)
     logits = np.stack([np.array(stepper.step(codes[None]).text_logits[0]) for codes in chunks])
     expected = golden["text_logits"]
     error = np.linalg.norm(logits - expected, axis=-1) / np.linalg.norm(expected, axis=-1)

@@ -154,10 +154,10 @@ def test_serve_speaks_kyutais_protocol_with_the_real_model(files, model, speech)
 
 # --- tokens from step 0, the silence prefix's included ---------------------------------------
 class _ScriptedStepper:
-    """A `ListenStepper` that writes `script`'s tokens (then padding), the same in every
+    """An `SttStepper` that writes `script`'s tokens (then padding), the same in every
     stream, with head probabilities of zero."""
 
-    def __init__(self, lm, batch=1, sampling=None, step_cache=None, *, script: list[int]):
+    def __init__(self, lm, batch=1, text_sampling=None, step_cache=None, *, script: list[int]):
         self.batch, self.step_index, self.script = batch, 0, script
 
     @property
@@ -167,14 +167,20 @@ class _ScriptedStepper:
     def step(self, codes):
         import mlx.core as mx
 
-        from moshi_mlx.stt.stepper import ListenStep
+        from moshi_mlx.runtime.step_state import StepOutput
 
         script = self.script
         token = script[self.step_index] if self.step_index < len(script) else 3
         self.step_index += 1
         batch = self.batch
-        return ListenStep(
-            mx.full((batch,), token, mx.int32), mx.zeros((batch, 1)), mx.zeros((batch, 4, 2))
+        text = mx.full((batch,), token, mx.int32)
+        return StepOutput(
+            None,
+            text,
+            None,
+            mx.zeros((batch, 33), mx.int32),
+            text_logits=mx.zeros((batch, 1)),
+            head_probabilities=mx.zeros((batch, 4, 2)),
         )
 
 
@@ -192,7 +198,7 @@ def test_words_written_while_the_silence_prefix_is_fed_are_kept(model, monkeypat
     hello = model.tokenizer.encode("hello")
     script = [0, *hello, 0]
     assert len(script) < 13
-    monkeypatch.setattr(transcriber, "ListenStepper", partial(_ScriptedStepper, script=script))
+    monkeypatch.setattr(transcriber, "SttStepper", partial(_ScriptedStepper, script=script))
     cfg = replace(model.lm.cfg, stt_config=SttTiming(0.5, 1.0))
     prefixed = replace(model, lm=SimpleNamespace(cfg=cfg))
     assert prefixed.silence_prefix_steps == 13

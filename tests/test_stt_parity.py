@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from moshi_mlx.models.config import LmConfig
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.testing.checkpoints import load_lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stt"
@@ -26,11 +26,11 @@ def test_steps_match_pytorch_lmgen(variant):
     golden = np.load(FIXTURES / f"golden{variant}.npz")
     lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
     assert lm.cfg.extra_heads_num_heads == 4
-    stepper = ListenStepper(lm)
+    stepper = SttStepper(lm)
     texts, logits, heads = [], [], []
     for codes in golden["call_codes"]:
         out = stepper.step(codes[None])
-        texts.append(out.text_tokens.item() if stepper.ready else -1)
+        texts.append(out.text.item() if stepper.ready else -1)
         logits.append(np.array(out.text_logits[0]))
         heads.append(np.array(out.head_probabilities[0]))
     logits, expected = np.stack(logits), golden["text_logits"]

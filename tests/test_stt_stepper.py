@@ -9,7 +9,7 @@ import pytest
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 
 STEPS = 40
 
@@ -32,12 +32,12 @@ def _model(delays: list[int]) -> Lm:
 
 def _run(lm: Lm, codes: np.ndarray, reserve: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """codes (B, steps, n_q) -> text (B, steps), heads (B, steps, H, C)."""
-    stepper = ListenStepper(lm, batch=codes.shape[0])
+    stepper = SttStepper(lm, batch=codes.shape[0])
     stepper.reserve(reserve)
     texts, heads = [], []
     for t in range(codes.shape[1]):
         out = stepper.step(codes[:, t])
-        texts.append(np.array(out.text_tokens))
+        texts.append(np.array(out.text))
         heads.append(np.array(out.head_probabilities))
     return np.stack(texts, axis=1), np.stack(heads, axis=1)
 
@@ -82,7 +82,7 @@ def test_a_step_reads_the_delayed_codes_and_its_own_text_like_kyutais_lmgen():
 
 def test_a_model_with_a_depformer_is_refused():
     with pytest.raises(MoshiError, match="without a depformer"):
-        ListenStepper(Lm(LmConfig.tiny()))
+        SttStepper(Lm(LmConfig.tiny()))
 
 
 def test_a_ring_reserved_at_once_gives_the_same_steps():
@@ -100,15 +100,15 @@ def test_a_step_writes_the_kv_ring_in_place():
     reference to the old buffers is still held) would cost a full ring's memory per step."""
     lm = Lm(replace(_tiny_stt([0] * 9), dim=64, context=64))
     mx.eval(lm.parameters())
-    stepper = ListenStepper(lm, batch=16)
+    stepper = SttStepper(lm, batch=16)
     codes = np.zeros((16, 8), np.int32)
     for _ in range(3):
-        mx.eval(stepper.step(codes).text_tokens)
+        mx.eval(stepper.step(codes).text)
     ring = stepper.ring
     ring_bytes = sum(buffer.nbytes for buffer in ring.keys + ring.values)
     del ring
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     out = stepper.step(codes)
-    mx.eval(out.text_tokens, stepper.ring.keys, stepper.ring.values)
+    mx.eval(out.text, stepper.ring.keys, stepper.ring.values)
     assert mx.get_peak_memory() - before < ring_bytes / 4

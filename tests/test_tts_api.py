@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from moshi_mlx.checkpoints.hub import WEIGHTS_ENV
 from moshi_mlx.errors import MoshiError, TtsError
 from moshi_mlx.runtime.codec import FRAME_SIZE
-from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun, TtsStream
 from moshi_mlx.tts.voices import DEFAULT_VOICE, voice_file_name
 from tests.tiny_moshi import load_tiny_tts
@@ -29,7 +29,6 @@ from tests.tiny_moshi import load_tiny_tts
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
 BOB = FIXTURES / "voices" / "bob.safetensors"
-GREEDY = TtsSampling(temp=0.0)
 # Row 0 of PyTorch's "batch" run: alice, cfg 2.0, greedy; a pause in the middle.
 GOLDEN = json.loads((FIXTURES / "golden_generate.json").read_text())["runs"]["batch"]["rows"][0]
 
@@ -55,7 +54,7 @@ def test_speech_starts_before_the_last_word_arrives(model):
     `close` the stream ends with every word spoken."""
     words = STREAMED.split()
     gap = 6
-    stream = model.stream(ALICE, sampling=GREEDY, seed=3)
+    stream = model.stream(ALICE, text_sampling=GREEDY, audio_sampling=GREEDY, seed=3)
     stream.push(words[0] + " ")
     pushed, heard, yields = 1, [], []
     heard_at_last_word = spoken_at_last_word = None
@@ -152,7 +151,9 @@ def test_text_pushed_in_pieces_gives_pytorchs_greedy_tokens(model, feed):
     """However the text comes (in time), the stream's entries are those of the whole text (the
     speaker token only on the first word) and its greedy tokens are PyTorch's, step for step,
     until this request's own end (PyTorch's row ran on with a longer one beside it)."""
-    stream = model.stream(ALICE, cfg_coef=GOLDEN["cfg"], sampling=GREEDY)
+    stream = model.stream(
+        ALICE, cfg_coef=GOLDEN["cfg"], text_sampling=GREEDY, audio_sampling=GREEDY
+    )
     logged, frames = [], []
     while not stream.run.finished:
         FEEDS[feed](stream, stream.run.step_index)
@@ -206,7 +207,7 @@ TEXTS = ("Hello there.", "How are you?")
 
 def _end_steps(model: TtsModel, requests: list[TtsRequest], seed: int) -> list[int | None]:
     """The end steps of a run like `synthesize`'s, without decoding audio."""
-    run = TtsRun(model, requests, None, seed)
+    run = TtsRun(model, requests, seed=seed)
     for request, schedule in zip(requests, run.schedules):
         schedule.push(model.entries(request.text))
         schedule.close()

@@ -16,10 +16,10 @@ import pytest
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.prefix import is_recording, recording_codes
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
@@ -40,7 +40,7 @@ def test_generation_after_an_audio_prefix_equals_the_reference(model):
     prefix = np.array(golden["prefix"])[1:]  # the codebooks (row 0 is the text: -1)
     voice = FIXTURES / "voices" / f"{row['voice']}.safetensors"
     request = TtsRequest(row["text"], (voice,), row["cfg"], prefix=prefix)
-    run = TtsRun(model, [request], TtsSampling(temp=0.0))
+    run = TtsRun(model, [request], GREEDY, GREEDY)
     schedule = run.schedules[0]
     schedule.push(model.entries(row["text"]))
     schedule.close()

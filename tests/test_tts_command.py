@@ -298,7 +298,6 @@ def test_the_tokens_of_a_greedy_text_are_pytorchs(env, tmp_path):
 def test_the_tokens_of_a_jsonl_batch_are_the_apis(env, tmp_path, full_mimi_checkpoint):
     """--jsonl --tokens: one row per line, what `TtsModel.synthesize` gives the same requests,
     seed and sampling; an existing tokens file is kept without --force."""
-    from moshi_mlx.tts.stepper import TtsSampling
     from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
     requests = _jsonl(
@@ -321,7 +320,6 @@ def test_the_tokens_of_a_jsonl_batch_are_the_apis(env, tmp_path, full_mimi_check
             TtsRequest([TEXT], (ROOT / ALICE,)),
             TtsRequest(["Hi.", "Yes."], (ROOT / ALICE, ROOT / BOB), 1.5),
         ],
-        TtsSampling(),
         seed=2,
     )
     for row, speech in enumerate(speeches):
@@ -344,7 +342,7 @@ def test_a_recording_as_voice_is_continued(env, tmp_path, full_mimi_checkpoint):
     """`--voice speech.wav` clones its voice: the recording's Mimi codes are the audio prefix
     (its last 2 frames dropped), its steps feed "no input" text, its audio is not played; the
     tokens are the API's (`TtsModel.voice_prefix` and a `TtsRequest` prefix)."""
-    from moshi_mlx.tts.stepper import TtsSampling
+    from moshi_mlx.runtime.sampling import GREEDY
     from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
     recording = tmp_path / "speech.wav"
@@ -367,7 +365,7 @@ def test_a_recording_as_voice_is_continued(env, tmp_path, full_mimi_checkpoint):
     prefix = model.voice_prefix(recording)
     assert prefix.shape == (model.codebooks, prefix_frames)
     request = TtsRequest(TEXT, (ROOT / ALICE,), prefix=prefix)
-    (speech,) = model.synthesize([request], TtsSampling(temp=0.0))
+    (speech,) = model.synthesize([request], GREEDY, GREEDY)
     np.testing.assert_array_equal(speech.fed_tokens, fed)
     assert "Traceback" not in done.stderr
     two = _error_line(

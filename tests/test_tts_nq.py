@@ -15,9 +15,9 @@ import pytest
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
@@ -42,7 +42,7 @@ def test_fewer_codebooks_equal_the_reference_step_for_step(lm):
     requests = [
         TtsRequest(row["text"], (VOICES[row["voice"]],), row["cfg"]) for row in golden["rows"]
     ]
-    run = TtsRun(model, requests, TtsSampling(temp=0.0))
+    run = TtsRun(model, requests, GREEDY, GREEDY)
     for row, schedule in zip(golden["rows"], run.schedules):
         schedule.push(model.entries(row["text"]))
         schedule.close()

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition, voice_keys_values
 
@@ -128,8 +128,7 @@ def test_greedy_generation_equals_the_reference_step_for_step(lm, run_name):
     requests = [
         TtsRequest(row["text"], (VOICES[row["voice"]],), row["cfg"]) for row in run_golden["rows"]
     ]
-    sampling = TtsSampling(temp=0.0, padding_bonus=run_golden["padding_bonus"])
-    run = TtsRun(model, requests, sampling)
+    run = TtsRun(model, requests, GREEDY, GREEDY, padding_bonus=run_golden["padding_bonus"])
     for row, schedule in zip(run_golden["rows"], run.schedules):
         entries = model.entries(row["text"])
         assert [(list(e.tokens), e.text, e.padding) for e in entries] == [

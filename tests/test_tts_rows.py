@@ -16,16 +16,15 @@ import pytest
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.errors import TtsError
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.batch import TtsBatch
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import load_voice, voice_keys_values
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
-GREEDY = TtsSampling(temp=0.0)
 RUNS = json.loads((FIXTURES / "golden_generate.json").read_text())["runs"]
 TEXTS = [row["text"] for row in RUNS["batch"]["rows"]] + [RUNS["padding_bonus"]["rows"][0]["text"]]
 
@@ -46,7 +45,7 @@ def _requests() -> list[TtsRequest]:
 
 def _alone(model: TtsModel, request: TtsRequest) -> list[tuple]:
     """Per step of the request run alone: predicted, fed, frame (list or None), pcm."""
-    run = TtsRun(model, [request], GREEDY, seed=0)
+    run = TtsRun(model, [request], GREEDY, GREEDY, seed=0)
     run.schedules[0].push(model.entries(request.text))
     run.schedules[0].close()
     steps = []
@@ -72,7 +71,7 @@ def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
     leaves; every stream's tokens and audio are those of its run alone."""
     requests = _requests()
     alone = [_alone(model, request) for request in requests]
-    batch = TtsBatch(model, rows=3, sampling=GREEDY)
+    batch = TtsBatch(model, rows=3, text_sampling=GREEDY, audio_sampling=GREEDY)
     row_of: dict[int, int] = {}  # stream -> row
     outputs: dict[int, list] = {stream: [] for stream in range(3)}
     join_at = {0: 0, 1: 5}
@@ -102,7 +101,7 @@ def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
 
 
 def test_rows_are_checked(model):
-    batch = TtsBatch(model, rows=1, sampling=GREEDY)
+    batch = TtsBatch(model, rows=1, text_sampling=GREEDY, audio_sampling=GREEDY)
     assert batch.step() == []
     row = batch.add(_requests()[0])
     with pytest.raises(TtsError, match="all 1 rows"):

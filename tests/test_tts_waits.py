@@ -8,8 +8,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.tts.batch import TtsBatch
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun
 from tests.tiny_moshi import load_tiny_tts
 
@@ -42,7 +42,7 @@ def _audio_steps(model: TtsModel) -> int:
 
 
 def test_a_run_waits_once_per_frame(model, evals):
-    run = TtsRun(model, [TtsRequest(TEXT, (ALICE,))], TtsSampling(temp=0.0), seed=0)
+    run = TtsRun(model, [TtsRequest(TEXT, (ALICE,))], GREEDY, GREEDY, seed=0)
     run.schedules[0].push(model.entries(TEXT))
     run.schedules[0].close()
     played = 0
@@ -57,7 +57,7 @@ def test_a_run_waits_once_per_frame(model, evals):
 
 
 def test_a_batch_waits_once_per_frame(model, evals):
-    batch = TtsBatch(model, rows=2, sampling=TtsSampling(temp=0.0))
+    batch = TtsBatch(model, rows=2, text_sampling=GREEDY, audio_sampling=GREEDY)
     row = batch.add(TtsRequest(TEXT, (ALICE,)))
     batch.close(row)
     played = 0

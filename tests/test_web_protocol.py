@@ -11,8 +11,9 @@ import sys
 import pytest
 from web_harness import free_port
 
+from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.cli.serve import server_url
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.protocol import Kind, ProtocolError, session_params
 from moshi_mlx.serve.http import is_loopback, origin_allowed
@@ -44,7 +45,7 @@ def test_invalid_messages(message, reason):
 
 
 def test_query_parameters_map_onto_sampling_and_one_seed():
-    defaults = SamplingConfig()
+    defaults = TEXT_SAMPLING, AUDIO_SAMPLING
     assert session_params({}, defaults, None) == protocol.SessionParams(defaults, None)
     assert session_params({}, defaults, 5).seed == 5  # the server's --seed
     # What Kyutai's web client sends: all of them, with two random seeds.
@@ -60,12 +61,10 @@ def test_query_parameters_map_onto_sampling_and_one_seed():
         "repetition_penalty": "1",
     }
     params = session_params(query, defaults, 5)
-    assert params.sampling == SamplingConfig(
-        text_temp=0.5, text_top_k=10, audio_temp=0.6, audio_top_k=100
-    )
+    assert params.sampling == (Sampling(0.5, 10), Sampling(0.6, 100))
     assert params.seed == 123  # text_seed, else audio_seed, else --seed
     assert session_params({"audio_seed": "456"}, defaults, 5).seed == 456
-    assert session_params({"text_topk": "25.0"}, defaults, None).sampling.text_top_k == 25
+    assert session_params({"text_topk": "25.0"}, defaults, None).sampling[0].top_k == 25
 
 
 @pytest.mark.parametrize(
@@ -82,7 +81,7 @@ def test_query_parameters_map_onto_sampling_and_one_seed():
 )
 def test_bad_query_parameters(query):
     with pytest.raises(ProtocolError, match=f"query parameter {next(iter(query))}"):
-        session_params(query, SamplingConfig(), None)
+        session_params(query, (TEXT_SAMPLING, AUDIO_SAMPLING), None)
 
 
 @pytest.mark.parametrize(

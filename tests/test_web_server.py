@@ -42,12 +42,12 @@ from web_harness import (
 )
 
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.persona.cache import CACHE_ENV
 from moshi_mlx.chat.persona.role import EXAMPLE_ROLES
 from moshi_mlx.cli.serve import ssl_context
 from moshi_mlx.errors import ConfigError, WeightsError
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.chat import protocol
 from moshi_mlx.serve.chat.persona import MAX_ROLE_CHARS
 from moshi_mlx.serve.chat.protocol import Kind
@@ -73,13 +73,13 @@ def server(files):
 
 def test_the_warm_up_compiles_the_servers_sampling(files):
     """The step the server's sessions use by default is compiled before `ready`."""
-    sampling = SamplingConfig(text_temp=0.5, audio_top_k=10)
+    sampling = Sampling(0.5, 25), Sampling(0.8, 10)
     running = ServerThread(lambda: load_tiny_model(files), ChatSettings(sampling=sampling))
     service = running.service
     try:
         assert service.ready.wait(120) and service.error is None, service.error
         compiled = service.model.step_cache.choices()
-        assert compiled == [(sampling, None, 1.0)]  # no KV quantization, no guidance
+        assert compiled == [(*sampling, None, 1.0)]  # no KV quantization, no guidance
     finally:
         running.close()
 
@@ -110,16 +110,16 @@ def _talk(coroutine):
 def test_seeded_conversation_equals_the_offline_api(files, url, tmp_path, monkeypatch):
     """Text and Moshi's codes through the server equal `MoshiModel` on the decoded input."""
     codes_by_thread: dict[str, list] = {}
-    real_step = LmGen.step
+    real_step = ChatStepper.step
 
     def recording_step(self, user_codes):
         out = real_step(self, user_codes)
-        if out.moshi_codes is not None:
+        if out.frame is not None:
             name = threading.current_thread().name
-            codes_by_thread.setdefault(name, []).append(np.array(out.moshi_codes))
+            codes_by_thread.setdefault(name, []).append(np.array(out.frame))
         return out
 
-    monkeypatch.setattr(LmGen, "step", recording_step)
+    monkeypatch.setattr(ChatStepper, "step", recording_step)
     pages = ogg_pages(_speech(tmp_path, 2.0))
     query = "?text_seed=7&audio_seed=9&text_temperature=0.9&audio_topk=100&pad_mult=0"
 
@@ -141,8 +141,8 @@ def test_seeded_conversation_equals_the_offline_api(files, url, tmp_path, monkey
     # Offline: the same bytes decoded by the same library, stepped by the embedding API.
     user = decode_ogg(pages)
     offline_model = load_tiny_model(files)
-    sampling = SamplingConfig(text_temp=0.9, audio_top_k=100)
-    with offline_model.conversation(sampling=sampling, seed=7) as conversation:
+    sampling = Sampling(0.9, 25), Sampling(0.8, 100)
+    with offline_model.conversation(*sampling, seed=7) as conversation:
         steps = [
             conversation.step(user[i : i + FRAME]) for i in range(0, len(user) - FRAME + 1, FRAME)
         ]

@@ -1,6 +1,6 @@
 """`python -m moshi_mlx.quantize --check`: how closely a converted LM follows its source.
 
-The source model generates greedily from random user codes through `LmGen`, which records
+The source model generates greedily from random user codes through `ChatStepper`, which records
 what each step fed the model and sampled; both models are then run teacher-forced on exactly
 those inputs (`teacher_forced_logits`), and their tokens and logits compared.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import LmGen, teacher_forced_logits
+from moshi_mlx.chat.generate import ChatStepper, teacher_forced_logits
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
 from moshi_mlx.checkpoints.io import check_fits_model, read_safetensors
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.loading import LoadOptions, load_parts
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import GREEDY
 
 
 @dataclass
@@ -45,13 +45,13 @@ class CheckResult:
 
 
 def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
-    """What `LmGen` fed `lm` and what it sampled, greedily, on the user's codes
+    """What `ChatStepper` fed `lm` and what it sampled, greedily, on the user's codes
     (n_user, steps): input tokens (steps, K) and sampled tokens (steps, 1 + moshi_codebooks).
     Unguided, as `teacher_forced_logits` runs a conditioned model."""
-    generator = LmGen(lm, SamplingConfig.greedy(), seed=0, cfg_coef=1.0)
+    generator = ChatStepper(lm, GREEDY, GREEDY, seed=0, cfg_coef=1.0)
     steps = [generator.step(mx.array(codes, mx.int32)) for codes in user_codes.T]
-    inputs = mx.stack([step.input_tokens for step in steps])
-    sampled = mx.stack([step.sampled_tokens for step in steps])
+    inputs = mx.stack([step.inputs for step in steps])
+    sampled = mx.stack([step.sampled for step in steps])
     mx.eval(inputs, sampled)
     return inputs, sampled
 

@@ -35,9 +35,9 @@ from moshi_mlx.audio.live import frames_to_drop
 from moshi_mlx.errors import AudioError, MoshiError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE
 from moshi_mlx.runtime.model_thread import ModelThread, RealTimeClock
-from moshi_mlx.runtime.sampling import SamplingConfig
 
 if TYPE_CHECKING:
+    from moshi_mlx.chat.generate import ChatSampling
     from moshi_mlx.chat.model import Conversation, MoshiModel
 
 DEFAULT_MAX_LAG_FRAMES = 3  # 0.24 s: the terminal app's default --max-lag
@@ -70,14 +70,15 @@ class DuplexClosed(MoshiError):
 
 class DuplexSession(RealTimeClock):
     """One client's full-duplex conversation with `model`, stepped on `thread` (see the module
-    docstring). `sampling`, `seed`, `voice`, `role` and `cfg_coef` are those of
+    docstring). `sampling` (the text's and the audio's `Sampling`; None: the model's
+    defaults), `seed`, `voice`, `role` and `cfg_coef` are those of
     `MoshiModel.conversation`; `max_lag_frames` bounds the audio waiting for the model."""
 
     def __init__(
         self,
         thread: ModelThread,
         model: MoshiModel,
-        sampling: SamplingConfig | None = None,
+        sampling: ChatSampling | None = None,
         seed: int | None = None,
         voice: str | Path | None = None,
         role: str | None = None,
@@ -166,8 +167,10 @@ class DuplexSession(RealTimeClock):
 
     # --- the model thread ---
     def _open_on_thread(self) -> int:
+        text_sampling, audio_sampling = self.sampling or (None, None)
         conversation = self.model.conversation(
-            sampling=self.sampling,
+            text_sampling,
+            audio_sampling,
             seed=self.seed,
             voice=self.voice,
             role=self.role,

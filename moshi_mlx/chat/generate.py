@@ -6,7 +6,7 @@ text, card — audio padding — for audio). The user's codes given at step t ar
 t + delay. Moshi's streams are sampled already delayed: the tokens sampled at step t are fed
 at step t + 1, and codebook k's token of step t belongs to the audio frame t - delays[k].
 Once the delays are filled, each step returns Moshi's codes of one frame, realigned across
-codebooks. (`LmGenStep.input_tokens` shows what each step fed the model.)
+codebooks. (`StepOutput.inputs` shows what each step fed the model.)
 
 PersonaPlex (`LmConfig.generator` "personaplex") follows NVIDIA's `LMGen`, which is the same
 but for two things: a user frame is fed `user_input_lag` (1) step later, and a conversation
@@ -16,14 +16,12 @@ feeds it to the next depformer slice) instead of the sampled one. The depformer 
 Moshi's codebooks: PersonaPlex's slices for the user's codebooks would be sampled and thrown
 away (the user's stream is always given), and come after Moshi's, so they change nothing.
 
-A step is one `mx.compile`d function, `StepState` and the user's codes in, `StepOutput` out
-(`moshi_mlx.runtime.step_state`): the token ring with its delays (`runtime.token_ring`), the
-temporal transformer over its `KVRing`, the text and audio sampling and the depformer's 8
-slices. The step's position is an array, so the function is traced once per KV capacity
-bucket (9 for a 3000-step context), not per step, and the traces are shared by the
-generators of one sampling given the model's `ModelCache`. Nothing in a step waits for the
-device: `LmGen.step` returns lazy arrays and queues their evaluation (`mx.async_eval`), and
-the caller reads them with one evaluation per frame, with whatever it computes from them.
+The step (`ChatStepFunction.step`, run by `ChatStepper` on `moshi_mlx.runtime.stepper`) is a
+pure function, `StepState` and the user's codes in, `StepOutput` out: the token ring with its
+delays (`runtime.token_ring`), the temporal transformer over its `KVRing`, the text and audio
+sampling and the depformer's 8 slices. Nothing in a step waits for the device:
+`ChatStepper.step` returns lazy arrays with their evaluation queued, and the caller reads them
+with one evaluation per frame, with whatever it computes from them.
 
 Hibiki (a model with `conditioners`) adds its condition vector to every step's input and
 runs classifier-free guidance as Kyutai's PyTorch `LMGen` does: with `cfg_coef` != 1 the
@@ -36,73 +34,33 @@ conditioners keep their step graph as it was.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.errors import MoshiError, removed_names
 from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import transpose_weights
-from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import SamplingConfig, gumbel_noise, sample, sample_column
+from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
+from moshi_mlx.runtime.stepper import StepFunction, Stepper
 from moshi_mlx.runtime.token_ring import TokenRing
 
-
-class LmGenStep:
-    """What one step produced, as arrays the step's evaluation fills in.
-
-    text_token_array: () int32, the text token of this step (ids 0 and 3: padding).
-    moshi_codes_array: (moshi_codebooks,) int32 codes of Moshi's audio frame, or None until
-    the delays are filled. `text_token` and `moshi_codes` read them on the host.
-    input_tokens: (K,) int32, what the step fed the temporal transformer (delays applied).
-    sampled_tokens: (1 + moshi_codebooks,) int32, the text token and Moshi's codebooks of
-    this step (sampled, or given by a prompt), before the delays realign them.
-    guided_logits: a conditioned model's logits the step sampled from (guided when
-    `cfg_coef` != 1): text (text_card,) and audio (moshi_codebooks, card); None otherwise.
-    """
-
-    def __init__(
-        self,
-        text_token_array: mx.array,
-        moshi_codes_array: mx.array | None,
-        input_tokens: mx.array,
-        sampled_tokens: mx.array,
-        guided_logits: tuple[mx.array, mx.array] | None = None,
-    ):
-        self.text_token_array = text_token_array
-        self.moshi_codes_array = moshi_codes_array
-        self.input_tokens = input_tokens
-        self.sampled_tokens = sampled_tokens
-        self.guided_logits = guided_logits
-
-    def _arrays(self) -> list[mx.array]:
-        return [a for a in (self.text_token_array, self.moshi_codes_array) if a is not None]
-
-    @property
-    def text_token(self) -> int:
-        """The text token, on the host (waits for the step if it is still computing)."""
-        mx.eval(self._arrays())
-        return self.text_token_array.item()
-
-    @property
-    def moshi_codes(self) -> np.ndarray | None:
-        """Moshi's codes (moshi_codebooks,) int32 on the host, or None until the delays are filled."""
-        if self.moshi_codes_array is None:
-            return None
-        mx.eval(self._arrays())
-        return np.array(self.moshi_codes_array, dtype=np.int32)
+# Kyutai's Moshi defaults (its LMGen): audio sampled hotter than text.
+TEXT_SAMPLING = Sampling(temp=0.7, top_k=25)
+AUDIO_SAMPLING = Sampling(temp=0.8, top_k=250)
+ChatSampling = tuple[Sampling, Sampling]  # a conversation's: the text's, then the audio's
 
 
 @dataclass(frozen=True)
 class GenState:
-    """Where a conversation stands, as arrays: a fresh one (`LmGen.reset`), or a prompt's
-    (`moshi_mlx.chat.persona`), which every conversation of that prompt starts from.
+    """Where a conversation stands, as arrays: a fresh one (`ChatStepper.reset`), or a
+    prompt's (`moshi_mlx.chat.persona`), which every conversation of that prompt starts from.
 
     tokens (K, width) int32: the token ring, column t % width for step t's inputs;
     given (1 + moshi_codebooks, width) bool: the text and Moshi tokens ahead that are given,
@@ -116,27 +74,24 @@ class GenState:
     step_index: int
 
 
-class StepFunctions:
-    """The step's functions for one model, sampling, KV layout and guidance (`cfg_coef`),
-    compiled once and shared by every `LmGen` given the same `ModelCache` (`step_functions`),
-    so a warm-up's traces serve later conversations."""
+class ChatStepFunction(StepFunction):
+    """The chat's step for one model, sampling of the text and the audio, KV layout and
+    guidance (`cfg_coef`), shared by every `ChatStepper` given the same `ModelCache`."""
 
     def __init__(
         self,
         lm: Lm,
-        sampling: SamplingConfig,
+        text_sampling: Sampling,
+        audio_sampling: Sampling,
         kv_quantization: KVQuantization | None = None,
         cfg_coef: float = 1.0,
     ):
-        self.lm = lm
-        self.sampling = sampling
-        self.kv_quantization = kv_quantization
+        super().__init__(lm, kv_quantization)
+        self.text_sampling = text_sampling
+        self.audio_sampling = audio_sampling
         self.cfg_coef = cfg_coef
         self.guided = cfg_coef != 1.0
         self.conditioned = bool(lm.cfg.conditioners)
-        self.ring = TokenRing.of(lm.cfg)
-        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
-        self.compiled_step = mx.compile(self.step)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
 
     def sample_tokens(
@@ -170,14 +125,14 @@ class StepFunctions:
         given: mx.array | None = None,
     ) -> tuple[mx.array, mx.array, mx.array, list[mx.array]]:
         """`sample_tokens`, also giving the (guided) text and each codebook's logits."""
-        sampling, cfg, guided = self.sampling, self.lm.cfg, self.guided
+        cfg, guided, audio_sampling = self.lm.cfg, self.guided, self.audio_sampling
         key, text_key, audio_key = mx.random.split(key, 3)
         if guided:
             text_logits = self._guide(text_logits)
-        text = sample(text_logits, sampling.text_temp, sampling.text_top_k, text_key)
+        text = self.text_sampling.sample(text_logits, text_key)
         # Every codebook's noise in one draw, split once: (B, card) each.
         noises = [None] * cfg.moshi_codebooks
-        if sampling.audio_temp > 0:
+        if audio_sampling.draws:
             shape = (text_logits.shape[0], cfg.moshi_codebooks * cfg.card)
             noises = mx.split(gumbel_noise(shape, audio_key), cfg.moshi_codebooks, axis=-1)
         forced = None
@@ -190,7 +145,7 @@ class StepFunctions:
             if guided:
                 logits = self._guide(logits)
             audio_logits.append(logits)
-            token = sample_column(logits, sampling.audio_temp, sampling.audio_top_k, noises[k])
+            token = audio_sampling.sample_column(logits, noises[k])
             return mx.concatenate([token, token]) if guided else token  # both rows go on
 
         prev = mx.concatenate([text, text]) if guided else text
@@ -207,13 +162,13 @@ class StepFunctions:
         model's condition (B, dim), B = 2 with guidance) -> the next state, the text token,
         Moshi's codes (valid once the delays are filled), the step's inputs and sampled
         tokens (and a conditioned model's text and audio logits)."""
-        cfg, ring, t = self.lm.cfg, self.ring, state.position
+        cfg, ring, t = self.lm.cfg, self.token_ring, state.position
         moshi_rows = slice(0, 1 + cfg.moshi_codebooks)  # the text, then Moshi's codebooks
         user_rows = slice(moshi_rows.stop, None)
         tokens = ring.write_delayed(state.tokens, t + cfg.user_input_lag, user_codes, user_rows)
         inputs = ring.inputs(tokens, t)
 
-        kv = state.ring(cfg.attention_window, self.kv_quantization)
+        kv = self.kv_ring(state)
         batch_inputs = inputs[None, :, None]
         if self.guided:  # the same tokens in both rows; only the condition differs
             batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
@@ -244,19 +199,6 @@ class StepFunctions:
         )
 
 
-def step_functions(
-    lm: Lm,
-    sampling: SamplingConfig,
-    kv_quantization: KVQuantization | None = None,
-    cfg_coef: float = 1.0,
-    cache: ModelCache[StepFunctions] | None = None,
-) -> StepFunctions:
-    """The `StepFunctions` of `lm`, `sampling`, the KV cache's quantization and the guidance:
-    those `cache` (`lm`'s) keeps for these choices, else made (and kept there)."""
-    choice = (sampling, kv_quantization, cfg_coef)
-    return model_cache(lm, cache).get(choice, lambda: StepFunctions(lm, *choice))
-
-
 def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: int = 1) -> GenState:
     """The state of a conversation that starts from nothing (Moshi's; `batch` 2: Hibiki's
     guided and null rows)."""
@@ -269,62 +211,64 @@ def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: in
     )
 
 
-class LmGen:
-    """Stateful generator over an `Lm`; `reset()` starts a new conversation (from `start`,
-    a prompt's state, if given: its KV cache must be quantized as `kv_quantization` says).
+class ChatStepper(Stepper):
+    """Steps one conversation of a chat model (Moshi, PersonaPlex, Hibiki) over an `Lm`;
+    `reset()` starts a new one (from `start`, a prompt's state, if given: its KV cache must
+    be quantized as `kv_quantization` says).
 
-    A conditioned model (Hibiki) generates under `condition` (default: "very_good") with
-    classifier-free guidance of `cfg_coef` (default: the checkpoint's `lm_gen_config`, else
-    1.0: none) against the null condition "very_bad", as Kyutai's PyTorch `LMGen`. (Kyutai's
-    MLX `LmGen` gives both rows the same condition, so its guidance changes nothing.)
-
-    `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
-    other generators given it (None: this generator compiles its own).
+    Args:
+        lm: the model.
+        text_sampling, audio_sampling: how the text and Moshi's codebooks are drawn
+            (default: Kyutai's, `TEXT_SAMPLING` and `AUDIO_SAMPLING`).
+        seed: the random stream's seed (None: drawn at random).
+        kv_quantization: how the KV ring's keys and values are stored (None: as computed).
+        start: a prompt's state to start from (PersonaPlex).
+        cfg_coef: a conditioned model's (Hibiki's) classifier-free guidance against the null
+            condition "very_bad" (default: the checkpoint's `lm_gen_config`, else 1.0: none),
+            as Kyutai's PyTorch `LMGen`. (Kyutai's MLX `LmGen` gives both rows the same
+            condition, so its guidance changes nothing.)
+        condition: a conditioned model's condition (default: "very_good").
+        step_cache: the model's `ModelCache` of compiled steps, shared with the other
+            steppers given it (None: this stepper compiles its own).
     """
 
     def __init__(
         self,
         lm: Lm,
-        sampling: SamplingConfig | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int | None = None,
         kv_quantization: KVQuantization | None = None,
         start: GenState | None = None,
         cfg_coef: float | None = None,
         condition: Mapping[str, str] | None = None,
-        step_cache: ModelCache[StepFunctions] | None = None,
+        step_cache: ModelCache[ChatStepFunction] | None = None,
     ):
-        self.lm = lm
-        self.sampling = sampling or SamplingConfig()
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-        self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
         if start is not None and start.ring.quantization != kv_quantization:
-            raise MoshiError("the prompt's KV cache is not quantized as this generator's")
+            raise MoshiError("the prompt's KV cache is not quantized as this stepper's")
         self.start = start
         self.cfg_coef = default_cfg_coef(lm.cfg) if cfg_coef is None else float(cfg_coef)
         self._condition = _condition_rows(lm, self.cfg_coef, condition)
-        self._functions = step_functions(
-            lm, self.sampling, kv_quantization, self.cfg_coef, step_cache
+        choice = (
+            text_sampling or TEXT_SAMPLING,
+            audio_sampling or AUDIO_SAMPLING,
+            kv_quantization,
+            self.cfg_coef,
         )
-        self.reset()
+        function = ChatStepFunction.shared(lm, step_cache, choice)
+        super().__init__(function, *self._fresh(function))
+
+    def _fresh(self, function: ChatStepFunction) -> tuple[StepState, int]:
+        """The state and step index a conversation starts from (the seed's random stream)."""
+        batch = 1 if self._condition is None else self._condition.shape[0]
+        start = self.start or fresh_state(function.lm, function.kv_quantization, batch)
+        key = mx.random.key(self.seed)
+        return StepState.of(start.tokens, key, start.ring, start.given), start.step_index
 
     def reset(self) -> None:
-        """Forget the conversation; the random stream restarts from the generator's seed."""
-        batch = 1 if self._condition is None else self._condition.shape[0]
-        start = self.start or fresh_state(self.lm, self.kv_quantization, batch)
-        key = mx.random.key(self.seed)
-        self._state = StepState.of(start.tokens, key, start.ring, start.given)
-        self.step_index = start.step_index
-
-    @property
-    def ring(self) -> KVRing:
-        """The temporal transformer's `KVRing` as the last step left it."""
-        return self._state.ring(self.lm.cfg.attention_window, self.kv_quantization)
-
-    def reserve_full_context(self) -> None:
-        """Allocate the KV ring at its full context now, as it is after `context` steps (it
-        otherwise grows in buckets): memory stays flat from the first step, and each step
-        attends over the whole ring's slots as late in a conversation."""
-        self._state = self._state.with_ring(self.ring.grown(self.lm.cfg.attention_window - 1))
+        """Forget the conversation; the random stream restarts from the stepper's seed."""
+        self._state, self.step_index = self._fresh(self.function)
 
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
         if not isinstance(user_codes, mx.array):
@@ -333,47 +277,38 @@ class LmGen:
         expected = self.lm.cfg.num_user_codebooks
         if codes.shape != (expected,):
             raise MoshiError(
-                f"LmGen.step expects {expected} user codes, got shape {user_codes.shape}"
+                f"ChatStepper.step expects {expected} user codes, got shape {user_codes.shape}"
             )
         return codes.astype(mx.int32)
+
+    def _inputs(self, user_codes: np.ndarray | mx.array) -> tuple[mx.array, ...]:
+        codes = self._user_array(user_codes)
+        return (codes,) if self._condition is None else (codes, self._condition)
 
     def sample_tokens(
         self, temporal_out: mx.array, text_logits: mx.array, key: mx.array
     ) -> tuple[mx.array, mx.array]:
-        """The step's sampling part alone, compiled (`StepFunctions.sample_tokens`)."""
-        return self._functions.compiled_sample_tokens(temporal_out, text_logits, key)
+        """The step's sampling part alone, compiled (`ChatStepFunction.sample_tokens`)."""
+        return self.function.compiled_sample_tokens(temporal_out, text_logits, key)
 
-    def step(self, user_codes: np.ndarray | mx.array) -> LmGenStep:
+    def step(self, user_codes: np.ndarray | mx.array) -> StepOutput:
         """Advance one frame with the user's codes (num_user_codebooks,) (token -1: no input).
 
         Returns at once: the step computes on the device while the caller goes on building
-        (an `mx.async_eval` is queued for it), and its tokens are read with one evaluation.
+        (its evaluation is queued), and its tokens are read with one evaluation: `text` ()
+        the text token (ids 0 and 3: padding), `frame` (moshi_codebooks,) Moshi's codes
+        (None until the delays are filled: `ready`), `inputs` (K,) what the step fed the
+        temporal transformer, `sampled` (1 + moshi_codebooks,) the text token and Moshi's
+        codebooks of this step before the delays realign them; a conditioned model's
+        `text_logits` (text_card,) and `audio_logits` (moshi_codebooks, card), guided when
+        `cfg_coef` != 1.
         """
-        out = self._output(user_codes, self._functions.compiled_step)
-        # No reference to the old state's KV buffers may outlive this line: MLX then writes
-        # the new position into them in place instead of copying the whole ring each step.
-        self._state = out.state
-        mx.async_eval(out)
-        self.step_index += 1
-        ready = self.step_index > self.lm.cfg.max_delay
-        logits = None if out.text_logits is None else (out.text_logits, out.audio_logits)
-        return LmGenStep(out.text, out.frame if ready else None, out.inputs, out.sampled, logits)
+        out = self._run(*self._inputs(user_codes))
+        return out if self.ready else out._replace(frame=None)
 
     def step_graph(self, user_codes: np.ndarray | mx.array, compiled: bool = True) -> StepOutput:
-        """The lazy output (tokens and next state) of the next step, without taking it: its
-        graph as the compiled function replays it, or as Python builds it without `mx.compile`
-        (to inspect, e.g. with `mx.export_to_dot`)."""
-        functions = self._functions
-        return self._output(user_codes, functions.compiled_step if compiled else functions.step)
-
-    def _output(
-        self, user_codes: np.ndarray | mx.array, step_fn: Callable[..., StepOutput]
-    ) -> StepOutput:
-        codes = self._user_array(user_codes)
-        self._state = self._state.with_ring(self.ring.grown(self.step_index))
-        if self._condition is None:
-            return step_fn(self._state, codes)
-        return step_fn(self._state, codes, self._condition)
+        """`Stepper.graph` of the next step with these user codes."""
+        return self.graph(*self._inputs(user_codes), compiled=compiled)
 
 
 def default_cfg_coef(cfg: LmConfig) -> float:
@@ -404,12 +339,12 @@ def teacher_forced_logits(
     kv_quantization: KVQuantization | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Logits of `lm` on given inputs, step by step through the temporal transformer's
-    `KVRing` as `LmGen` runs it: input_tokens (T, K) of each step (`LmGenStep.input_tokens`),
+    `KVRing` as `ChatStepper` runs it: input_tokens (T, K) of each step (`StepOutput.inputs`),
     previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
-    0..dep_q-2: `LmGenStep.sampled_tokens[:dep_q]`) -> text logits (T, text_card) and audio
+    0..dep_q-2: `StepOutput.sampled[:dep_q]`) -> text logits (T, text_card) and audio
     logits (T, dep_q, card), float32. To compare two models, or two KV caches, on exactly the
-    same inputs. A conditioned model runs under its default condition, unguided (`LmGen`
-    with cfg_coef 1)."""
+    same inputs. A conditioned model runs under its default condition, unguided
+    (`ChatStepper` with cfg_coef 1)."""
     condition = _condition_rows(lm, 1.0, None)
     ring = lm.make_ring(quantization=kv_quantization)
     depformer_caches = lm.depformer.make_caches()
@@ -425,3 +360,16 @@ def teacher_forced_logits(
         audio_logits.append(audio[0].astype(mx.float32))
         mx.eval(text_logits[-1], audio_logits[-1], ring.keys, ring.values, ring.position)
     return mx.stack(text_logits), mx.stack(audio_logits)
+
+
+__getattr__ = removed_names(
+    __name__,
+    {
+        "LmGen": "LmGen is now ChatStepper (moshi_mlx.chat.generate)",
+        "LmGenStep": "LmGenStep is now StepOutput (moshi_mlx.runtime.step_state), what "
+        "ChatStepper.step returns",
+        "StepFunctions": "StepFunctions is now ChatStepFunction (moshi_mlx.chat.generate)",
+        "step_functions": "step_functions(lm, ...) is now ChatStepFunction.shared(lm, cache, "
+        "choice) (moshi_mlx.chat.generate)",
+    },
+)

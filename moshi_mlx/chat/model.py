@@ -1,10 +1,10 @@
 """The embedding API: load Moshi once, then hold conversations 80 ms at a time.
 
     from moshi_mlx.chat.model import MoshiModel
-    from moshi_mlx.runtime.sampling import SamplingConfig
+    from moshi_mlx.runtime.sampling import Sampling
 
     model = MoshiModel.load()  # kyutai/moshiko-mlx-q4, or local files
-    with model.conversation(sampling=SamplingConfig(), seed=42) as conv:
+    with model.conversation(text_sampling=Sampling(0.7, 25), seed=42) as conv:
         for mic_frame in frames:  # float32 (1920,) at 24 kHz
             reply = conv.step(mic_frame)  # reply.pcm (1920,), reply.text
 
@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 import sentencepiece
 
-from moshi_mlx.chat.generate import LmGen, LmGenStep, StepFunctions
+from moshi_mlx.chat.generate import ChatStepFunction, ChatStepper
 from moshi_mlx.chat.persona.prompts import Prompts
 from moshi_mlx.checkpoints.hub import WeightFiles
 from moshi_mlx.errors import AudioError, ConfigError, MoshiError
@@ -37,7 +37,8 @@ from moshi_mlx.runtime.loading import (
 )
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
+from moshi_mlx.runtime.step_state import StepOutput
 from moshi_mlx.runtime.tokenizer import TextDecoder
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class MoshiModel:
         `moshi_mlx.runtime.loading.load_parts` loaded)."""
         self.lm = lm
         # The compiled steps its conversations share, per sampling, KV layout and guidance.
-        self.step_cache: ModelCache[StepFunctions] = ModelCache(lm)
+        self.step_cache: ModelCache[ChatStepFunction] = ModelCache(lm)
         self.memory = memory  # the plan it was loaded under
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
         self.files = files
@@ -129,7 +130,8 @@ class MoshiModel:
 
     def conversation(
         self,
-        sampling: SamplingConfig | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int | None = None,
         echo_canceller: EchoCanceller | None = None,
         voice: str | Path | None = None,
@@ -138,18 +140,21 @@ class MoshiModel:
     ) -> Conversation:
         """Start a conversation; several may be open at once (each has its own streams over
         the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
-        the far end too and removes its echo from the user's audio.
+        the far end too and removes its echo from the user's audio. `text_sampling` and
+        `audio_sampling`: how the text and Moshi's audio are drawn (default Kyutai's:
+        `moshi_mlx.chat.generate.TEXT_SAMPLING`, `AUDIO_SAMPLING`).
 
         PersonaPlex models take who Moshi is: `voice`, a published voice's name (`NATF2`,
         the default), a recording (up to 30 s) or NVIDIA's `.pt`, and `role`, a text
         (default "You enjoy having a good conversation."; `@file` reads a file). The prompt is
         computed on first use and cached (see `moshi_mlx.chat.persona`). Moshi's own models
-        take neither. Hibiki takes `cfg_coef`, its guidance (`LmGen`)."""
+        take neither. Hibiki takes `cfg_coef`, its guidance (`ChatStepper`)."""
         self.check_prompt_choice(voice, role)
         start = self.prompts.state(voice, role) if self.prompts is not None else None
-        generator = LmGen(
+        generator = ChatStepper(
             self.lm,
-            sampling,
+            text_sampling,
+            audio_sampling,
             seed,
             self.kv_quantization,
             start,
@@ -167,16 +172,20 @@ class MoshiModel:
             )
 
     def warm_up(
-        self, sampling: SamplingConfig | None = None, cfg_coef: float | None = None
+        self,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
+        cfg_coef: float | None = None,
     ) -> None:
-        """Run a throwaway conversation of `sampling` for `WARMUP_STEPS` frames of silence, so
+        """Run a throwaway conversation of this sampling for `WARMUP_STEPS` frames of silence, so
         that the first frames of a real one do not pay for compiling the step (whose traces
         are shared by every conversation of this sampling) or for first-use costs. Call it
         on the thread that will run the conversations (MLX keeps compiled code per thread)."""
         silence = np.zeros(self.frame_size, np.float32)
-        generator = LmGen(
+        generator = ChatStepper(
             self.lm,
-            sampling,
+            text_sampling,
+            audio_sampling,
             0,
             self.kv_quantization,
             cfg_coef=cfg_coef,
@@ -188,8 +197,8 @@ class MoshiModel:
 
 
 def step_frame(
-    generator: LmGen, codec: Codec, pcm: np.ndarray | None
-) -> tuple[LmGenStep, mx.array | None]:
+    generator: ChatStepper, codec: Codec, pcm: np.ndarray | None
+) -> tuple[StepOutput, mx.array | None]:
     """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
     Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
     with the codec's state (the step's inputs too); returns the step and Moshi's pcm. pcm None: Hibiki's
@@ -200,10 +209,8 @@ def step_frame(
     else:
         codes = codec.encode_step(pcm)
     out = generator.step(codes)
-    reply = None
-    if out.moshi_codes_array is not None:
-        reply = codec.decode_step(out.moshi_codes_array)
-    mx.eval(out.text_token_array, out.moshi_codes_array, out.input_tokens, reply, codec.state)
+    reply = None if out.frame is None else codec.decode_step(out.frame)
+    mx.eval(out.text, out.frame, out.inputs, reply, codec.state)
     return out, reply
 
 
@@ -218,7 +225,7 @@ class Conversation:
         self,
         model: MoshiModel,
         codec: Codec,
-        generator: LmGen,
+        generator: ChatStepper,
         echo_canceller: EchoCanceller | None = None,
     ):
         self._model = model
@@ -269,7 +276,7 @@ class Conversation:
 
     def _result(self, pcm: np.ndarray | None, heard: np.ndarray | None) -> StepResult:
         out, reply = step_frame(self._generator, self._codec, pcm)
-        token = out.text_token
+        token = out.text.item()
         text = self._text.decode(token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)
         return StepResult(
@@ -278,8 +285,8 @@ class Conversation:
             heard,
             token == self._model.tokenizer.eos_id(),
             token,
-            out.moshi_codes,
-            np.array(out.input_tokens, dtype=np.int32),
+            None if out.frame is None else np.array(out.frame, dtype=np.int32),
+            np.array(out.inputs, dtype=np.int32),
         )
 
     def reset(self) -> None:

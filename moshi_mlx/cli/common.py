@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from tqdm import tqdm
 
+from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.chat.persona.role import DEFAULT_ROLE, read_role
 from moshi_mlx.chat.persona.voice import (
     DEFAULT_VOICE,
@@ -33,7 +34,7 @@ from moshi_mlx.errors import NO_VALUE, ConfigError, MoshiError, Setting
 from moshi_mlx.modules.kv_quant import DEFAULT_KV_GROUP_SIZE, KV_BITS, KV_GROUP_SIZES
 from moshi_mlx.runtime.codec import BACKENDS, FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.loading import DTYPES, LoadOptions, find_model, load_parts
-from moshi_mlx.runtime.sampling import MAX_SEED, SamplingConfig
+from moshi_mlx.runtime.sampling import MAX_SEED, Sampling
 from moshi_mlx.serve.limits import Limits
 
 USER_ERROR_EXIT = 2
@@ -164,14 +165,13 @@ class SamplingDefaults:
     seed: bool = True  # whether sampling draws random numbers (not when it is greedy only)
 
 
-_CHAT_SAMPLING = SamplingConfig()
 CHAT_SAMPLING = SamplingDefaults(
     why="Kyutai's Moshi defaults (its LMGen): audio sampled hotter than text, so that the voice "
     "sounds natural while the words stay on topic",
-    temp=_CHAT_SAMPLING.audio_temp,
-    top_k=_CHAT_SAMPLING.audio_top_k,
-    text_temp=_CHAT_SAMPLING.text_temp,
-    text_top_k=_CHAT_SAMPLING.text_top_k,
+    temp=AUDIO_SAMPLING.temp,
+    top_k=AUDIO_SAMPLING.top_k,
+    text_temp=TEXT_SAMPLING.temp,
+    text_top_k=TEXT_SAMPLING.top_k,
 )
 
 
@@ -333,14 +333,9 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
     )
 
 
-def sampling_from_args(args: argparse.Namespace) -> SamplingConfig:
-    """The `SamplingConfig` that the sampling flags describe."""
-    return SamplingConfig(
-        text_temp=args.text_temp,
-        text_top_k=args.text_top_k,
-        audio_temp=args.temp,
-        audio_top_k=args.top_k,
-    )
+def sampling_from_args(args: argparse.Namespace) -> tuple[Sampling, Sampling]:
+    """The text's and the audio's `Sampling` that the sampling flags describe."""
+    return Sampling(args.text_temp, args.text_top_k), Sampling(args.temp, args.top_k)
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:

@@ -169,8 +169,10 @@ def _run(argv: Sequence[str] | None) -> int:
             sys.stdout.write(result.text)
             sys.stdout.flush()
 
+    text_sampling, audio_sampling = sampling_from_args(args)
     conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
-        sampling=sampling_from_args(args),
+        text_sampling,
+        audio_sampling,
         seed=args.seed,
         voice=args.voice,
         role=args.role,

@@ -193,10 +193,11 @@ class LiveSession:
         try:
             model = load_model(args)
             model.check_prompt_choice(args.voice, args.role)  # before the warm-up's seconds
-            sampling = sampling_from_args(args)
-            model.warm_up(sampling, args.cfg_coef)
+            text_sampling, audio_sampling = sampling_from_args(args)
+            model.warm_up(text_sampling, audio_sampling, args.cfg_coef)
             conversation = model.conversation(
-                sampling=sampling,
+                text_sampling,
+                audio_sampling,
                 seed=args.seed,
                 voice=args.voice,
                 role=args.role,

@@ -42,8 +42,8 @@ from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.sampling import GREEDY, Sampling
 from moshi_mlx.stt.events import EndOfTurn, SttStep
-from moshi_mlx.stt.stepper import TextSampling
 from moshi_mlx.stt.transcriber import SttModel, Transcription, transcribe_steps
 from moshi_mlx.stt.transcript import to_json, to_srt, to_text
 from moshi_mlx.stt.words import finished_words
@@ -57,8 +57,8 @@ AUDIO_BAR = "{l_bar}{bar}| {n:.1f}/{total:.1f} s of audio [{elapsed}<{remaining}
 STT_SAMPLING = SamplingDefaults(
     why="Kyutai's STT decodes greedily (temperature 0): a transcript has one right answer, "
     "and sampling only adds mistakes",
-    text_temp=TextSampling().temp,
-    text_top_k=TextSampling().top_k,
+    text_temp=GREEDY.temp,
+    text_top_k=GREEDY.top_k,
     seed=False,
 )
 
@@ -138,8 +138,8 @@ def _load(args: argparse.Namespace) -> SttModel:
     )
 
 
-def _sampling(args: argparse.Namespace) -> TextSampling:
-    return TextSampling(temp=args.text_temp, top_k=args.text_top_k)
+def _sampling(args: argparse.Namespace) -> Sampling:
+    return Sampling(args.text_temp, args.text_top_k)
 
 
 def transcribe_files(args: argparse.Namespace) -> int:
@@ -228,7 +228,7 @@ def live_captions(args: argparse.Namespace) -> int:
             f"--vad needs an STT model with pause heads, such as {PAUSE_HEADS_REPO}; "
             "this model has none"
         )
-    stt = model.speech_to_text(sampling=_sampling(args))
+    stt = model.speech_to_text(text_sampling=_sampling(args))
     frames: queue.Queue[np.ndarray] = queue.Queue(maxsize=64)
 
     def on_audio(indata, _frames, _time, _status) -> None:  # PortAudio's thread: never blocks

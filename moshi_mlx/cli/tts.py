@@ -44,9 +44,10 @@ from moshi_mlx.cli.tokens import check_tokens_output, write_tokens
 from moshi_mlx.errors import TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.speed_plan import SpeedPlan, plan_speed
 from moshi_mlx.tts.prefix import is_recording
-from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.stepper import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
     Speech,
@@ -63,10 +64,10 @@ PLAY_BUFFER_FRAMES = 50  # 4 s of audio queued for the speakers at most
 TTS_SAMPLING = SamplingDefaults(
     why="Kyutai's TTS (its config's lm_gen_config): one temperature, 0.6, for text and audio, "
     "cooler than chat's 0.8 for steadier speech; top-k as Moshi's",
-    temp=TtsSampling().temp,
+    temp=AUDIO_SAMPLING.temp,
     temp_of="text and audio",
-    top_k=TtsSampling().audio_top_k,
-    text_top_k=TtsSampling().text_top_k,
+    top_k=AUDIO_SAMPLING.top_k,
+    text_top_k=TEXT_SAMPLING.top_k,
 )
 JSONL_FOLDER = "tts-outputs"
 SPEECH_BAR = "{n:.1f} s of speech [{elapsed}, {rate_fmt}]"
@@ -206,13 +207,13 @@ def _speed_line(plan: SpeedPlan) -> str:
     )
 
 
-def _sampling(args: argparse.Namespace) -> TtsSampling:
-    return TtsSampling(
-        temp=args.temp,
-        text_top_k=args.text_top_k,
-        audio_top_k=args.top_k,
-        padding_bonus=args.padding_bonus,
-    )
+def _sampling(args: argparse.Namespace) -> dict[str, Sampling | float]:
+    """The sampling flags as `TtsModel.synthesize`'s and `stream`'s keywords."""
+    return {
+        "text_sampling": Sampling(args.temp, args.text_top_k),
+        "audio_sampling": Sampling(args.temp, args.top_k),
+        "padding_bonus": args.padding_bonus,
+    }
 
 
 def _words_json(speech: Speech) -> str:
@@ -238,7 +239,11 @@ def _run_batch(args: argparse.Namespace) -> int:
     with progress_bar(args.progress, unit="s", bar_format=SPEECH_BAR, leave=False) as bar:
         requests = [r for _, r in named]
         speeches = model.synthesize(
-            requests, _sampling(args), args.seed, max_steps, lambda: bar.update(frame_seconds)
+            requests,
+            seed=args.seed,
+            max_steps=max_steps,
+            on_step=lambda: bar.update(frame_seconds),
+            **_sampling(args),
         )
     seconds = sum(len(s.pcm) for s in speeches) / SAMPLE_RATE
     for (wav, words), speech in zip(outputs, speeches):
@@ -343,7 +348,7 @@ def _run_one(args: argparse.Namespace) -> int:
     model = _load(args)
     prefix = model.voice_prefix(recordings[0]) if recordings else None
     speaker = _Speaker(args.output_device) if args.play else None
-    stream = model.stream(voices, args.cfg_coef, _sampling(args), args.seed, prefix)
+    stream = model.stream(voices, args.cfg_coef, seed=args.seed, prefix=prefix, **_sampling(args))
     stream.push(text)
     stream.close()
     log = TokenLog(model.codebooks)

@@ -126,7 +126,7 @@ def quantized_lm_weight_bytes(
 
 def guidance_rows(config: LmConfig) -> int:
     """Batch rows a conversation runs: 2 for a conditioned model (Hibiki), planned for its
-    classifier-free guidance (`LmGen`; with cfg_coef 1 it uses one), else 1."""
+    classifier-free guidance (`ChatStepper`; with cfg_coef 1 it uses one), else 1."""
     return 2 if config.conditioners else 1
 
 

@@ -1,6 +1,6 @@
-"""Token sampling: greedy at temperature 0, else temperature and top-k with an explicit key.
+"""Token sampling of one stream (text, or audio codebooks): `Sampling(temp, top_k)`.
 
-Randomness always comes from a `mx.random` key passed in by the caller (the generator owns
+Randomness always comes from a `mx.random` key passed in by the caller (the stepper owns
 its key), never from MLX's global random state, so a seeded run repeats exactly.
 
 A sample is the Gumbel-max draw: the most likely token of logits / temp plus Gumbel noise,
@@ -17,22 +17,56 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from moshi_mlx.errors import removed_names
+
 MAX_SEED = 2**32 - 1  # seeds are 32-bit, as the 4 random bytes drawn when none is given
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    """Temperatures and top-k for the text stream and the audio codebooks (0 = greedy)."""
+class Sampling:
+    """How the tokens of one stream are drawn: temperature (0: greedy, the most likely
+    token) and top-k (0: every token). A product takes one per stream it samples (the chat's
+    and the TTS's text and audio, the STT's text)."""
 
-    text_temp: float = 0.7
-    text_top_k: int = 25
-    audio_temp: float = 0.8
-    audio_top_k: int = 250
+    temp: float = 0.0
+    top_k: int = 0
 
-    @classmethod
-    def greedy(cls) -> SamplingConfig:
-        """Always take the most likely token."""
-        return cls(text_temp=0.0, text_top_k=0, audio_temp=0.0, audio_top_k=0)
+    @property
+    def draws(self) -> bool:
+        """Whether the tokens are drawn at random (temp > 0), so take noise."""
+        return self.temp > 0
+
+    def sample(self, logits: mx.array, key: mx.array) -> mx.array:
+        """Logits (B, V) -> tokens (B,) int32, drawn with the noise of `key`."""
+        noise = gumbel_noise(logits.shape, key) if self.draws else None
+        return self.sample_with_noise(logits, noise)
+
+    def sample_with_noise(self, logits: mx.array, noise: mx.array | None) -> mx.array:
+        """`sample` with its Gumbel noise given, of the logits' shape (B, V)
+        (`gumbel_noise`; None when not `draws`)."""
+        return mx.argmax(self._scores(logits, noise), axis=-1).astype(mx.int32)
+
+    def sample_column(self, logits: mx.array, noise: mx.array | None) -> mx.array:
+        """`sample_with_noise` as argmax leaves it: a (B, 1) uint32 column, no squeeze and no
+        cast (a depformer slice's token, looked up by the next slice as a column and cast
+        once per step with the others: `Depformer.sample_step`)."""
+        return mx.argmax(self._scores(logits, noise), axis=-1, keepdims=True)
+
+    def _scores(self, logits: mx.array, noise: mx.array | None) -> mx.array:
+        """What the sample is the argmax of: the logits when greedy, else logits / temp plus
+        the noise, -inf outside the top k."""
+        if not self.draws:
+            return logits
+        scores = logits.astype(mx.float32) / self.temp + noise
+        vocab = logits.shape[-1]
+        if 0 < self.top_k < vocab:
+            kth = vocab - self.top_k  # the k-th largest logit, in ascending order
+            threshold = mx.partition(logits, kth=kth, axis=-1)[..., kth : kth + 1]
+            scores = mx.where(logits >= threshold, scores, -mx.inf)
+        return scores
+
+
+GREEDY = Sampling()
 
 
 def gumbel_noise(shape: tuple[int, ...], key: mx.array) -> mx.array:
@@ -40,40 +74,13 @@ def gumbel_noise(shape: tuple[int, ...], key: mx.array) -> mx.array:
     return mx.random.gumbel(shape, key=key)
 
 
-def sample(logits: mx.array, temp: float, top_k: int, key: mx.array | None) -> mx.array:
-    """Sample from logits (B, V) -> tokens (B,) int32.
-
-    temp <= 0 takes the argmax; otherwise softmax(logits / temp), restricted to the `top_k`
-    most likely tokens when 0 < top_k < V.
-    """
-    noise = gumbel_noise(logits.shape, key) if temp > 0 else None
-    return sample_with_noise(logits, temp, top_k, noise)
-
-
-def sample_with_noise(
-    logits: mx.array, temp: float, top_k: int, noise: mx.array | None
-) -> mx.array:
-    """`sample` with its Gumbel noise given, of the logits' shape (B, V) (`gumbel_noise`;
-    None when temp <= 0)."""
-    return mx.argmax(_scores(logits, temp, top_k, noise), axis=-1).astype(mx.int32)
-
-
-def sample_column(logits: mx.array, temp: float, top_k: int, noise: mx.array | None) -> mx.array:
-    """`sample_with_noise` as argmax leaves it: a (B, 1) uint32 column, no squeeze and no cast
-    (a depformer slice's token, looked up by the next slice as a column and cast once per
-    step with the others: `Depformer.sample_step`)."""
-    return mx.argmax(_scores(logits, temp, top_k, noise), axis=-1, keepdims=True)
-
-
-def _scores(logits: mx.array, temp: float, top_k: int, noise: mx.array | None) -> mx.array:
-    """What the sample is the argmax of: the logits at temp <= 0, else logits / temp plus the
-    noise, -inf outside the top k."""
-    if temp <= 0:
-        return logits
-    scores = logits.astype(mx.float32) / temp + noise
-    vocab = logits.shape[-1]
-    if 0 < top_k < vocab:
-        kth = vocab - top_k  # the k-th largest logit, in ascending order
-        threshold = mx.partition(logits, kth=kth, axis=-1)[..., kth : kth + 1]
-        scores = mx.where(logits >= threshold, scores, -mx.inf)
-    return scores
+__getattr__ = removed_names(
+    __name__,
+    {
+        "SamplingConfig": "SamplingConfig is now one Sampling(temp, top_k) per stream "
+        "(moshi_mlx.runtime.sampling): text_sampling=Sampling(0.7, 25), "
+        "audio_sampling=Sampling(0.8, 250)",
+        "sample": "sample(logits, temp, top_k, key) is now Sampling(temp, top_k).sample"
+        "(logits, key) (moshi_mlx.runtime.sampling)",
+    },
+)

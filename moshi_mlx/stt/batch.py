@@ -32,10 +32,9 @@ import numpy as np
 from moshi_mlx.errors import AudioError
 from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.codec import FRAME_SIZE
-from moshi_mlx.runtime.step_state import StepState
-from moshi_mlx.runtime.token_ring import UNGENERATED
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.stt.events import SttEvent, SttStep
-from moshi_mlx.stt.stepper import ListenStepFunction, TextSampling
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.stt.transcriber import (
     FLUSH_EXTRA_SECONDS,
     FRAME_SECONDS,
@@ -75,26 +74,16 @@ class SttBatch:
     audio, `step` every busy row, `close` it when its audio ends, `remove` it when finished
     (or given up)."""
 
-    def __init__(self, model: SttModel, rows: int, sampling: TextSampling | None = None):
+    def __init__(self, model: SttModel, rows: int, text_sampling: Sampling | None = None):
         self._busy: BatchRows[_Row] = BatchRows(rows)
         self.model = model
         self.rows = rows
-        sampling = sampling or TextSampling()
-        lm = model.lm
-        self._function = model.step_cache.get(sampling, lambda: ListenStepFunction(lm, sampling))
-        timing = lm.cfg.stt_config
+        self._stepper = SttStepper(model.lm, rows, text_sampling, step_cache=model.step_cache)
+        timing = model.lm.cfg.stt_config
         seconds = timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
         self.flush_steps = int(np.ceil(seconds / FRAME_SECONDS))  # as `SpeechToText`'s
         # Steps between a frame's audio and the words it yields (as `SpeechToText`'s).
         self.delay_steps = int(np.ceil(timing.audio_delay_seconds / FRAME_SECONDS))
-        self._reset()
-
-    def _reset(self) -> None:
-        tokens = self._function.ring.empty(self.rows)
-        ring = self.model.lm.make_ring(self.rows)
-        self._state = StepState.of(tokens, mx.random.key(0), ring)
-        self._starts = mx.zeros(self.rows, mx.int32)
-        self._position = 0
 
     @property
     def busy_rows(self) -> list[int]:
@@ -113,13 +102,9 @@ class SttBatch:
     def add(self) -> int:
         """Start a stream in a free row at the next step; returns the row."""
         if not self._busy:
-            self._reset()  # an idle batch starts again at position 0
+            self._stepper.reset()  # an idle batch starts again at position 0
         row = self._busy.free_row()
-        selected = (mx.arange(self.rows) == row)[:, None, None]
-        tokens = mx.where(selected, mx.array(UNGENERATED, mx.int32), self._state.tokens)
-        self._state = self._state._replace(tokens=tokens)
-        self._starts = mx.where(selected[:, 0, 0], self._position, self._starts)
-        mx.eval(self._state.tokens, self._starts)
+        self._stepper.start_row(row)
         self._busy[row] = _Row(self.model, self.model.silence_prefix_steps)
         return row
 
@@ -154,14 +139,9 @@ class SttBatch:
         for row, busy in self._busy.items():
             fed = busy.frames.popleft() if busy.frames and not busy.prefix_left else silence
             codes[row] = busy.encoder.encode_frames(fed[None])[0]
-        ring = self._state.ring(self.model.lm.cfg.attention_window)
-        self._state = self._state.with_ring(ring.grown(self._position))
-        del ring
-        out = self._function.rows(self._state, self._starts, mx.stack(codes))
-        self._state = out.state
+        out = self._stepper.step(mx.stack(codes))
         encoders = [busy.encoder.state for busy in self._busy.values()]
-        mx.eval(out.text, out.head_probabilities, out.state, encoders)
-        self._position += 1
+        mx.eval(out.text, out.head_probabilities, encoders)
         tokens = np.array(out.text).tolist()
         heads = done_probabilities(out.head_probabilities)
         return [

@@ -35,9 +35,10 @@ from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.tokenizer import TextDecoder
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
-from moshi_mlx.stt.stepper import ListenStepFunction, ListenStepper, TextSampling
+from moshi_mlx.stt.stepper import SttStepFunction, SttStepper
 from moshi_mlx.stt.words import WordTimer
 
 FRAME_SECONDS = FRAME_SIZE / SAMPLE_RATE
@@ -58,7 +59,7 @@ class SttModel:
     files: WeightFiles
     memory: MemoryPlan | None = None  # the plan it was loaded under
     # The compiled steps its transcriptions share, per sampling.
-    step_cache: ModelCache[ListenStepFunction] = field(init=False, repr=False, compare=False)
+    step_cache: ModelCache[SttStepFunction] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "step_cache", ModelCache(self.lm))
@@ -92,10 +93,10 @@ class SttModel:
         return math.ceil(self.lm.cfg.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
 
     def speech_to_text(
-        self, streams: int = 1, sampling: TextSampling | None = None
+        self, streams: int = 1, text_sampling: Sampling | None = None
     ) -> SpeechToText:
         """A fresh transcription of `streams` streams stepping together."""
-        return SpeechToText(self, streams, sampling)
+        return SpeechToText(self, streams, text_sampling)
 
 
 class _TurnDetector:
@@ -145,14 +146,14 @@ class SpeechToText:
     frame_size = FRAME_SIZE
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, model: SttModel, streams: int = 1, sampling: TextSampling | None = None):
+    def __init__(self, model: SttModel, streams: int = 1, text_sampling: Sampling | None = None):
         cfg = model.lm.cfg
         self.model = model
         self.streams = streams
         self.timing = cfg.stt_config
         # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
-        self._stepper = ListenStepper(model.lm, streams, sampling, step_cache=model.step_cache)
+        self._stepper = SttStepper(model.lm, streams, text_sampling, step_cache=model.step_cache)
         self._encoder = model.codec.batch_encoder(streams)
         self._readers = [StreamReader(model) for _ in range(streams)]
         self._silence = np.zeros((streams, FRAME_SIZE), np.float32)
@@ -226,11 +227,11 @@ class SpeechToText:
 
     def _step(self, pcm: np.ndarray) -> list[SttStep]:
         out = self._stepper.step(self._encoder.encode_frames(pcm))
-        mx.eval(out.text_tokens, out.head_probabilities, self._encoder.state)
+        mx.eval(out.text, out.head_probabilities, self._encoder.state)
         index = self._stepper.step_index - 1
         if not self._stepper.ready:
             return [SttStep(index) for _ in range(self.streams)]
-        tokens = np.array(out.text_tokens).tolist()
+        tokens = np.array(out.text).tolist()
         heads = done_probabilities(out.head_probabilities)
         return [
             reader.read(index, token, heads[stream])
@@ -266,27 +267,29 @@ def transcribe(
     model: SttModel,
     audio: list[np.ndarray],
     batch: int = 8,
-    sampling: TextSampling | None = None,
+    text_sampling: Sampling | None = None,
     on_frames: Callable[[int], None] | None = None,
 ) -> list[list[SttEvent]]:
     """The events of each audio (float32 mono at 24 kHz), `batch` of them stepping together;
     each ends with its own flush, so its words are those it has transcribed alone.
     `on_frames(n)` after each step: n frames of the audio (80 ms each) were transcribed."""
-    return [result.events for result in transcribe_steps(model, audio, batch, sampling, on_frames)]
+    return [
+        result.events for result in transcribe_steps(model, audio, batch, text_sampling, on_frames)
+    ]
 
 
 def transcribe_steps(
     model: SttModel,
     audio: list[np.ndarray],
     batch: int = 8,
-    sampling: TextSampling | None = None,
+    text_sampling: Sampling | None = None,
     on_frames: Callable[[int], None] | None = None,
 ) -> list[Transcription]:
     """`transcribe`, with every step of each audio (`Transcription`)."""
     results: list[Transcription] = []
     for first in range(0, len(audio), batch):
         group = audio[first : first + batch]
-        stt = model.speech_to_text(len(group), sampling)
+        stt = model.speech_to_text(len(group), text_sampling)
         frames = [math.ceil(len(pcm) / FRAME_SIZE) for pcm in group]
         ends = [stt.step_index + n + stt.flush_steps for n in frames]
         padded = np.zeros((len(group), max(frames) * FRAME_SIZE), np.float32)

@@ -29,10 +29,9 @@ import numpy as np
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import MimiState
 from moshi_mlx.runtime.batch_rows import BatchRows
-from moshi_mlx.runtime.step_state import StepState
-from moshi_mlx.runtime.token_ring import UNGENERATED
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.tts.machine import TextSchedule
-from moshi_mlx.tts.stepper import TtsSampling, TtsStepFunctions
+from moshi_mlx.tts.stepper import TtsStepper
 from moshi_mlx.tts.synthesizer import (
     FINAL_PADDING,
     SKIPPED_FRAMES,
@@ -76,36 +75,27 @@ class _Row:
 class TtsBatch:
     """Up to `rows` TTS streams stepped together; `add` a request to a free row, `push` and
     `close` its text, `step` every busy row, `remove` a row when its stream is done (or
-    given up). `sampling` and `seed` as `TtsRun`'s (see the module's note on sampling)."""
+    given up). The sampling, `seed` and `padding_bonus` as `TtsRun`'s (see the module's note
+    on sampling)."""
 
     def __init__(
         self,
         model: TtsModel,
         rows: int,
-        sampling: TtsSampling | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int = 0,
+        padding_bonus: float = 0.0,
     ):
         self._busy: BatchRows[_Row] = BatchRows(rows, TtsError)
-        lm = model.lm
         self.model = model
         self.rows = rows
-        self.sampling = sampling or TtsSampling()
-        choice = (self.sampling, model.delay_steps, model.n_q)
-        self._functions = model.step_cache.get(
-            choice, lambda: TtsStepFunctions(lm, self.sampling, model.delay_steps, model.n_q)
-        )
+        self._sampling = (text_sampling, audio_sampling)
+        self._padding_bonus = padding_bonus
         self._seed = seed
-        self._reset()
-
-    def _reset(self) -> None:
-        """Empty rows at position 0 (no voices or conditions yet: written by `add`)."""
-        lm, rows = self.model.lm, self.rows
-        tokens = self._functions.ring.empty(rows)
-        self._state = StepState.of(tokens, mx.random.key(self._seed), lm.make_ring(rows))
-        self._starts = mx.zeros(rows, mx.int32)
-        self._position = 0
-        self._condition: mx.array | None = None
-        self._cross: list[tuple[mx.array, mx.array]] | None = None
+        # The rows' stepper, at position 0 when made by the first `add` of an idle batch (it
+        # takes its conditions' and voices' shapes from that first row).
+        self._stepper: TtsStepper | None = None
 
     @property
     def busy_rows(self) -> list[int]:
@@ -121,7 +111,7 @@ class TtsBatch:
         text, if any, is pushed: a string as `push` takes it (`close` when no more comes), a
         list of speaker turns as a whole script (closed)."""
         if not self._busy:
-            self._reset()  # an idle batch starts again at position 0
+            self._stepper = None  # an idle batch starts again at position 0
         row = self._busy.free_row()
         model, lm = self.model, self.model.lm
         cross = model.voice_keys_values([request.voices])
@@ -137,16 +127,26 @@ class TtsBatch:
         return row
 
     def _write_row(self, row: int, condition: mx.array, cross: list) -> None:
-        """The row's conditions and voices in, its token ring emptied, its stream started at
-        the current position."""
-        rows = self.rows
-        if self._condition is None:
-            self._condition = mx.broadcast_to(condition, (rows, *condition.shape[1:]))
-            self._cross = [
-                tuple(mx.broadcast_to(part, (rows, *part.shape[1:])) for part in layer)
-                for layer in cross
-            ]
-        if cross[0][0].shape[1:] != self._cross[0][0].shape[1:]:
+        """The row's conditions and voices in, its stream started at the current position
+        (`Stepper.start_row`)."""
+        rows, model = self.rows, self.model
+        if self._stepper is None:
+            self._stepper = TtsStepper(
+                model.lm,
+                mx.broadcast_to(condition, (rows, *condition.shape[1:])),
+                [
+                    tuple(mx.broadcast_to(part, (rows, *part.shape[1:])) for part in layer)
+                    for layer in cross
+                ],
+                model.delay_steps,
+                *self._sampling,
+                self._seed,
+                step_cache=model.step_cache,
+                n_q=model.n_q,
+                padding_bonus=self._padding_bonus,
+            )
+        stepper = self._stepper
+        if cross[0][0].shape[1:] != stepper.cross[0][0].shape[1:]:
             raise TtsError("every voice of a batch must have the same number of frames")
         selected = mx.arange(rows) == row
 
@@ -154,12 +154,10 @@ class TtsBatch:
             mask = selected.reshape(-1, *([1] * (batch.ndim - 1)))
             return mx.where(mask, one, batch)
 
-        self._condition = put(self._condition, condition)
-        self._cross = [(put(k, ck), put(v, cv)) for (k, v), (ck, cv) in zip(self._cross, cross)]
-        tokens = put(self._state.tokens, mx.array(UNGENERATED, mx.int32))
-        self._state = self._state._replace(tokens=tokens)
-        self._starts = put(self._starts, mx.array(self._position, mx.int32))
-        mx.eval(self._condition, self._cross, self._state.tokens, self._starts)
+        stepper.condition = put(stepper.condition, condition)
+        stepper.cross = [(put(k, ck), put(v, cv)) for (k, v), (ck, cv) in zip(stepper.cross, cross)]
+        mx.eval(stepper.condition, stepper.cross)
+        stepper.start_row(row)
 
     def push(self, row: int, text: str) -> None:
         """More text for `row`'s stream."""
@@ -181,30 +179,16 @@ class TtsBatch:
         """One step of every busy row (nothing when none is busy)."""
         if not self._busy:
             return []
-        functions, cfg = self._functions, self.model.lm.cfg
         pad = self.model.token_ids.pad
         if_word, otherwise = [pad] * self.rows, [pad] * self.rows  # idle rows: padding
         for row, busy in self._busy.items():
             if_word[row], otherwise[row] = busy.schedule.speculate()
-        ring = self._state.ring(cfg.attention_window)
-        self._state = self._state.with_ring(ring.grown(self._position))
-        del ring
         audio = any(busy.step >= self.model.delay_steps for busy in self._busy.values())
-        function = functions.rows_full if audio else functions.rows_text_only
-        out = function(
-            self._state,
-            self._starts,
-            self._condition,
-            self._cross,
-            mx.array(if_word, mx.int32),
-            mx.array(otherwise, mx.int32),
-        )
-        self._state = out.state
-        self._position += 1
+        out = self._stepper.step(if_word, otherwise, depformer=audio)
         decoded = self._queue_decodes(out.frame)
         states = [self._busy[row].mimi_state.state for row in decoded]
         pcm = [samples for samples, _ in decoded.values()]
-        mx.eval(out.text, out.frame, out.state, pcm, states)  # the step's one wait
+        mx.eval(out.text, out.frame, pcm, states)  # the step's one wait
         predicted = np.array(out.text).tolist()
         frames = np.array(out.frame)
         return self._row_outputs(predicted, frames, decoded)

@@ -13,71 +13,54 @@ The schedule's choice needs the sampled token, which lives on the device. Rather
 for it in the middle of the step, the host gives, per stream, the token to feed if the model
 predicts a new word and the token otherwise (`TextSchedule.outcomes`); the step picks one and
 returns the prediction, and the host commits it before the next step. A step is thus one
-`mx.compile`d graph (`StepState` and the step's inputs in, `StepOutput` out; see
-`moshi_mlx.runtime.step_state`) and one wait per frame.
+pure function (`TtsStepFunction.step`: `StepState` and the step's inputs in, `StepOutput`
+out), compiled and run by `TtsStepper` on `moshi_mlx.runtime.stepper`, and one wait per
+frame.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 import numpy as np
 
+from moshi_mlx.errors import removed_names
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.modules.transformer import CrossKV
-from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.sampling import gumbel_noise, sample, sample_column
+from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
-from moshi_mlx.runtime.token_ring import TokenRing
+from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
 NEW_WORD, PAD = 0, 3  # the text tokens the TTS predicts: a word starts next, or nothing
 STEP_FUNCTIONS_KEPT = 1  # one sampling at a time: traces are cheap to redo
+# Kyutai's TTS (its config's lm_gen_config): one temperature, 0.6, for text and audio;
+# `LMGen`'s top-k 25 and 250.
+TEXT_SAMPLING = Sampling(temp=0.6, top_k=25)
+AUDIO_SAMPLING = Sampling(temp=0.6, top_k=250)
 
 
-@dataclass(frozen=True)
-class TtsSampling:
-    """Temperatures and top-k of the text and audio tokens (Kyutai's TTS: 0.6 for both,
-    `LMGen`'s top-k 25 and 250), and the bonus added to the padding logit (> 0: slower)."""
+class TtsStepFunction(StepFunction):
+    """The TTS's step for one model, sampling of the text and the audio, padding bonus (added
+    to the padding logit: > 0 speaks slower), audio lag and number of codebooks `n_q` (None:
+    all). Its variant `depformer` runs the depformer or not (the first `delay_steps`)."""
 
-    temp: float = 0.6
-    text_top_k: int = 25
-    audio_top_k: int = 250
-    padding_bonus: float = 0.0
-
-
-@dataclass
-class TtsStepOutput:
-    """One step's lazy results: `predicted` (B,) the text token the model predicted (before
-    the schedule), `frame` (B, 1 + dep_q) the tokens of the frame `max_delay` steps back
-    (text then codebooks, delays undone; valid once step > max_delay)."""
-
-    predicted: mx.array
-    frame: mx.array
-
-
-class TtsStepFunctions:
-    """The compiled steps of one model, sampling, audio lag and number of codebooks `n_q`
-    (None: all): with and without the depformer, and `rows_full`, `rows_text_only` for rows
-    started at different steps (`TtsBatch`: their start positions (B,) after the state)."""
-
-    def __init__(self, lm: Lm, sampling: TtsSampling, delay_steps: int, n_q: int | None = None):
-        self.lm = lm
-        self.sampling = sampling
+    def __init__(
+        self,
+        lm: Lm,
+        text_sampling: Sampling,
+        audio_sampling: Sampling,
+        padding_bonus: float,
+        delay_steps: int,
+        n_q: int | None = None,
+    ):
+        super().__init__(lm)
+        self.text_sampling = text_sampling
+        self.audio_sampling = audio_sampling
+        self.padding_bonus = padding_bonus
         self.n_q = lm.cfg.dep_q if n_q is None else n_q
-        self.ring = TokenRing.of(lm.cfg)
-        self.audio_start = self.ring.delays[1:] + delay_steps  # codebook k is -1 before this
-        mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
-        self.full = mx.compile(lambda *args: self.step(*args, depformer=True))
-        self.text_only = mx.compile(lambda *args: self.step(*args, depformer=False))
-        self.rows_full = mx.compile(
-            lambda state, starts, *args: self.step(state, *args, depformer=True, starts=starts)
-        )
-        self.rows_text_only = mx.compile(
-            lambda state, starts, *args: self.step(state, *args, depformer=False, starts=starts)
-        )
+        # Codebook k is -1 before this step.
+        self.audio_start = self.token_ring.delays[1:] + delay_steps
 
     def step(
         self,
@@ -86,40 +69,39 @@ class TtsStepFunctions:
         cross: list[CrossKV],
         if_word: mx.array,
         otherwise: mx.array,
-        depformer: bool,
-        starts: mx.array | None = None,
+        depformer: bool = True,
     ) -> StepOutput:
-        """The state (token ring (B, K, width), random key, KV ring), the conditions and the
-        text tokens to feed per outcome (B,) -> the next state, the predicted text tokens
-        (B,), the frame out (B, K) and the step's inputs (B, K). `starts` (B,): the position
-        each row's stream started at (its step is the position minus its start)."""
-        cfg, sampling, ring, t = self.lm.cfg, self.sampling, self.ring, state.position
+        """The state (token ring (B, K, width), random key, KV ring, the rows' starts), the
+        conditions and the text tokens to feed per outcome (B,) -> the next state, the
+        predicted text tokens (B,), the frame out (B, K) and the step's inputs (B, K)."""
+        cfg, ring, t = self.lm.cfg, self.token_ring, state.position
         batch = state.tokens.shape[0]
-        kv = state.ring(cfg.attention_window).with_starts(starts)
-        if starts is None:
+        kv = self.kv_ring(state)
+        if state.starts is None:
             steps = t
             inputs = ring.inputs(state.tokens, t)  # (B, K)
         else:
-            steps = (t - starts)[:, None]  # (B, 1): each row's own step
+            steps = (t - state.starts)[:, None]  # (B, 1): each row's own step
             current = ring.column(state.tokens, t)
             inputs = mx.where(steps <= ring.delays, ring.start_tokens, current)
         temporal_out, text_logits = self.lm.step_text(inputs[..., None], kv, condition, cross)
         key, text_key, audio_key = mx.random.split(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
-        if sampling.padding_bonus:
-            bonus = mx.zeros(text_logits.shape[-1]).at[PAD].add(sampling.padding_bonus)
+        if self.padding_bonus:
+            bonus = mx.zeros(text_logits.shape[-1]).at[PAD].add(self.padding_bonus)
             text_logits = text_logits + bonus
-        predicted = sample(text_logits, sampling.temp, sampling.text_top_k, text_key)
+        predicted = self.text_sampling.sample(text_logits, text_key)
         text = mx.where(predicted == NEW_WORD, if_word, otherwise)
         if depformer:
+            audio_sampling = self.audio_sampling
             # Every codebook's noise in one draw, split once: (B, card) each.
             noises = [None] * cfg.dep_q
-            if sampling.temp > 0:
+            if audio_sampling.draws:
                 noise = gumbel_noise((batch, cfg.dep_q * cfg.card), audio_key)
                 noises = mx.split(noise, cfg.dep_q, axis=-1)
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
-                return sample_column(logits, sampling.temp, sampling.audio_top_k, noises[k])
+                return audio_sampling.sample_column(logits, noises[k])
 
             audio = self.lm.depformer.sample_step(
                 temporal_out, text, sample_audio, codebooks=self.n_q
@@ -136,13 +118,24 @@ class TtsStepFunctions:
         return StepOutput(StepState.of(tokens, key, kv.advanced()), predicted, frame, inputs)
 
 
-class TtsStepper:
-    """Steps a batch of B TTS streams under fixed conditions: `condition` (B, dim), the summed
-    conditions (`Lm.condition`), and `cross`, the voices' cross-attention keys and values
-    (`Lm.cross_keys_values`). `delay_steps`: the audio's lag behind the text, in steps;
-    `n_q`: the codebooks generated (the first n_q; the others stay -1; None: all).
-    `step_cache`, the model's `ModelCache` of compiled steps, shares their traces with the
-    other steppers given it (None: this stepper compiles its own)."""
+class TtsStepper(Stepper):
+    """Steps a batch of B TTS streams.
+
+    Args:
+        lm: the model.
+        condition: (B, dim) the summed conditions (`Lm.condition`).
+        cross: the voices' cross-attention keys and values (`Lm.cross_keys_values`).
+        delay_steps: the audio's lag behind the text, in steps.
+        text_sampling, audio_sampling: how the text and the codebooks are drawn (default:
+            Kyutai's, `TEXT_SAMPLING` and `AUDIO_SAMPLING`).
+        seed: the random stream's seed.
+        step_cache: the model's `ModelCache` of compiled steps, shared with the other
+            steppers given it (None: this stepper compiles its own).
+        n_q: the codebooks generated (the first n_q; the others stay -1; None: all).
+        padding_bonus: added to the padding logit (> 0: slower speech).
+
+    `condition` and `cross` may be replaced between steps (a batch whose rows change).
+    """
 
     def __init__(
         self,
@@ -150,66 +143,64 @@ class TtsStepper:
         condition: mx.array,
         cross: list[CrossKV],
         delay_steps: int,
-        sampling: TtsSampling | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int = 0,
-        step_cache: ModelCache[TtsStepFunctions] | None = None,
+        step_cache: ModelCache[TtsStepFunction] | None = None,
         n_q: int | None = None,
+        padding_bonus: float = 0.0,
     ):
-        self.lm = lm
-        self.batch = condition.shape[0]
         self.condition = condition
         self.cross = cross
         self.delay_steps = delay_steps
-        self.sampling = sampling or TtsSampling()
-        choice = (self.sampling, delay_steps, n_q)
-        self._functions = model_cache(lm, step_cache, STEP_FUNCTIONS_KEPT).get(
-            choice, lambda: TtsStepFunctions(lm, *choice)
+        text_sampling, audio_sampling = (
+            text_sampling or TEXT_SAMPLING,
+            audio_sampling or AUDIO_SAMPLING,
         )
-        tokens = self._functions.ring.empty(self.batch)
-        self._state = StepState.of(tokens, mx.random.key(seed), lm.make_ring(self.batch))
-        self.step_index = 0
+        choice = (text_sampling, audio_sampling, padding_bonus, delay_steps, n_q)
+        function = TtsStepFunction.shared(lm, step_cache, choice, STEP_FUNCTIONS_KEPT)
+        tokens = function.token_ring.empty(condition.shape[0])
+        super().__init__(
+            function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(tokens.shape[0]))
+        )
 
     def step(
         self,
         if_word: list[int],
         otherwise: list[int],
         forced: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> TtsStepOutput:
+        depformer: bool | None = None,
+    ) -> StepOutput:
         """Queue one step; each stream feeds `if_word[b]` as its text token if the model
         predicts a new word, else `otherwise[b]`. `forced`, codes and a mask (B, dep_q),
         replaces the audio tokens the step sampled where the mask is set (an audio prefix's,
-        `TtsRun`), as they are written and in the frame out. Returns at once (lazy results,
-        evaluation queued)."""
-        ring = self._state.ring(self.lm.cfg.attention_window)
-        self._state = self._state.with_ring(ring.grown(self.step_index))
-        del ring  # the old buffers are written in place only if nothing else holds them
-        function = (
-            self._functions.full
-            if self.step_index >= self.delay_steps
-            else self._functions.text_only
-        )
-        out = function(
-            self._state,
+        `TtsRun`), as they are written and in the frame out. `depformer`: whether the
+        depformer runs (None: once `delay_steps` have passed). Returns at once (lazy results,
+        evaluation queued): `text` (B,) the predicted text tokens (before the schedule),
+        `frame` (B, 1 + dep_q) the tokens of the frame `max_delay` steps back (text then
+        codebooks, delays undone; valid once `ready`)."""
+        if depformer is None:
+            depformer = self.step_index >= self.delay_steps
+        out = self._run(
             self.condition,
             self.cross,
             mx.array(if_word, mx.int32),
             mx.array(otherwise, mx.int32),
+            depformer=depformer,
         )
-        frame = out.frame
-        if forced is not None:
-            frame, tokens = self._forced(out.state.tokens, *forced)
-            out = out._replace(state=out.state._replace(tokens=tokens))
-        self._state = out.state
-        mx.async_eval(out.text, frame, out.state)
-        self.step_index += 1
-        return TtsStepOutput(out.text, frame)
+        if forced is None:
+            return out
+        frame, tokens = self._forced(self._state.tokens, *forced)
+        self._state = self._state._replace(tokens=tokens)
+        mx.async_eval(frame, tokens)
+        return out._replace(frame=frame)
 
     def _forced(
         self, tokens: mx.array, codes: np.ndarray, mask: np.ndarray
     ) -> tuple[mx.array, mx.array]:
-        """The frame out and the token ring of this step with its audio tokens replaced by
-        `codes` where `mask` is set."""
-        ring, t = self._functions.ring, self.step_index
+        """The frame out and the token ring of the step just taken with its audio tokens
+        replaced by `codes` where `mask` is set."""
+        ring, t = self.function.token_ring, self.step_index - 1
         column = ring.column(tokens, mx.array(t + 1))
         audio = mx.where(mx.array(mask), mx.array(codes, mx.int32), column[:, 1:])
         tokens = ring.write_column(
@@ -217,7 +208,15 @@ class TtsStepper:
         )
         return ring.frame_out(tokens, mx.array(t)), tokens
 
-    @property
-    def frame_ready(self) -> bool:
-        """Whether the last step's frame holds tokens (its delays are filled)."""
-        return self.step_index > self.lm.cfg.max_delay
+
+__getattr__ = removed_names(
+    __name__,
+    {
+        "TtsSampling": "TtsSampling is now one Sampling per stream (moshi_mlx.runtime.sampling): "
+        "text_sampling=Sampling(0.6, 25), audio_sampling=Sampling(0.6, 250), and "
+        "padding_bonus its own argument",
+        "TtsStepFunctions": "TtsStepFunctions is now TtsStepFunction (moshi_mlx.tts.stepper)",
+        "TtsStepOutput": "TtsStepOutput is now StepOutput (moshi_mlx.runtime.step_state): "
+        "predicted is its text",
+    },
+)

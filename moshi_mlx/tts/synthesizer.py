@@ -41,15 +41,11 @@ from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.sampling import Sampling
+from moshi_mlx.runtime.step_state import StepOutput
 from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.prefix import AudioPrefixes, recording_codes
-from moshi_mlx.tts.stepper import (
-    STEP_FUNCTIONS_KEPT,
-    TtsSampling,
-    TtsStepFunctions,
-    TtsStepOutput,
-    TtsStepper,
-)
+from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsStepFunction, TtsStepper
 from moshi_mlx.tts.text_feed import TextFeed
 from moshi_mlx.tts.voices import DEFAULT_VOICE, Voice, VoiceCache
 
@@ -108,7 +104,7 @@ class TtsModel:
     n_q: int | None = None
     # The compiled steps its runs share, and the voices they spoke in lately, read and
     # projected (`VoiceCache`).
-    step_cache: ModelCache[TtsStepFunctions] = field(init=False, repr=False, compare=False)
+    step_cache: ModelCache[TtsStepFunction] = field(init=False, repr=False, compare=False)
     voice_cache: VoiceCache = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -201,13 +197,17 @@ class TtsModel:
     def synthesize(
         self,
         requests: Sequence[TtsRequest],
-        sampling: TtsSampling | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int | None = None,
         max_steps: int = 30_000,
         on_step: Callable[[], None] | None = None,
+        padding_bonus: float = 0.0,
     ) -> list[Speech]:
-        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech)."""
-        run = TtsRun(self, requests, sampling, seed)
+        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech).
+        The sampling of the text and the audio (default Kyutai's) and the `padding_bonus`
+        as `TtsStepper`'s."""
+        run = TtsRun(self, requests, text_sampling, audio_sampling, seed, padding_bonus)
         for request, schedule in zip(requests, run.schedules):
             schedule.push(self.entries(request.text))
             schedule.close()
@@ -238,8 +238,10 @@ class TtsModel:
         self,
         voice: Voice | Sequence[Voice] = DEFAULT_VOICE,
         cfg_coef: float | None = DEFAULT_CFG_COEF,
-        sampling: TtsSampling | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int | None = None,
+        padding_bonus: float = 0.0,
         prefix: np.ndarray | None = None,
     ) -> TtsStream:
         """A stream that speaks words pushed at any time (`TtsStream`), in `voice` (or the
@@ -247,7 +249,8 @@ class TtsModel:
         given."""
         voices = (voice,) if isinstance(voice, Voice) else tuple(voice)
         request = TtsRequest("", voices, cfg_coef, prefix)
-        return TtsStream(self, TtsRun(self, [request], sampling, seed))
+        run = TtsRun(self, [request], text_sampling, audio_sampling, seed, padding_bonus)
+        return TtsStream(self, run)
 
 
 def condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:
@@ -320,8 +323,10 @@ class TtsRun:
         self,
         model: TtsModel,
         requests: Sequence[TtsRequest],
-        sampling: TtsSampling | None = None,
+        text_sampling: Sampling | None = None,
+        audio_sampling: Sampling | None = None,
         seed: int | None = None,
+        padding_bonus: float = 0.0,
     ):
         if not requests:
             raise TtsError("nothing to speak: no request given")
@@ -335,10 +340,12 @@ class TtsRun:
             condition,
             cross,
             model.delay_steps,
-            sampling or TtsSampling(),
+            text_sampling,
+            audio_sampling,
             self.seed,
             step_cache=model.step_cache,
             n_q=model.n_q,
+            padding_bonus=padding_bonus,
         )
         self.schedules = [model.schedule() for _ in requests]
         self.prefixes = AudioPrefixes(
@@ -365,7 +372,7 @@ class TtsRun:
         """One step of the LM for every request, its schedule updated; no audio decoded."""
         return self._commit(*self._queue_step())
 
-    def _queue_step(self) -> tuple[int, TtsStepOutput]:
+    def _queue_step(self) -> tuple[int, StepOutput]:
         """Queue one LM step (lazy): the step's index and its output."""
         t = self.stepper.step_index
         outcomes = [
@@ -375,15 +382,15 @@ class TtsRun:
         words, others = [o.word for o in outcomes], [o.other for o in outcomes]
         return t, self.stepper.step(words, others, self.prefixes.forced(t))
 
-    def _commit(self, t: int, out: TtsStepOutput) -> TtsTokens:
+    def _commit(self, t: int, out: StepOutput) -> TtsTokens:
         """Step `t`'s predictions into the schedules (read on the host: a wait unless they
         were evaluated) and its tokens."""
-        predicted = np.array(out.predicted).tolist()
+        predicted = np.array(out.text).tolist()
         fed = [
             ZERO_TOKEN if self.prefixes.text_held(row, t) else s.commit(t, token)
             for row, (s, token) in enumerate(zip(self.schedules, predicted))
         ]
-        return TtsTokens(predicted, fed, out.frame if self.stepper.frame_ready else None)
+        return TtsTokens(predicted, fed, out.frame if self.stepper.ready else None)
 
     def step(self) -> TtsStep:
         """One step for every request: its next 80 ms of audio, or None (none yet, or its
@@ -391,13 +398,13 @@ class TtsRun:
         queued together and waited for once."""
         t, out = self._queue_step()
         frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
-        if not self.stepper.frame_ready or frame_index < self._first_audio:
+        if not self.stepper.ready or frame_index < self._first_audio:
             return TtsStep([None] * len(self.schedules), self._commit(t, out))
         codes = out.frame[:, 1 : 1 + self.model.codebooks, None].astype(mx.uint32)
         mimi = self.model.mimi
         self._mimi_state = self._mimi_state or mimi.make_state()
         samples = mimi.decode_step(codes, self._mimi_state)[:, 0]
-        mx.eval(out.predicted, samples, self._mimi_state.state)  # the step's one wait
+        mx.eval(out.text, samples, self._mimi_state.state)  # the step's one wait
         tokens = self._commit(t, out)
         pcm = np.array(samples, np.float32)
         played = frame_index - self._first_audio - SKIPPED_FRAMES

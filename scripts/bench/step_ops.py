@@ -1,5 +1,5 @@
-"""The operations of a step, counted in each form (`form.FORMS`): Moshi's `LmGen` step, the
-STT's `ListenStepper` step and the TTS's full frame (`TtsStepper`, depformer included), each
+"""The operations of a step, counted in each form (`form.FORMS`): Moshi's `ChatStepper` step,
+the STT's `SttStepper` step and the TTS's full frame (`TtsStepper`, depformer included), each
 the next step of a fresh stepper whose state is evaluated (its zeros are no operations),
 compiled as a step runs."""
 
@@ -10,10 +10,9 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.runtime.sampling import SamplingConfig
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.tts.stepper import TtsStepper
 
 from .form import kernel_form
@@ -27,15 +26,15 @@ StepGraph = Callable[[], object]  # a stepper's next step, lazily
 
 
 def moshi_step(lm: Lm) -> tuple[object, StepGraph]:
-    """A fresh `LmGen` (default sampling) and its next step on zero user codes."""
-    gen = LmGen(lm, SamplingConfig(), seed=0)
+    """A fresh `ChatStepper` (default sampling) and its next step on zero user codes."""
+    gen = ChatStepper(lm, seed=0)
     codes = np.zeros((lm.cfg.n_q - lm.cfg.moshi_codebooks,), np.int32)
     return gen, lambda: gen.step_graph(codes)
 
 
 def stt_step(lm: Lm) -> tuple[object, StepGraph]:
-    """A fresh `ListenStepper` of one stream and its next step on zero audio codes."""
-    stepper = ListenStepper(lm)
+    """A fresh `SttStepper` of one stream and its next step on zero audio codes."""
+    stepper = SttStepper(lm)
     codes = np.zeros((1, lm.cfg.n_q), np.int32)
     return stepper, lambda: stepper.step_graph(codes)
 
@@ -49,12 +48,10 @@ def tts_frame(lm: Lm, full: bool = True) -> tuple[TtsStepper, StepGraph]:
     cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, cfg.dim), dtype))
     mx.eval(condition, cross)
     stepper = TtsStepper(lm, condition, cross, delay_steps=0)
-    functions = stepper._functions
-    function = functions.full if full else functions.text_only
     choices = (mx.array([0], mx.int32), mx.array([3], mx.int32))
 
     def graph():
-        out = function(stepper._state, condition, cross, *choices)
+        out = stepper.graph(condition, cross, *choices, depformer=full)
         return [out.state, out.text, out.frame]
 
     return stepper, graph

@@ -15,9 +15,10 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
+from moshi_mlx.runtime.step_state import StepOutput
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -146,9 +147,16 @@ def ops_by_primitive(outputs, names: dict[str, mx.array] | None = None) -> dict[
     return dict(Counter(kinds).most_common())
 
 
-def timed_step(gen: LmGen, codes: np.ndarray) -> float:
-    """Seconds of one `LmGen.step` with its text token and Moshi's codes read on the host."""
+def read_chat_step(out: StepOutput) -> tuple[int, np.ndarray | None]:
+    """A chat step's text token and Moshi's codes (None until the delays fill) on the host,
+    as a caller reads them: one evaluation."""
+    mx.eval(out.text, out.frame)
+    return out.text.item(), None if out.frame is None else np.array(out.frame, np.int32)
+
+
+def timed_step(gen: ChatStepper, codes: np.ndarray) -> float:
+    """Seconds of one `ChatStepper.step` with its text token and Moshi's codes read on the
+    host."""
     start = time.perf_counter()
-    result = gen.step(codes)
-    _ = result.text_token, result.moshi_codes
+    read_chat_step(gen.step(codes))
     return time.perf_counter() - start

@@ -26,8 +26,9 @@ from enum import IntEnum
 
 from aiohttp import web
 
+from moshi_mlx.chat.generate import ChatSampling
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.runtime.sampling import SamplingConfig
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.sessions import send_and_close
 
@@ -109,12 +110,12 @@ def parse(message: bytes) -> tuple[Kind, bytes]:
 class SessionParams:
     """Sampling and seed of one conversation, from the server's flags and the URL's query."""
 
-    sampling: SamplingConfig
+    sampling: ChatSampling  # the text's, then the audio's
     seed: int | None
 
 
 def session_params(
-    query: Mapping[str, str], defaults: SamplingConfig, seed: int | None
+    query: Mapping[str, str], defaults: ChatSampling, seed: int | None
 ) -> SessionParams:
     """Apply the query parameters that Kyutai's clients put on `/api/chat`.
 
@@ -123,11 +124,15 @@ def session_params(
     else `audio_seed`, else the server's `--seed` (else a fresh one). Other parameters
     (`pad_mult`, `repetition_penalty`, ...) have no counterpart and are ignored.
     """
-    sampling = SamplingConfig(
-        text_temp=_number(query, "text_temperature", defaults.text_temp),
-        text_top_k=_count(query, "text_topk", defaults.text_top_k),
-        audio_temp=_number(query, "audio_temperature", defaults.audio_temp),
-        audio_top_k=_count(query, "audio_topk", defaults.audio_top_k),
+    text, audio = defaults
+    sampling = (
+        Sampling(
+            _number(query, "text_temperature", text.temp), _count(query, "text_topk", text.top_k)
+        ),
+        Sampling(
+            _number(query, "audio_temperature", audio.temp),
+            _count(query, "audio_topk", audio.top_k),
+        ),
     )
     for name in ("text_seed", "audio_seed"):
         if name in query:

@@ -249,14 +249,14 @@ class _Conversation:
         await self._send(protocol.metadata({"lag": lag}))
 
     def _metadata(self, seed: int) -> dict:
-        sampling = self._session.sampling
+        text, audio = self._session.sampling
         return {
             "server": "moshi_mlx",
             "seed": seed,
-            "text_temperature": sampling.text_temp,
-            "text_topk": sampling.text_top_k,
-            "audio_temperature": sampling.audio_temp,
-            "audio_topk": sampling.audio_top_k,
+            "text_temperature": text.temp,
+            "text_topk": text.top_k,
+            "audio_temperature": audio.temp,
+            "audio_topk": audio.top_k,
             "frame_ms": 1000 * FRAME_SIZE // SAMPLE_RATE,
             "max_lag_frames": self._session.max_lag_frames,
         }

@@ -14,15 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moshi_mlx.chat.duplex import DEFAULT_MAX_LAG_FRAMES, DuplexSession
+from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING, ChatSampling
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.memory_plan import wired_memory
 from moshi_mlx.runtime.model_thread import ModelThread
-from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.serve.chat.persona import PersonaOptions, persona_options
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ log = logging.getLogger("moshi_mlx.serve.chat")
 class ChatSettings:
     """What the server's flags decide for every conversation."""
 
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: ChatSampling = (TEXT_SAMPLING, AUDIO_SAMPLING)  # the text's, then the audio's
     seed: int | None = None
     max_lag_frames: int = DEFAULT_MAX_LAG_FRAMES
     max_conversations: int = 1
@@ -79,7 +79,7 @@ class ChatService:
         """Release the wired memory (on the model thread, before it stops)."""
         self.thread.call_soon(self._wired.close)
 
-    def session(self, sampling: SamplingConfig, seed: int | None, voice, role) -> DuplexSession:
+    def session(self, sampling: ChatSampling, seed: int | None, voice, role) -> DuplexSession:
         """A conversation of the loaded model (`ready` and no `error`); `voice` and `role`
         None take the server's."""
         settings = self.settings
@@ -113,7 +113,7 @@ class ChatService:
             self._wired.enter_context(wired_memory(self.model.memory))
             self.load_seconds = time.monotonic() - started
             started = time.monotonic()
-            self.model.warm_up(settings.sampling, settings.cfg_coef)
+            self.model.warm_up(*settings.sampling, settings.cfg_coef)
             self.warmup_seconds = time.monotonic() - started
             self.persona = self._persona()
         except BaseException as exc:  # told to the server and its clients

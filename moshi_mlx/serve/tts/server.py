@@ -28,7 +28,7 @@ import sphn
 from aiohttp import web
 
 from moshi_mlx.errors import MoshiError
-from moshi_mlx.runtime.sampling import MAX_SEED
+from moshi_mlx.runtime.sampling import MAX_SEED, Sampling
 from moshi_mlx.serve.bodies import BadBody, read_json_object
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.http import origin_allowed
@@ -51,7 +51,7 @@ from moshi_mlx.serve.tts.session import (
     TtsSession,
 )
 from moshi_mlx.serve.tts.streams import TtsStreams
-from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.tts.stepper import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
 
@@ -196,18 +196,20 @@ class _TtsHandler:
                 path = await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)
             except MoshiError as exc:
                 raise web.HTTPServiceUnavailable(text=without_paths(str(exc))) from None
-        sampling = TtsSampling()
+        text, audio = TEXT_SAMPLING, AUDIO_SAMPLING
         try:
-            if "temperature" in query:
-                sampling = TtsSampling(temp=_bounded(query["temperature"], 0.0, 2.0))
+            if "temperature" in query:  # one temperature for both, as Kyutai's
+                temp = _bounded(query["temperature"], 0.0, 2.0)
+                text, audio = Sampling(temp, text.top_k), Sampling(temp, audio.top_k)
             if "top_k" in query:
                 top_k = int(_bounded(query["top_k"], 1, 10_000))
-                sampling = TtsSampling(sampling.temp, text_top_k=top_k, audio_top_k=top_k)
+                text, audio = Sampling(text.temp, top_k), Sampling(audio.temp, top_k)
             cfg = _bounded(query["cfg_alpha"], 0.0, 10.0) if "cfg_alpha" in query else None
             seed = int(_bounded(query["seed"], 0, MAX_SEED)) if "seed" in query else None
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
-        return SessionOptions(path, cfg if cfg is not None else DEFAULT_CFG_COEF, sampling, seed)
+        cfg_coef = cfg if cfg is not None else DEFAULT_CFG_COEF
+        return SessionOptions(path, cfg_coef, (text, audio), seed)
 
 
 def _bounded(text: str, low: float, high: float) -> float:

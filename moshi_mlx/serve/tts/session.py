@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS
-from moshi_mlx.tts.stepper import TtsSampling
+from moshi_mlx.runtime.sampling import Sampling
 
 AHEAD_SECONDS = 0.5  # audio a stream may have out beyond real time
 
@@ -55,7 +55,7 @@ class SessionOptions:
 
     voice: Path | np.ndarray
     cfg_coef: float | None
-    sampling: TtsSampling
+    sampling: tuple[Sampling, Sampling]  # the text's, then the audio's
     seed: int | None = None
 
 

@@ -142,7 +142,7 @@ class TtsStreams(RealTimeClock):
         group = self._groups.get(key)
         if group is None:
             seed = options.seed if options.seed is not None else _random_seed()
-            group = _Group(TtsBatch(self.model, self.rows, options.sampling, seed))
+            group = _Group(TtsBatch(self.model, self.rows, *options.sampling, seed))
         row = group.batch.add(TtsRequest("", (voice,), options.cfg_coef))
         self._groups[key] = group
         group.sessions[row] = session

@@ -13,11 +13,10 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import summarize
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.memory_plan import kv_cache_bytes
-from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
@@ -50,15 +49,15 @@ def bench_kv_caches(
     load_peak = mx.get_peak_memory()
     user = user_codes(config.card, steps + 2, seed, config.num_user_codebooks)
 
-    def generator(bits: int | None) -> LmGen:
+    def generator(bits: int | None) -> ChatStepper:
         quantization = KVQuantization.of(bits) if bits else None
-        gen = LmGen(lm, SamplingConfig(), seed=seed, kv_quantization=quantization)
-        gen.reserve_full_context()
+        gen = ChatStepper(lm, seed=seed, kv_quantization=quantization)
+        gen.reserve(lm.cfg.attention_window)
         return gen
 
-    def timed_step(gen: LmGen, codes: np.ndarray) -> float:
+    def timed_step(gen: ChatStepper, codes: np.ndarray) -> float:
         start = time.perf_counter()
-        mx.eval(gen.step(codes).text_token_array)
+        mx.eval(gen.step(codes).text)
         return time.perf_counter() - start
 
     peaks = []

@@ -1,8 +1,8 @@
-"""The `lm` part: ms per LM step, the whole step as `LmGen.step` runs it, and its split into
+"""The `lm` part: ms per LM step, the whole step as `ChatStepper.step` runs it, and its split into
 temporal transformer + text sampling / depformer + audio sampling / the 9 samplers alone; the
 step's anatomy (host time, evaluation, syncs, graph operations); with `--kyutai`, Kyutai's
 `moshi_mlx` on the same file, alternating with ours, `--rounds` times. A shape without a
-depformer (`stt-*`) times the STT step instead: ours `ListenStepper.step`, Kyutai's
+depformer (`stt-*`) times the STT step instead: ours `SttStepper.step`, Kyutai's
 `LmGen.step_with_extra_heads`."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import LM_METRICS, lm_result, pool_rounds
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING, ChatStepper
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
-from moshi_mlx.runtime.sampling import SamplingConfig, sample
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.runtime.sampling import Sampling
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..floor import step_floor
@@ -36,18 +36,19 @@ from ..timing import (
     fresh_memory,
     ops_by_primitive,
     peak_gb,
+    read_chat_step,
     syncs_per_frame,
 )
 from ..weights import lm_weights
 
 
-def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict[str, list]:
+def _split_times(lm: Lm, total: int, seed: int) -> dict[str, list]:
     """Per step, each part evaluated on its own (so the two add up to a step plus one host
     sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
-    step), then `LmGen.sample_tokens` (text sampling and the depformer's 8 slices with audio
+    step), then `ChatStepper.sample_tokens` (text sampling and the depformer's 8 slices with audio
     sampling, compiled as in a step)."""
     cfg = lm.cfg
-    gen = LmGen(lm, sampling, seed=seed)
+    gen = ChatStepper(lm, seed=seed)
     compiled_temporal = compiled_temporal_step(lm)
     ring = lm.make_ring()
     rng = np.random.default_rng(seed)
@@ -74,7 +75,9 @@ def _split_times(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dic
     return {"temporal": temporal, "depformer": depformer}
 
 
-def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list[float]:
+def _sampling_times(
+    cfg: LmConfig, text_sampling: Sampling, audio_sampling: Sampling, total: int
+) -> list[float]:
     """The text sampler and the 8 audio samplers alone, on logits of the real shapes."""
     times = []
     keys = mx.random.split(mx.random.key(1), 1 + cfg.dep_q)
@@ -83,23 +86,20 @@ def _sampling_times(cfg: LmConfig, sampling: SamplingConfig, total: int) -> list
         audio_logits = mx.random.normal((cfg.dep_q, 1, cfg.card)).astype(mx.bfloat16)
         mx.eval(text_logits, audio_logits)
         t0 = time.perf_counter()
-        tokens = [sample(text_logits, sampling.text_temp, sampling.text_top_k, keys[0])]
-        tokens += [
-            sample(audio_logits[k], sampling.audio_temp, sampling.audio_top_k, keys[1 + k])
-            for k in range(cfg.dep_q)
-        ]
+        tokens = [text_sampling.sample(text_logits, keys[0])]
+        tokens += [audio_sampling.sample(audio_logits[k], keys[1 + k]) for k in range(cfg.dep_q)]
         mx.eval(tokens)
         times.append(time.perf_counter() - t0)
     return times
 
 
-def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> dict:
-    """Where a step's time goes, per step as a caller runs it (`LmGen.step`, then its text
+def _step_anatomy(lm: Lm, total: int, seed: int) -> dict:
+    """Where a step's time goes, per step as a caller runs it (`ChatStepper.step`, then its text
     token and Moshi's codes read on the host): host time outside evaluation (Python and
     graph building), time in evaluation (launching it and waiting for it), syncs; and the
-    operations in the step's graph before and after `mx.compile` (`LmGen.step_graph` at the
+    operations in the step's graph before and after `mx.compile` (`ChatStepper.step_graph` at the
     last step's state), and compiled in each GPU's form (`step_ops.gpu_form_ops`)."""
-    gen = LmGen(lm, sampling, seed=seed)
+    gen = ChatStepper(lm, seed=seed)
     user = [
         mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed, lm.cfg.num_user_codebooks)
     ]
@@ -111,7 +111,7 @@ def _step_anatomy(lm: Lm, sampling: SamplingConfig, total: int, seed: int) -> di
             syncs_before, wait_before = meter.syncs, meter.wait_s
             t0 = time.perf_counter()
             result = gen.step(codes)
-            _ = result.text_token, result.moshi_codes
+            read_chat_step(result)
             elapsed = time.perf_counter() - t0
             wait.append(meter.wait_s - wait_before)
             host.append(elapsed - wait[-1])
@@ -135,7 +135,7 @@ def bench_lm(
     split_steps: int,
     dtype: mx.Dtype | None = None,
 ) -> dict:
-    """Our `LmGen.step` per step (p50/p95), its split, first audio step, peak memory, and its
+    """Our `ChatStepper.step` per step (p50/p95), its split, first audio step, peak memory, and its
     late steps with what happened in them (`steady.late_steps`).
 
     `dtype` is the compute dtype (activations, norms, quantization scales): bf16 as
@@ -146,11 +146,10 @@ def bench_lm(
     start = time.perf_counter()
     lm = load_lm(weights, config, dtype=dtype)
     load_s = time.perf_counter() - start
-    sampling = SamplingConfig()
     total = warmup + steps
 
     mx.reset_peak_memory()
-    gen = LmGen(lm, sampling, seed=seed)
+    gen = ChatStepper(lm, seed=seed)
     step_times, first_audio_step = [], None
     with StepEvents(lambda: gen.ring.capacity) as events:
         for index, codes in enumerate(
@@ -159,7 +158,7 @@ def bench_lm(
             events.before()
             t0 = time.perf_counter()
             result = gen.step(codes)
-            moshi_codes, _ = result.moshi_codes, result.text_token  # on the host, as a caller
+            _, moshi_codes = read_chat_step(result)  # on the host, as a caller
             step_times.append(time.perf_counter() - t0)
             events.after()
             if moshi_codes is not None and first_audio_step is None:
@@ -169,12 +168,14 @@ def bench_lm(
     samples = {"step_ms": step_times[warmup:]}
     anatomy = {}
     if split_steps > 0:
-        split = _split_times(lm, sampling, warmup + split_steps, seed)
-        anatomy = _step_anatomy(lm, sampling, warmup + split_steps, seed)
+        split = _split_times(lm, warmup + split_steps, seed)
+        anatomy = _step_anatomy(lm, warmup + split_steps, seed)
         samples.update(
             temporal_ms=split["temporal"][warmup:],
             depformer_ms=split["depformer"][warmup:],
-            sampling_ms=_sampling_times(config, sampling, warmup + split_steps)[warmup:],
+            sampling_ms=_sampling_times(
+                config, TEXT_SAMPLING, AUDIO_SAMPLING, warmup + split_steps
+            )[warmup:],
             host_ms=anatomy["host"][warmup:],
             eval_ms=anatomy["eval"][warmup:],
         )
@@ -196,7 +197,7 @@ def bench_lm(
 def bench_listen(
     weights: Path, shape: str, steps: int, warmup: int, seed: int, dtype: mx.Dtype | None = None
 ) -> dict:
-    """Our STT step (a shape without a depformer) as `SttModel` takes it: `ListenStepper.step`
+    """Our STT step (a shape without a depformer) as `SttModel` takes it: `SttStepper.step`
     on one frame of audio codes, then its text token and heads' probabilities on the host;
     per step (p50/p95), peak memory, the host syncs per step over `warmup` more steps (none
     without a warm-up) and the step's graph operations (eager, compiled, compiled by kind,
@@ -209,19 +210,19 @@ def bench_listen(
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, config.card, (warmup + steps, 1, config.n_q)).astype(np.int32)
     mx.reset_peak_memory()
-    stepper = ListenStepper(lm)
+    stepper = SttStepper(lm)
     step_times = []
     for frame in codes:
         t0 = time.perf_counter()
         out = stepper.step(frame)
-        _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
+        _ = np.array(out.text).tolist(), np.array(out.head_probabilities)
         step_times.append(time.perf_counter() - t0)
     peak = peak_gb()
 
     def read_in_one_wait(frame: np.ndarray) -> None:  # the token and the heads
         out = stepper.step(frame)
-        mx.eval(out.text_tokens, out.head_probabilities)
-        _ = np.array(out.text_tokens).tolist(), np.array(out.head_probabilities)
+        mx.eval(out.text, out.head_probabilities)
+        _ = np.array(out.text).tolist(), np.array(out.head_probabilities)
 
     compiled = stepper.step_graph(codes[0])
     graph_ops = {

@@ -1,6 +1,6 @@
 """The `ops` part: the operations of one step in each form (`form.FORMS`: as this backend
 builds it, as MLX's CUDA backend does, as Metal does), by kind, without timing anything: the
-step Moshi's `LmGen` runs (shapes with a depformer), the STT's `ListenStepper` step (`stt-*`)
+step Moshi's `ChatStepper` runs (shapes with a depformer), the STT's `SttStepper` step (`stt-*`)
 and the TTS's full frame (`tts-*` shapes of `--shapes`). Counted in bf16 compute, as a GPU
 loads the files, for `--dtype auto`. Printed as lines of its own, outside the table."""
 

@@ -18,13 +18,12 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import summarize
 
-from moshi_mlx.chat.generate import GenState, LmGen, StepFunctions, fresh_state
+from moshi_mlx.chat.generate import ChatStepFunction, ChatStepper, GenState, fresh_state
 from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.testing.checkpoints import load_lm
 
@@ -130,7 +129,7 @@ def _persona_and_moshi(weights: Path, shape: str, dtype: mx.Dtype | None) -> tup
     return lm, moshi_lm, time.perf_counter() - started
 
 
-def _alternated_steps(gens: dict[str, LmGen], user: np.ndarray) -> dict[str, list[float]]:
+def _alternated_steps(gens: dict[str, ChatStepper], user: np.ndarray) -> dict[str, list[float]]:
     """Seconds per step of each generator, stepped in turn on the same user codes, the order
     swapped every round (A B, B A, ...) so that the machine's load hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in gens}
@@ -146,13 +145,12 @@ def _cached_starts(
     user_codes: np.ndarray,
     rounds: int,
     seed: int,
-    step_cache: ModelCache[StepFunctions],
+    step_cache: ModelCache[ChatStepFunction],
 ) -> dict[str, Any]:
     """A conversation's start from `state`, up to its first step done: held in memory, or
     saved with `persona.cache.save_state` and read back with `load_state` (from the page
     cache: the file was just written), alternated `rounds` times; the step's traces are
     `step_cache`'s, as a model's conversations share them."""
-    sampling = SamplingConfig()
     memory, disk, load = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder, key = Path(tmp), prompt_key(bench="persona", seed=seed)
@@ -161,16 +159,12 @@ def _cached_starts(
         save_s = time.perf_counter() - started
         for _ in range(rounds):
             started = time.perf_counter()
-            timed_step(
-                LmGen(lm, sampling, seed=seed, start=state, step_cache=step_cache), user_codes
-            )
+            timed_step(ChatStepper(lm, seed=seed, start=state, step_cache=step_cache), user_codes)
             memory.append(time.perf_counter() - started)
             started = time.perf_counter()
             loaded = _evaluated(load_state(folder, key))
             load.append(time.perf_counter() - started)
-            timed_step(
-                LmGen(lm, sampling, seed=seed, start=loaded, step_cache=step_cache), user_codes
-            )
+            timed_step(ChatStepper(lm, seed=seed, start=loaded, step_cache=step_cache), user_codes)
             disk.append(time.perf_counter() - started)
             del loaded
         state_mb = saved.stat().st_size / 1e6
@@ -199,7 +193,7 @@ def bench_persona(
       the replay its first `replay_steps` (0: all), each extrapolated to the whole prompt in
       proportion (the prefill from each round, the replay from its median step);
     - a cached start (`_cached_starts`, `rounds` of each);
-    - the step: PersonaPlex's `LmGen.step` from the prompt's state against Moshi's from the
+    - the step: PersonaPlex's `ChatStepper.step` from the prompt's state against Moshi's from the
       same KV ring and position (same weights, tokens and user codes), alternated
       (`_alternated_steps`, `warmup` + `steps` rounds); and each step's graph operations.
     """
@@ -224,12 +218,11 @@ def bench_persona(
     replay = _replay_times(lm, replayed)[min(warmup, len(replayed) - 1) :]
 
     # Steps: PersonaPlex from the prompt, Moshi from the same KV ring and position.
-    sampling = SamplingConfig()
     moshi_start = replace(fresh_state(moshi_lm), ring=state.ring, step_index=state.step_index)
     step_cache = ModelCache(lm)  # shared with the cached starts, as a model's conversations
     gens = {
-        "personaplex": LmGen(lm, sampling, seed=seed, start=state, step_cache=step_cache),
-        "moshi": LmGen(moshi_lm, sampling, seed=seed, start=moshi_start),
+        "personaplex": ChatStepper(lm, seed=seed, start=state, step_cache=step_cache),
+        "moshi": ChatStepper(moshi_lm, seed=seed, start=moshi_start),
     }
     user = user_codes(cfg.card, warmup + steps, seed)
     step_s = {name: t[warmup:] for name, t in _alternated_steps(gens, user).items()}

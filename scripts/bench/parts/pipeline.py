@@ -12,11 +12,10 @@ import mlx.core as mx
 import numpy as np
 from bench_stats import FRAME_MS, summarize
 
-from moshi_mlx.chat.generate import LmGen
+from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.model import step_frame
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.codec import load_codec
-from moshi_mlx.runtime.sampling import SamplingConfig
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part, backend_dtype_label, real_time_factor_notes
@@ -41,11 +40,11 @@ def bench_pipeline(
     fresh_memory()
     lm = load_lm(lm_file, LmConfig.from_dict(LM_SHAPES[shape]), dtype=dtype)
     codec = load_codec(mimi_file, backend=backend)
-    gen = LmGen(lm, SamplingConfig(), seed=seed)
+    gen = ChatStepper(lm, seed=seed)
 
     def frame_step(pcm: np.ndarray) -> bool:
         step, reply = step_frame(gen, codec, pcm)
-        _ = step.text_token, None if reply is None else np.array(reply)
+        _ = step.text.item(), None if reply is None else np.array(reply)
         return reply is not None
 
     def run(pcm_frames: np.ndarray, meter: SyncMeter) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.codec import load_codec
-from moshi_mlx.stt.stepper import ListenStepper
+from moshi_mlx.stt.stepper import SttStepper
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
@@ -39,7 +39,7 @@ def bench_stt(
     for window in ("start", "full"):
         runs = {}
         for count in (1, streams):
-            stepper = ListenStepper(lm, count)
+            stepper = SttStepper(lm, count)
             if window == "full":
                 stepper.reserve(config.context)
             runs[count] = (codec.batch_encoder(count), stepper, [])
@@ -48,7 +48,7 @@ def bench_stt(
                 pcm = rng.normal(0, 0.1, (count, 1920)).astype(np.float32)
                 started = time.perf_counter()
                 out = stepper.step(encoder.encode_frames(pcm))
-                mx.eval(out.text_tokens, out.head_probabilities, encoder.state)
+                mx.eval(out.text, out.head_probabilities, encoder.state)
                 if step >= 3:  # the first steps compile
                     times.append(time.perf_counter() - started)
         for count, (_, _, times) in runs.items():

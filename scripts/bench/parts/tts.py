@@ -32,7 +32,6 @@ from moshi_mlx.checkpoints.spec import CONFIG_FILE
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.stepper import TtsSampling
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
 from ..floor import op_costs_us
@@ -86,7 +85,7 @@ def _tts_run(model: TtsModel, folder: Path, batch: int, steps: int, seed: int) -
     start = time.perf_counter()
     voices = [folder / "voices" / f"voice{b}.safetensors" for b in range(batch)]
     requests = [TtsRequest(TTS_TEXTS[b], (voice,)) for b, voice in enumerate(voices)]
-    run = TtsRun(model, requests, TtsSampling(), seed)
+    run = TtsRun(model, requests, seed=seed)
     for request, schedule in zip(requests, run.schedules):
         schedule.push(model.entries(request.text))
         schedule.close()
@@ -128,14 +127,14 @@ def frame_anatomy(lm, steps: int = 8) -> dict:
 
     def frame(_) -> None:
         out = stepper.step([0], [3])
-        mx.eval(out.predicted, out.frame)  # both in one wait
-        _ = np.array(out.predicted), np.array(out.frame)
+        mx.eval(out.text, out.frame)  # both in one wait
+        _ = np.array(out.text), np.array(out.frame)
 
     return {
         "ops": sum(ops.values()),
         "ops_by_kind": ops,
         "temporal_ops": sum(temporal.values()),
-        "slices": stepper._functions.n_q,
+        "slices": stepper.function.n_q,
         "syncs": syncs_per_frame(range(steps), frame),
         "op_costs_us": op_costs_us(),
         "gpu_forms": gpu_form_ops(lm, tts_frame),

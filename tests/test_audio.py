@@ -1,4 +1,4 @@
-"""Ring buffers, the live loop's lag handling and latency, resampling and wav reading."""
+"""Frame queues, the live loop's lag handling and latency, resampling and wav reading."""
 
 import threading
 import time
@@ -7,41 +7,41 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from moshi_mlx.audio.frame_queue import FrameQueue, StampLog
 from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.resample import Resampler, resample
-from moshi_mlx.audio.ring import FrameRing, StampLog
 from moshi_mlx.audio.wav import WavRecorder, decode_audio, read_audio
 from moshi_mlx.errors import AudioError
 
 FRAME = 1920
 
 
-def test_frame_ring_fifo_overflow_and_drop():
-    ring = FrameRing(capacity=3, frame_size=4)
+def test_frame_queue_fifo_overflow_and_drop():
+    queue = FrameQueue(capacity=3, frame_size=4)
     out = np.zeros(4, np.float32)
-    assert ring.pop_into(out) is None
+    assert queue.pop_into(out) is None
     for i in range(4):
-        assert ring.push(np.full(4, i, np.float32), stamp=10.0 + i) is (i < 3)
-    assert len(ring) == 3 and ring.overflows == 1
-    assert ring.pop_into(out) == 10.0 and out.tolist() == [0, 0, 0, 0]
-    assert ring.drop_oldest(1) == 1
-    assert ring.pop_into(out) == 12.0 and out.tolist() == [2, 2, 2, 2]
+        assert queue.push(np.full(4, i, np.float32), stamp=10.0 + i) is (i < 3)
+    assert len(queue) == 3 and queue.overflows == 1
+    assert queue.pop_into(out) == 10.0 and out.tolist() == [0, 0, 0, 0]
+    assert queue.drop_oldest(1) == 1
+    assert queue.pop_into(out) == 12.0 and out.tolist() == [2, 2, 2, 2]
     # wrap around; short input is zero-padded, long input cut
-    assert ring.push(np.ones(2, np.float32), 20.0) and ring.push(np.arange(6.0), 21.0)
-    assert ring.pop_into(out) == 20.0 and out.tolist() == [1, 1, 0, 0]
-    assert ring.pop_into(out) == 21.0 and out.tolist() == [0, 1, 2, 3]
-    assert len(ring) == 0 and ring.drop_oldest(5) == 0
+    assert queue.push(np.ones(2, np.float32), 20.0) and queue.push(np.arange(6.0), 21.0)
+    assert queue.pop_into(out) == 20.0 and out.tolist() == [1, 1, 0, 0]
+    assert queue.pop_into(out) == 21.0 and out.tolist() == [0, 1, 2, 3]
+    assert len(queue) == 0 and queue.drop_oldest(5) == 0
 
 
-def test_frame_ring_threads_keep_every_frame_in_order():
-    ring = FrameRing(capacity=8, frame_size=16)
+def test_frame_queue_threads_keep_every_frame_in_order():
+    queue = FrameQueue(capacity=8, frame_size=16)
     n = 2000
     received = []
 
     def consume():
         out = np.zeros(16, np.float32)
         while len(received) < n:
-            if ring.pop_into(out) is not None:
+            if queue.pop_into(out) is not None:
                 assert (out == out[0]).all()
                 received.append(int(out[0]))
             else:
@@ -51,7 +51,7 @@ def test_frame_ring_threads_keep_every_frame_in_order():
     consumer.start()
     i = 0
     while i < n:
-        if ring.push(np.full(16, i, np.float32)):
+        if queue.push(np.full(16, i, np.float32)):
             i += 1
         else:
             time.sleep(1e-4)

@@ -1,14 +1,14 @@
 """The real-time loop between sound-card callbacks and the model.
 
-The two callbacks only copy frames in and out of preallocated `FrameRing`s, log their times
+The two callbacks only copy frames in and out of preallocated `FrameQueue`s, log their times
 and poke the worker through a non-blocking pipe. The worker thread runs the model on mic
 frames in order; when it falls more than `max_lag_frames` behind it drops the oldest mic
 frames, so the conversation never drifts further behind real time.
 
 With an `EchoCanceller` that cancels echo, the output callback also copies what it played
-into a third ring; the worker lines that far end up with each mic frame (`PlayedAudio`) and
+into a third queue; the worker lines that far end up with each mic frame (`PlayedAudio`) and
 removes its echo, 10 ms at a time, before the model hears the frame (dropped frames too, so
-the canceller sees the microphone without gaps). Both rings carry the devices' own times of
+the canceller sees the microphone without gaps). Both queues carry the devices' own times of
 each block (PortAudio's ADC and DAC times), which stay right when a stalled process gets its
 callbacks in a burst. Noise suppression alone keeps no far end.
 
@@ -31,13 +31,13 @@ import numpy as np
 
 from moshi_mlx.audio import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.audio.echo import EchoCanceller, PlayedAudio
-from moshi_mlx.audio.ring import FrameRing, StampLog
+from moshi_mlx.audio.frame_queue import FrameQueue, StampLog
 
 StepFn = Callable[[np.ndarray], tuple[np.ndarray, str]]
 _MAX_SPEAKER_BACKLOG = 2  # replies waiting at an output callback: the due one + one of slack
 _MAX_LOGGED = 1 << 16  # callback times kept for the summary (~87 minutes of frames)
 _PLAYED_FRAMES = 64  # played blocks waiting for the canceller: 5 s, more than any model step
-_MIC_FRAMES = 64  # mic blocks the ring holds: 5 s, so a slow model step loses none
+_MIC_FRAMES = 64  # mic blocks the mic queue holds: 5 s, so a slow model step loses none
 _FAR_LEAD = 0.06  # seconds by which the far end handed out is ahead of the mic's capture time
 
 
@@ -183,8 +183,8 @@ class LiveLoop:
         self._on_status = on_status or (lambda message: None)
         self._status_every = status_every
         # Enough room for a burst of late callbacks; the worker trims the backlog itself.
-        self.mic = FrameRing(max(_MIC_FRAMES, 4 * max_lag_frames), frame_size)
-        self.speaker = FrameRing(16, frame_size)
+        self.mic = FrameQueue(max(_MIC_FRAMES, 4 * max_lag_frames), frame_size)
+        self.speaker = FrameQueue(16, frame_size)
         self._reply = np.zeros(frame_size, dtype=np.float32)  # output-callback scratch
         self._input_log = StampLog(_MAX_LOGGED)
         self._output_log = StampLog(_MAX_LOGGED)
@@ -201,7 +201,7 @@ class LiveLoop:
         self._echo = echo
         # The far end is kept only to cancel echo (noise suppression alone does not read it).
         cancels_echo = echo is not None and echo.cancel_echo
-        self.played = FrameRing(_PLAYED_FRAMES, frame_size) if cancels_echo else None
+        self.played = FrameQueue(_PLAYED_FRAMES, frame_size) if cancels_echo else None
         self.far_end = PlayedAudio(sample_rate) if cancels_echo else None
         self._far_block = np.zeros(frame_size, dtype=np.float32)  # stays silent without it
         self.device_input_flags = 0  # callbacks whose status reported an overflow/underflow

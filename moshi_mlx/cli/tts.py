@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
-from moshi_mlx.audio.ring import FrameRing
+from moshi_mlx.audio.frame_queue import FrameQueue
 from moshi_mlx.audio.wav import check_audio_name, write_audio
 from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.cli.common import (
@@ -272,12 +272,12 @@ def _speech_tokens(speeches: list[Speech]) -> dict[str, np.ndarray]:
 
 class _Speaker:
     """Plays frames as they come: the model thread pushes, PortAudio's callback pops (never
-    blocking: silence while the ring is empty)."""
+    blocking: silence while the queue is empty)."""
 
     def __init__(self, device: str | None):
         sd = import_sounddevice()
         index = resolve_device(device, "output")
-        self.ring = FrameRing(PLAY_BUFFER_FRAMES, FRAME_SIZE)
+        self.queue = FrameQueue(PLAY_BUFFER_FRAMES, FRAME_SIZE)
         try:
             self.stream = sd.OutputStream(
                 device=index,
@@ -292,17 +292,17 @@ class _Speaker:
             raise open_failure("output", index, exc) from None
 
     def _callback(self, outdata, frames, time_info, status) -> None:
-        if frames != FRAME_SIZE or self.ring.pop_into(outdata[:, 0]) is None:
+        if frames != FRAME_SIZE or self.queue.pop_into(outdata[:, 0]) is None:
             outdata.fill(0)
 
     def play(self, pcm: np.ndarray) -> None:
-        while not self.ring.push(pcm):  # the ring is full: the model is ahead, wait
+        while not self.queue.push(pcm):  # the queue is full: the model is ahead, wait
             time.sleep(0.02)
 
     def finish(self) -> None:
-        while len(self.ring):
+        while len(self.queue):
             time.sleep(0.02)
-        # The last frame has left the ring, not the speakers: stopping sooner cuts it off.
+        # The last frame has left the queue, not the speakers: stopping sooner cuts it off.
         time.sleep(self.stream.latency + 2 * FRAME_SIZE / SAMPLE_RATE)
         self.stream.stop()
         self.stream.close()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 
-class FrameRing:
+class FrameQueue:
     """A bounded FIFO of fixed-size audio frames, each with a timestamp and the time its first
     sample was at the device (`sounded`: captured by the microphone, or due at the speaker).
 
-    `push` (producer side) never blocks: when the ring is full the new frame is dropped and
+    `push` (producer side) never blocks: when the queue is full the new frame is dropped and
     counted in `overflows`. `pop_into`, `pop_timed` and `drop_oldest` belong to the consumer
     side.
     """

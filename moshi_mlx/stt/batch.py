@@ -56,7 +56,7 @@ class SttRowOutput:
     finished: bool
 
 
-class _Row:
+class _SttRow:
     """A busy row: its frames waiting, its encoder, its reader, the step its stream is at."""
 
     def __init__(self, model: SttModel, prefix_steps: int):
@@ -75,7 +75,7 @@ class SttBatch:
     (or given up)."""
 
     def __init__(self, model: SttModel, rows: int, text_sampling: Sampling | None = None):
-        self._busy: BatchRows[_Row] = BatchRows(rows)
+        self._busy: BatchRows[_SttRow] = BatchRows(rows)
         self.model = model
         self.rows = rows
         self._stepper = SttStepper(model.lm, rows, text_sampling, step_cache=model.step_cache)
@@ -105,7 +105,7 @@ class SttBatch:
             self._stepper.reset()  # an idle batch starts again at position 0
         row = self._busy.free_row()
         self._stepper.start_row(row)
-        self._busy[row] = _Row(self.model, self.model.silence_prefix_steps)
+        self._busy[row] = _SttRow(self.model, self.model.silence_prefix_steps)
         return row
 
     def push(self, row: int, pcm: np.ndarray) -> None:

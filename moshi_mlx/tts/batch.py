@@ -59,7 +59,7 @@ class TtsRowOutput:
     finished: bool
 
 
-class _Row:
+class _TtsRow:
     """A busy row: its text, its Mimi state, the step its stream is at."""
 
     def __init__(self, feed: TextFeed, mimi_state: MimiState):
@@ -87,7 +87,7 @@ class TtsBatch:
         seed: int = 0,
         padding_bonus: float = 0.0,
     ):
-        self._busy: BatchRows[_Row] = BatchRows(rows, TtsError)
+        self._busy: BatchRows[_TtsRow] = BatchRows(rows, TtsError)
         self.model = model
         self.rows = rows
         self._sampling = (text_sampling, audio_sampling)
@@ -118,7 +118,7 @@ class TtsBatch:
         condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
         self._write_row(row, condition, cross)
         feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
-        self._busy[row] = _Row(feed, model.mimi.make_state())
+        self._busy[row] = _TtsRow(feed, model.mimi.make_state())
         if isinstance(request.text, str):
             feed.push(request.text)
         else:

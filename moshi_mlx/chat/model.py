@@ -106,12 +106,18 @@ class MoshiModel:
 
     @classmethod
     def load(cls, hf_repo: str | None = None, **options: object) -> MoshiModel:
-        """Load a chat model (Moshi, PersonaPlex, Hibiki) from `hf_repo`, a hub repo id or a
-        local folder laid out like one (default kyutai/moshiko-mlx-q4), or the given files;
-        the options, by name, are the fields of `moshi_mlx.runtime.loading.LoadOptions` (the
-        one load path).
-        Unless `check_memory` is False, a model that would not fit in the device's memory
-        raises `ConfigError` with what would, before any weight is read."""
+        """Load a chat model (Moshi, PersonaPlex, Hibiki).
+
+        Args:
+            hf_repo: a hub repo id or a local folder laid out like one (default
+                kyutai/moshiko-mlx-q4); None with the files given in `options`.
+            **options: the fields of `moshi_mlx.runtime.loading.LoadOptions`, by name.
+
+        Returns:
+            The loaded `MoshiModel`. Unless `check_memory` is False, a model that would not
+            fit in the device's memory raises `ConfigError` saying what would, before any
+            weight is read.
+        """
         chosen = LoadOptions.named(**options)
         return cls.from_parts(load_parts(hf_repo, chosen, "chat"), chosen.codec_backend)
 
@@ -139,16 +145,25 @@ class MoshiModel:
         cfg_coef: float | None = None,
     ) -> Conversation:
         """Start a conversation; several may be open at once (each has its own streams over
-        the shared weights). With an `echo_canceller` (`moshi_mlx.audio.echo`), `step` takes
-        the far end too and removes its echo from the user's audio. `text_sampling` and
-        `audio_sampling`: how the text and Moshi's audio are drawn (default Kyutai's:
-        `moshi_mlx.chat.generate.TEXT_SAMPLING`, `AUDIO_SAMPLING`).
+        the shared weights).
 
-        PersonaPlex models take who Moshi is: `voice`, a published voice's name (`NATF2`,
-        the default), a recording (up to 30 s) or NVIDIA's `.pt`, and `role`, a text
-        (default "You enjoy having a good conversation."; `@file` reads a file). The prompt is
-        computed on first use and cached (see `moshi_mlx.chat.persona`). Moshi's own models
-        take neither. Hibiki takes `cfg_coef`, its guidance (`ChatStepper`)."""
+        Args:
+            text_sampling: how the text is drawn (default Kyutai's,
+                `moshi_mlx.chat.generate.TEXT_SAMPLING`).
+            audio_sampling: how Moshi's audio is drawn (default `AUDIO_SAMPLING`).
+            seed: the conversation's random stream (None: drawn at random).
+            echo_canceller: with one (`moshi_mlx.audio.echo`), `step` takes the far end too
+                and removes its echo from the user's audio.
+            voice: PersonaPlex only: a published voice's name (`NATF2`, the default), a
+                recording (up to 30 s) or NVIDIA's `.pt`.
+            role: PersonaPlex only: who Moshi is, as text (default "You enjoy having a good
+                conversation."; `@file` reads a file). The persona's prompt is computed on
+                first use and cached (`moshi_mlx.chat.persona`).
+            cfg_coef: Hibiki only: its classifier-free guidance (None: the model's config).
+
+        Returns:
+            A `Conversation`, to `step` one 80 ms frame at a time and `close`.
+        """
         self.check_prompt_choice(voice, role)
         start = self.prompts.state(voice, role) if self.prompts is not None else None
         generator = ChatStepper(
@@ -242,11 +257,17 @@ class Conversation:
         return self._generator.seed
 
     def step(self, pcm: np.ndarray, far: np.ndarray | None = None) -> StepResult:
-        """Feed one frame of the user's audio (1920,) float32 at 24 kHz; get Moshi's frame.
+        """Feed one frame of the user's audio; get Moshi's frame.
 
-        With an echo canceller, `far` is what the speaker played while `pcm` was recorded
-        (1920 samples; None: silence). It may lead its echo in `pcm` by up to a few hundred
-        ms, never trail it: pass the audio that was sounding, not what you queue next.
+        Args:
+            pcm: the user's audio, (1920,) float32 at 24 kHz.
+            far: with an echo canceller, what the speaker played while `pcm` was recorded
+                (1920 samples; None: silence). It may lead its echo in `pcm` by up to a few
+                hundred ms, never trail it: pass the audio that was sounding, not what you
+                queue next.
+
+        Returns:
+            A `StepResult`: Moshi's audio (silence until the delays fill) and new text.
         """
         if self._closed:
             raise MoshiError("this conversation is closed; start a new one")

@@ -66,10 +66,17 @@ class SttModel:
 
     @classmethod
     def load(cls, hf_repo: str | None = None, **options: object) -> SttModel:
-        """Load Kyutai's STT from `hf_repo`, a hub repo id or a local folder laid out like one
-        (default kyutai/stt-1b-en_fr, whose config.json names the files), or the given files;
-        the options, by name, are the fields of `moshi_mlx.runtime.loading.LoadOptions` (the
-        one load path)."""
+        """Load Kyutai's speech-to-text.
+
+        Args:
+            hf_repo: a hub repo id or a local folder laid out like one (default
+                kyutai/stt-1b-en_fr, whose config.json names the files); None with the files
+                given in `options`.
+            **options: the fields of `moshi_mlx.runtime.loading.LoadOptions`, by name.
+
+        Returns:
+            The loaded `SttModel`.
+        """
         return cls.from_parts(load_parts(hf_repo, LoadOptions.named(**options), "stt"))
 
     @classmethod
@@ -95,7 +102,15 @@ class SttModel:
     def speech_to_text(
         self, streams: int = 1, text_sampling: Sampling | None = None
     ) -> SpeechToText:
-        """A fresh transcription of `streams` streams stepping together."""
+        """A fresh transcription.
+
+        Args:
+            streams: how many audio streams step together (a batch, one row each).
+            text_sampling: how the text is drawn (default: greedy, as Kyutai's STT).
+
+        Returns:
+            A `SpeechToText`: `step` 80 ms of every stream's audio, `flush` at the end.
+        """
         return SpeechToText(self, streams, text_sampling)
 
 

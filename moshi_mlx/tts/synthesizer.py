@@ -133,12 +133,19 @@ class TtsModel:
         n_q: int | None = None,
         **options: object,
     ) -> TtsModel:
-        """Load Kyutai's TTS from `hf_repo`, a hub repo id or a local folder laid out like one
-        (default kyutai/tts-1.6b-en_fr, whose config.json names the files), or the given files;
-        voices come from `voice_repo` (a hub repo id or a folder); `n_q`: the codebooks to
-        generate (`TtsModel.n_q`); the other options, by name, are the fields of
-        `moshi_mlx.runtime.loading.LoadOptions` (the one load path). Files made by
-        `moshi_mlx.quantize` load as they are (their header says the bits)."""
+        """Load Kyutai's text-to-speech.
+
+        Args:
+            hf_repo: a hub repo id or a local folder laid out like one (default
+                kyutai/tts-1.6b-en_fr, whose config.json names the files); None with the files
+                given in `options`. Files made by `moshi_mlx.quantize` load as they are.
+            voice_repo: where voices come from, a hub repo id or a folder.
+            n_q: the audio codebooks to generate (`TtsModel.n_q`; None: all).
+            **options: the fields of `moshi_mlx.runtime.loading.LoadOptions`, by name.
+
+        Returns:
+            The loaded `TtsModel`.
+        """
         parts = load_parts(hf_repo, LoadOptions.named(**options), "tts")
         return cls.from_parts(parts, voice_repo, n_q)
 
@@ -204,9 +211,20 @@ class TtsModel:
         on_step: Callable[[], None] | None = None,
         padding_bonus: float = 0.0,
     ) -> list[Speech]:
-        """Speak every request, in one batch; `on_step()` after each step (80 ms of speech).
-        The sampling of the text and the audio (default Kyutai's) and the `padding_bonus`
-        as `TtsStepper`'s."""
+        """Speak every request, in one batch.
+
+        Args:
+            requests: the texts, each with its voices and guidance (`TtsRequest`).
+            text_sampling, audio_sampling: how the text and the audio are drawn (default
+                Kyutai's).
+            seed: the batch's random stream (None: drawn at random).
+            max_steps: the most steps (80 ms each) before the batch stops.
+            on_step: called after each step.
+            padding_bonus: added to the padding logit (> 0: slower speech), as `TtsStepper`'s.
+
+        Returns:
+            One `Speech` per request: its audio, word timings and tokens.
+        """
         run = TtsRun(self, requests, text_sampling, audio_sampling, seed, padding_bonus)
         for request, schedule in zip(requests, run.schedules):
             schedule.push(self.entries(request.text))
@@ -244,9 +262,17 @@ class TtsModel:
         padding_bonus: float = 0.0,
         prefix: np.ndarray | None = None,
     ) -> TtsStream:
-        """A stream that speaks words pushed at any time (`TtsStream`), in `voice` (or the
-        voices of several speakers), continuing the audio `prefix` (`voice_prefix`) if
-        given."""
+        """A stream that speaks words pushed at any time.
+
+        Args:
+            voice: a voice, or the voices of several speakers.
+            cfg_coef: the distilled guidance, one of the config's "cfg" values (None: none).
+            text_sampling, audio_sampling, seed, padding_bonus: as `synthesize`'s.
+            prefix: audio codes to continue (`voice_prefix`: a recording's voice).
+
+        Returns:
+            A `TtsStream`: `push` words, `close`, and iterate its `frames()`.
+        """
         voices = (voice,) if isinstance(voice, Voice) else tuple(voice)
         request = TtsRequest("", voices, cfg_coef, prefix)
         run = TtsRun(self, [request], text_sampling, audio_sampling, seed, padding_bonus)

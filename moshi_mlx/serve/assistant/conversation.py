@@ -1,4 +1,4 @@
-"""One websocket of `/api/assistant`: one spoken conversation with the LLM (`Conversation`).
+"""One websocket of `/api/assistant`: one spoken conversation with the LLM (`AssistantConnection`).
 
 The client's Ogg Opus audio is cut into 80 ms frames; each goes through `Assistant.exchange`
 and the frame it returns (the answer's audio, or silence) goes back at once, so the answer is
@@ -65,7 +65,7 @@ class AssistantConfig:
     models: Mapping[str, str] = field(default_factory=dict)  # "stt", "tts", "llm" -> name
 
 
-class Conversation:
+class AssistantConnection:
     """One websocket's conversation (a `serve.sessions.LiveConnection`)."""
 
     def __init__(

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from moshi_mlx.serve.assistant.conversation import (
     AssistantConfig,
-    Conversation,
+    AssistantConnection,
     ConversationParts,
     MakeParts,
 )
@@ -119,7 +119,7 @@ class _AssistantHandler:
         await ws.prepare(request)
         await self.sessions.run(
             request.remote,
-            lambda: Conversation(ws, self._context.thread, self._make_parts, self._config),
+            lambda: AssistantConnection(ws, self._context.thread, self._make_parts, self._config),
             lambda: refuse(ws, BUSY),
         )
         return ws

@@ -94,14 +94,14 @@ import time
 from moshi_mlx.checkpoints import online
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.config import LmConfig
-from moshi_mlx.tts.voices import default_voice_status, resolve_voice
+from moshi_mlx.tts.voices import DEFAULT_VOICE, default_voice_status, resolve_voice
 
 probes = []
 probe = online._probe
 online._probe = lambda: probes.append(1) or probe()
 config = LmConfig.from_dict(__import__("json").load(open(TTS_CONFIG)))
 started = time.monotonic()
-for voice in ("expresso/nope.wav", "vctk/p225_023.wav"):
+for voice in ("expresso/nope.wav", "vctk/p225_023.wav", DEFAULT_VOICE):
     try:
         resolve_voice(voice, config)
     except TtsError as exc:
@@ -110,11 +110,13 @@ print(default_voice_status(config))
 print(len(probes), round(time.monotonic() - started, 1))
 """
     lines = _in_process(offline, code).stdout.strip().splitlines()
-    assert all("the hub cannot be reached" in line for line in lines[:2])
+    assert all("the hub cannot be reached" in line for line in lines[:3])
     assert "`hf download kyutai/tts-voices vctk/p225_023.wav." in lines[1]
-    assert lines[2].startswith("the default voice (expresso/") and "not downloaded" in lines[2]
-    assert "`hf download kyutai/tts-voices expresso/" in lines[2]
-    probes, seconds = lines[3].split()
+    assert lines[2].startswith("no voice was given, and the default voice (expresso/")
+    assert "`hf download kyutai/tts-voices expresso/" in lines[2]  # what a TTS socket gets
+    assert lines[3].startswith("the default voice (expresso/") and "not downloaded" in lines[3]
+    assert "`hf download kyutai/tts-voices expresso/" in lines[3]
+    probes, seconds = lines[4].split()
     assert probes == "1" and float(seconds) < 10
 
 

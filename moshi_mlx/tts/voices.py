@@ -90,11 +90,12 @@ def resolve_voice(
     except WeightsError as exc:
         if str(voice) == DEFAULT_VOICE:  # no voice was chosen: say which file is needed
             raise TtsError(
-                f"no voice was given, and the default voice's file {name} is neither in "
-                f"{weights_dir()}/ nor to be had from {voice_repo}: put it there, or give a "
-                "voice (.safetensors file)"
+                f"no voice was given, and the default voice ({DEFAULT_VOICE}) is not here: ",
+                *exc.parts,
+                "; or give a voice (.safetensors file)",
+                parameter="voice",
             ) from None
-        raise TtsError(f"voice {voice!r}: {exc}") from None
+        raise TtsError(f"voice {voice!r}: ", *exc.parts, parameter="voice") from None
 
 
 def default_voice_status(config: LmConfig, voice_repo: str = DEFAULT_VOICE_REPO) -> str:

@@ -1,8 +1,5 @@
-"""`python -m moshi_mlx.local_web`: see `moshi_mlx.cli.web`."""
+"""`python -m moshi_mlx.local_web` is now `python -m moshi_mlx web`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.web import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+module("local_web", "web")

@@ -1,8 +1,5 @@
-"""`python -m moshi_mlx.quantize`: see `moshi_mlx.cli.quantize`."""
+"""`python -m moshi_mlx.quantize` is now `python -m moshi_mlx quantize`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.quantize import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+module("quantize", "quantize")

@@ -1,8 +1,5 @@
-"""`python -m moshi_mlx.run_inference`: see `moshi_mlx.cli.infer`."""
+"""`python -m moshi_mlx.run_inference` is now `python -m moshi_mlx infer`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.infer import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+module("run_inference", "infer")

@@ -191,7 +191,7 @@ QUANT_BITS: dict[str, tuple[int | None, int | None]] = {
     "bf16": (None, None),
     "q8": (8, 64),
     "q4": (4, 32),
-    "q4g64": (4, 64),  # a smaller q4 file (`python -m moshi_mlx.quantize --group-size 64`)
+    "q4g64": (4, 64),  # a smaller q4 file (`python -m moshi_mlx quantize --group-size 64`)
 }
 
 FRAME_MS = 80.0  # one Mimi frame: 1920 samples at 24 kHz

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert / quantize a Moshi LM checkpoint; same as `python -m moshi_mlx.quantize`."""
+"""Convert / quantize a Moshi LM checkpoint; same as `python -m moshi_mlx quantize`."""
 
 import sys
 

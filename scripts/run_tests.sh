@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 # pulseaudio(-utils) + the ALSA pulse plugin carry the audio tests' virtual sound card.
-# chromium runs the browser test of the web page (python -m moshi_mlx.local_web).
+# chromium runs the browser test of the web page (python -m moshi_mlx web).
 for pkg in pulseaudio pulseaudio-utils libasound2-plugins libportaudio2 libsndfile1 espeak-ng sox chromium; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -1,4 +1,4 @@
-"""The assistant's browser route of `python -m moshi_mlx.serve` (`/api/assistant`, the page at
+"""The assistant's browser route of `python -m moshi_mlx serve` (`/api/assistant`, the page at
 `/assistant/`), through a Python websocket client speaking Kyutai's chat protocol with Ogg
 Opus audio, on the server's guard and a real `ModelThread`, with scripted parts: an STT that
 hears a word in every loud frame and whose pause head says "done" on silence (so the end of

@@ -339,7 +339,7 @@ def test_voice_writer_rewrites_the_tts_fixture_voices(tmp_path):
 
 
 def test_serve_case(tmp_path):
-    """The serve part on its smallest settings: a real `python -m moshi_mlx.serve` on tiny
+    """The serve part on its smallest settings: a real `python -m moshi_mlx serve` on tiny
     models, one first-audio run, 10-frame live streams alone and beside an LLM answer, no
     transcription (`--warmup 1`)."""
     flags = "--parts serve --frames 10 --warmup 1"

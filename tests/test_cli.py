@@ -88,3 +88,78 @@ def test_library_errors_name_parameters_that_commands_show_as_flags(parts, api, 
     error = ConfigError(*parts, parameter="kv_bits")
     assert str(error) == api and error.parameter == "kv_bits"
     assert error.spelled(as_flag).startswith(shown)
+
+
+RENAMED = [
+    (["-m", "moshi_mlx.local_web", "--port", "8998"], "python -m moshi_mlx web"),
+    (["-m", "moshi_mlx.run_inference", "in.wav", "out.wav"], "python -m moshi_mlx infer"),
+    (["-m", "moshi_mlx.quantize", "model.safetensors"], "python -m moshi_mlx quantize"),
+    (["-m", "moshi_mlx.stt", "talk.wav"], "python -m moshi_mlx stt"),
+    (["-m", "moshi_mlx.tts", "Hello."], "python -m moshi_mlx tts"),
+    (["-m", "moshi_mlx.serve", "--stt"], "python -m moshi_mlx serve"),
+    (["-m", "moshi_mlx.assistant"], "python -m moshi_mlx assistant"),
+    (["-c", "from moshi_mlx.cli.renamed import web; web()"], "moshi-mlx web"),
+    (["-c", "from moshi_mlx.cli.renamed import stt; stt()"], "moshi-mlx stt"),
+]
+
+
+@pytest.mark.parametrize(("args", "replacement"), RENAMED)
+def test_a_removed_name_says_what_replaced_it(args, replacement):
+    """The old module shims and per-command scripts (pyproject's moshi-mlx-web, ... run
+    `moshi_mlx.cli.renamed`): one line naming the new command, exit code 2."""
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: `"), done.stderr
+    assert done.stderr.rstrip().endswith(f"is now `{replacement}`"), done.stderr
+
+
+def test_the_documented_local_module_still_runs():
+    done = subprocess.run(
+        [sys.executable, "-m", "moshi_mlx.local", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m moshi_mlx.local")
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_a_version_and_names_itself_as_typed(command):
+    done = _run(command, "--version")
+    assert done.returncode == 0 and done.stdout.startswith("moshi_mlx "), done
+    assert _run(command, "--help").stdout.startswith(f"usage: python -m moshi_mlx {command} ")
+    script = (
+        "import sys; sys.argv[0] = '/usr/local/bin/moshi-mlx'; "
+        f"from moshi_mlx.cli.main import main; main([{command!r}, '--help'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True
+    )
+    assert done.stdout.startswith(f"usage: moshi-mlx {command} "), done.stdout[:200]
+
+
+def test_the_readme_and_serve_help_give_the_same_unmute_commands():
+    from pathlib import Path
+
+    from moshi_mlx.cli.serve import UNMUTE_COMMANDS
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    help_text = _run("serve", "--help").stdout
+    for line in UNMUTE_COMMANDS.splitlines():
+        assert line in readme and line in help_text, line
+
+
+def test_presets_share_serves_flags_and_say_what_they_change():
+    serve, web, stt = (_run(*c, "--help").stdout for c in (["serve"], ["web"], ["stt", "--serve"]))
+    flags = {line.split()[0] for line in serve.splitlines() if line.startswith("  --")}
+    for preset in (web, stt):
+        assert flags == {line.split()[0] for line in preset.splitlines() if line.startswith("  --")}
+    assert "port 8998" in web and "(default 8998)" in web and "(default 5.0)" in web
+    assert "port 8080" in stt and "(default 8080)" in stt and "(default 30.0)" in stt
+    assert "(default 8090)" in serve and "--max-tokens" in serve
+
+
+def test_the_assistant_speaks_the_dialect():
+    shown = _run("assistant", "--help").stdout
+    assert "--temp " in shown and "--top-p" in shown and "--voice-repo" in shown
+    assert "--temperature" not in shown  # a hidden alias of --temp

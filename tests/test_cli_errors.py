@@ -46,9 +46,9 @@ def wav(tmp_path):
     return path
 
 
-def _fails(env, *args, module="moshi_mlx.run_inference"):
+def _fails(env, *args, module="moshi_mlx infer"):
     """Run the CLI; assert it failed cleanly and return its one-line error."""
-    command = [sys.executable, "-m", module] if module else [sys.executable]
+    command = [sys.executable, "-m", *module.split()] if module else [sys.executable]
     done = subprocess.run(
         [*command, *map(str, args)],
         env=env,
@@ -164,27 +164,27 @@ def test_hf_repo_that_is_no_folder(env, wav, tmp_path):
     ("module", "args", "message"),
     [
         ("moshi_mlx.local", ["--max-lag", "soon"], "argument --max-lag: invalid float value"),
-        ("moshi_mlx.local_web", ["--max-conversations", "0"], "--max-conversations: must be >= 1"),
-        ("moshi_mlx.run_inference", ["in.wav", "--kv-bits", "3"], "argument --kv-bits: invalid"),
-        ("moshi_mlx.run_inference", ["in.wav"], "arguments are required: -o OUTPUT"),
-        ("moshi_mlx.quantize", ["m.safetensors", "-q", "5"], "argument -q/--quantize: invalid"),
-        ("moshi_mlx.quantize", ["m.safetensors", "--bits", "5"], "argument --bits: invalid"),
-        ("moshi_mlx.stt", ["a.wav", "--batch", "0"], "--batch: must be >= 1, got 0"),
-        ("moshi_mlx.stt", ["a.wav", "--text-temp", "hot"], "argument --text-temp: invalid"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--top-k", "many"], "argument --top-k: invalid"),
+        ("moshi_mlx web", ["--max-conversations", "0"], "--max-conversations: must be >= 1"),
+        ("moshi_mlx infer", ["in.wav", "--kv-bits", "3"], "argument --kv-bits: invalid"),
+        ("moshi_mlx infer", ["in.wav"], "arguments are required: -o OUTPUT"),
+        ("moshi_mlx quantize", ["m.safetensors", "-q", "5"], "argument -q/--quantize: invalid"),
+        ("moshi_mlx quantize", ["m.safetensors", "--bits", "5"], "argument --bits: invalid"),
+        ("moshi_mlx stt", ["a.wav", "--batch", "0"], "--batch: must be >= 1, got 0"),
+        ("moshi_mlx stt", ["a.wav", "--text-temp", "hot"], "argument --text-temp: invalid"),
+        ("moshi_mlx tts", ["Hi.", "-o", "x.wav", "--top-k", "many"], "argument --top-k: invalid"),
         ("moshi_mlx", ["infer", "in.wav", "-o", "out.wav", "--temp", "x"], "argument --temp"),
         ("moshi_mlx", ["nope"], "no command 'nope'; one of: local, web, infer"),
         ("moshi_mlx", ["infer", "-o", "out.wav"], "arguments are required: input"),
         ("moshi_mlx", ["infer", "in.wav", "--top-k", "-1"], "--top-k: must be >= 0, got -1"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--seed", "-1"], "--seed: must be from 0 to"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--temp", "-1"], "--temp: must be >= 0, got -1"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--top-k", "-5"], "--top-k: must be >= 0"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "x.wav", "--max-seconds", "-1"], "must be > 0, got -1"),
-        ("moshi_mlx.tts", ["Hi.", "-o", "{tmp}/newdir/"], "newdir/: use a .wav, .flac or .ogg"),
-        ("moshi_mlx.stt", ["a.wav", "--text-temp", "-1"], "--text-temp: must be >= 0, got -1"),
-        ("moshi_mlx.local_web", ["--temp", "-1"], "argument --temp: must be >= 0, got -1"),
-        ("moshi_mlx.local_web", ["--port", "99999"], "--port: must be from 1 to 65535"),
-        ("moshi_mlx.stt", ["--serve", "--port", "0"], "--port: must be from 1 to 65535, got 0"),
+        ("moshi_mlx tts", ["Hi.", "-o", "x.wav", "--seed", "-1"], "--seed: must be from 0 to"),
+        ("moshi_mlx tts", ["Hi.", "-o", "x.wav", "--temp", "-1"], "--temp: must be >= 0, got -1"),
+        ("moshi_mlx tts", ["Hi.", "-o", "x.wav", "--top-k", "-5"], "--top-k: must be >= 0"),
+        ("moshi_mlx tts", ["Hi.", "-o", "x.wav", "--max-seconds", "-1"], "must be > 0, got -1"),
+        ("moshi_mlx tts", ["Hi.", "-o", "{tmp}/newdir/"], "newdir/: use a .wav, .flac or .ogg"),
+        ("moshi_mlx stt", ["a.wav", "--text-temp", "-1"], "--text-temp: must be >= 0, got -1"),
+        ("moshi_mlx web", ["--temp", "-1"], "argument --temp: must be >= 0, got -1"),
+        ("moshi_mlx web", ["--port", "99999"], "--port: must be from 1 to 65535"),
+        ("moshi_mlx stt", ["--serve", "--port", "0"], "--port: must be from 1 to 65535, got 0"),
         ("moshi_mlx", ["serve", "--stt", "--port", "-1"], "--port: must be from 1 to 65535"),
         ("moshi_mlx", ["serve", "--tts", "--port", "99999"], "--port: must be from 1 to 65535"),
         ("moshi_mlx", ["assistant", "--top-p", "0"], "--top-p: must be > 0 and <= 1, got 0"),

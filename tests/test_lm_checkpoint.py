@@ -28,7 +28,7 @@ def _forward(lm, steps: int = 6) -> np.ndarray:
 
 
 def test_a_folder_with_several_lm_files_loads_the_most_precise(tiny_lm_checkpoints, tmp_path):
-    """As after `python -m moshi_mlx.quantize` wrote a q4 file beside the bf16 one."""
+    """As after `python -m moshi_mlx quantize` wrote a q4 file beside the bf16 one."""
     for variant in ("q4", "bf16"):
         source = tiny_lm_checkpoints[variant]
         (tmp_path / source.name).symlink_to(source)

@@ -97,7 +97,7 @@ def test_advice_names_what_fits():
         check_fits(q4, config)
     message = str(error.value)
     assert (
-        "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64) and " in message
+        "a q4 file of group size 64 (python -m moshi_mlx quantize --group-size 64) and " in message
     )
     assert re.search(r"kv_bits=4 \(5\.2\d GB\) or kv_bits=4 context=\d+ \(5\.3\d GB\)", message)
     check_fits(replace(q4, capacity=7 * 10**9), config)  # fits: no error
@@ -211,10 +211,10 @@ def test_memory_plan_flag_and_context(tmp_path, tmp_path_factory, capsys):
     )
 
 
-@pytest.mark.parametrize("app", ["local", "local_web"])
+@pytest.mark.parametrize("app", [["moshi_mlx.local"], ["moshi_mlx", "web"]], ids=["local", "web"])
 def test_memory_plan_in_the_live_apps(app, tmp_path_factory):
     files = cached_tiny_moshi(tmp_path_factory)
-    command = [sys.executable, "-m", f"moshi_mlx.{app}", "--memory-plan", *weight_flags(files)]
+    command = [sys.executable, "-m", *app, "--memory-plan", *weight_flags(files)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "LM weights" in done.stdout and done.stdout.rstrip().endswith("fits")

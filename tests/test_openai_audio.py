@@ -1,5 +1,5 @@
 """OpenAI's audio API (`/v1/audio/transcriptions`, `/v1/audio/speech`, `/v1/audio/voices`)
-through `python -m moshi_mlx.serve`'s app, on tiny random STT and TTS checkpoints, driven by
+through `python -m moshi_mlx serve`'s app, on tiny random STT and TTS checkpoints, driven by
 the `openai` package; hostile requests get OpenAI's 4xx errors and the server goes on."""
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def medium_checkpoint(tmp_path_factory) -> Path:
 
 def test_a_killed_conversion_leaves_no_output(medium_checkpoint, tmp_path):
     output = tmp_path / "model.q4.safetensors"
-    command = [sys.executable, "-m", "moshi_mlx.quantize", str(medium_checkpoint)]
+    command = [sys.executable, "-m", "moshi_mlx", "quantize", str(medium_checkpoint)]
     process = subprocess.Popen(
         [*command, "-o", str(output), "--progress"], stderr=subprocess.PIPE, text=False
     )
@@ -305,7 +305,7 @@ def test_a_killed_conversion_leaves_no_output(medium_checkpoint, tmp_path):
 
 def test_ctrl_c_ends_a_conversion_cleanly(medium_checkpoint, tmp_path):
     output = tmp_path / "model.q4.safetensors"
-    command = [sys.executable, "-m", "moshi_mlx.quantize", str(medium_checkpoint)]
+    command = [sys.executable, "-m", "moshi_mlx", "quantize", str(medium_checkpoint)]
     process = subprocess.Popen(
         [*command, "-o", str(output), "--progress"], stderr=subprocess.PIPE, text=False
     )

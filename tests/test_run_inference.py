@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.run_inference` on espeak-ng speech with tiny random weights."""
+"""`python -m moshi_mlx infer` on espeak-ng speech with tiny random weights."""
 
 import numpy as np
 import pytest

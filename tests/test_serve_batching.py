@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.serve`'s live streams batched: two `/api/tts_streaming` clients, and
+"""`python -m moshi_mlx serve`'s live streams batched: two `/api/tts_streaming` clients, and
 three `/api/asr-streaming` clients, joining at different times, each get exactly what they
 get alone (greedy), in one compiled step per frame for all of them (tiny random STT and TTS
 checkpoints, the tiny Mimi)."""

@@ -1,4 +1,4 @@
-"""`/api/tts_streaming` of `python -m moshi_mlx.serve` on the tiny TTS fixture, with a client
+"""`/api/tts_streaming` of `python -m moshi_mlx serve` on the tiny TTS fixture, with a client
 written like Unmute's (`unmute/tts/text_to_speech.py`: msgpack Text per word, then Eos), and
 the server's hardening (keys that are not UTF-8, msgpack bombs, capped log values)."""
 

@@ -1,4 +1,4 @@
-"""The speech-to-text API and `python -m moshi_mlx.stt` on a tiny random STT checkpoint."""
+"""The speech-to-text API and `python -m moshi_mlx stt` on a tiny random STT checkpoint."""
 
 import json
 import subprocess
@@ -71,7 +71,7 @@ def test_flush_is_to_flush_batch_as_step_is_to_step_batch(model):
 
 
 def _stt_command(files, *flags):
-    command = tiny_moshi_command("moshi_mlx.stt", files, *flags)
+    command = tiny_moshi_command("moshi_mlx stt", files, *flags)
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
 
 
@@ -81,8 +81,7 @@ def test_the_command_writes_json_and_srt_and_never_overwrites(files, speech, tmp
     lines = [json.loads(line) for line in shown.stdout.splitlines()]
     assert [line["file"] for line in lines] == list(map(str, speech))
     assert all({"text", "words"} <= set(line) for line in lines)
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "subs" / "out"  # a missing folder is made, as `tts -o out/` makes it
     written = _stt_command(files, "--srt", "-o", str(out), *map(str, speech))
     assert written.returncode == 0, written.stderr
     assert sorted(p.name for p in out.iterdir()) == ["s0.srt", "s1.srt"]
@@ -110,7 +109,7 @@ def test_serve_speaks_kyutais_protocol_with_the_real_model(files, model, speech)
 
     port = free_port()
     command = tiny_moshi_command(
-        "moshi_mlx.stt", files, "--serve", "--host", "127.0.0.1", "--port", port
+        "moshi_mlx stt", files, "--serve", "--host", "127.0.0.1", "--port", port
     )
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     pcm = read_audio(speech[1])

@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.stt --mic` against a private PulseAudio server: espeak-ng speech into a
+"""`python -m moshi_mlx stt --mic` against a private PulseAudio server: espeak-ng speech into a
 virtual microphone, live captions on stdout, compared with the API's on the same samples."""
 
 import math
@@ -38,9 +38,9 @@ def files(tmp_path_factory):
 
 
 def _run_stt(pulse, files, *flags) -> subprocess.CompletedProcess:
-    """`python -m moshi_mlx.stt` on the tiny STT model to its end under `pulse`."""
+    """`python -m moshi_mlx stt` on the tiny STT model to its end under `pulse`."""
     return subprocess.run(
-        tiny_moshi_command("moshi_mlx.stt", files, *flags),
+        tiny_moshi_command("moshi_mlx stt", files, *flags),
         env=pulse.env(),
         capture_output=True,
         text=True,
@@ -86,7 +86,7 @@ def test_live_captions_are_the_apis_on_the_same_samples(pulse, files, tmp_path):
     expected = _api_captions(model, heard)
     words = [word.text for word in finished_words(transcribe(model, [heard])[0])]
     out_path, err_path = tmp_path / "captions.txt", tmp_path / "stderr.txt"
-    command = tiny_moshi_command("moshi_mlx.stt", files, "--mic", "--input-device", "pulse")
+    command = tiny_moshi_command("moshi_mlx stt", files, "--mic", "--input-device", "pulse")
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(command, env=pulse.env(), stdout=out, stderr=err)
         try:

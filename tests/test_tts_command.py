@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.tts` on the tiny random TTS checkpoint of tests/fixtures/tts with a
+"""`python -m moshi_mlx tts` on the tiny random TTS checkpoint of tests/fixtures/tts with a
 random full-size Mimi: a text (argument, stdin or file) to a wav, a JSONL batch to a folder,
 the speakers through a private PulseAudio server, and one-line refusals."""
 
@@ -40,7 +40,7 @@ def env(tmp_path_factory, full_mimi_checkpoint) -> dict[str, str]:
 
 
 def _tts(env: dict[str, str], *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """`python -m moshi_mlx.tts` on the fixture's files, `args` after them."""
+    """`python -m moshi_mlx tts` on the fixture's files, `args` after them."""
     model = [
         "--moshi-weight",
         str(FIXTURES / "weights.safetensors"),
@@ -52,7 +52,7 @@ def _tts(env: dict[str, str], *args, stdin: str | None = None) -> subprocess.Com
         env["TEST_MIMI"],
     ]
     return subprocess.run(
-        [sys.executable, "-m", "moshi_mlx.tts", *model, *map(str, args)],
+        [sys.executable, "-m", "moshi_mlx", "tts", *model, *map(str, args)],
         cwd=ROOT,
         env=env,
         input=stdin,

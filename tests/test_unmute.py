@@ -1,4 +1,4 @@
-"""Kyutai's Unmute backend, unmodified, as a client of `python -m moshi_mlx.serve`: a spoken
+"""Kyutai's Unmute backend, unmodified, as a client of `python -m moshi_mlx serve`: a spoken
 conversation through its `/v1/realtime` websocket, as its browser frontend holds one.
 
 Our server serves the TTS (tiny random checkpoint, random full-size Mimi) and the LLM (tiny random
@@ -10,7 +10,6 @@ Unmute runs from the venv scripts/make_unmute_env.sh builds; without it the test
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -71,10 +70,8 @@ def _voice_repo(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def our_server(tmp_path_factory, request):
-    """`python -m moshi_mlx.serve` with a tiny TTS and a tiny LLM on a loopback port: its URL
+    """`python -m moshi_mlx serve` with a tiny TTS and a tiny LLM on a loopback port: its URL
     and its log file."""
-    if importlib.util.find_spec("moshi_mlx.serve.__main__") is None:
-        pytest.skip("no `python -m moshi_mlx.serve` in this checkout")
     from moshi_mlx.testing.llm import write_tiny_llm
 
     root = tmp_path_factory.mktemp("unmute_server")
@@ -84,8 +81,8 @@ def our_server(tmp_path_factory, request):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
     env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "moshi_mlx.serve", "--tts", str(tts), "--llm", str(llm)]
-    command += ["--voice-repo", str(_voice_repo(root)), "--llm-max-tokens", "24"]
+    command = [sys.executable, "-m", "moshi_mlx", "serve", "--tts", str(tts), "--llm", str(llm)]
+    command += ["--voice-repo", str(_voice_repo(root)), "--max-tokens", "24"]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
     with open(root / "server.log", "wb") as log:

@@ -1,4 +1,4 @@
-"""Our page in headless Chromium against `python -m moshi_mlx.local_web` on a tiny random
+"""Our page in headless Chromium against `python -m moshi_mlx web` on a tiny random
 checkpoint, driven through the DevTools protocol. The fake microphone plays espeak-ng speech.
 
 Needs Debian's `chromium` (`apt install chromium`; scripts/run_tests.sh installs it as root).

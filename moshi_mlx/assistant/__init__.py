@@ -1,5 +1,5 @@
 """A spoken assistant: Kyutai's STT hears the user, any mlx-lm LLM answers, Kyutai's TTS
-speaks, with Unmute's turn-taking and barge-in (`python -m moshi_mlx.assistant`)."""
+speaks, with Unmute's turn-taking and barge-in (`python -m moshi_mlx assistant`)."""
 
 from moshi_mlx.assistant.history import History
 from moshi_mlx.assistant.pipeline import Assistant, ReplySampling

@@ -1,8 +1,5 @@
-"""`python -m moshi_mlx.assistant`: see `moshi_mlx.cli.assistant`."""
+"""`python -m moshi_mlx.assistant` is now `python -m moshi_mlx assistant`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.assistant import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+module("assistant", "assistant")

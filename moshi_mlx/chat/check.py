@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.quantize --check`: how closely a converted LM follows its source.
+"""`python -m moshi_mlx quantize --check`: how closely a converted LM follows its source.
 
 The source model generates greedily from random user codes through `ChatStepper`, which records
 what each step fed the model and sampled; both models are then run teacher-forced on exactly

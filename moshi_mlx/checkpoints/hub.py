@@ -101,7 +101,7 @@ def repo_and_lm_file(hf_repo: str | None, quantize: int | None) -> tuple[str, st
             raise ConfigError(
                 f"{repo} publishes only {', '.join(LM_FILES[b][0] for b in facts.lm_bits)} "
                 f"weights: make a "
-                f"{LM_FILES[bits][0]} file with python -m moshi_mlx.quantize and pass it as ",
+                f"{LM_FILES[bits][0]} file with python -m moshi_mlx quantize and pass it as ",
                 Setting("moshi_weight"),
                 parameter="quantize",
             )

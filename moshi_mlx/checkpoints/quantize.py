@@ -1,6 +1,6 @@
 """Convert a bf16 Moshi LM checkpoint (MLX or PyTorch naming) to Kyutai's MLX q4/q8/bf16 format.
 
-The command is `python -m moshi_mlx.quantize model.safetensors -q 4`. The output is one safetensors file
+The command is `python -m moshi_mlx quantize model.safetensors -q 4`. The output is one safetensors file
 named, shaped and typed like Kyutai's published `model.q4.safetensors` / `model.q8.safetensors`
 / `model.safetensors`, with the quantization recorded in its metadata (`quantization_bits`,
 `quantization_group_size`). Tensors are converted one at a time, in row blocks, and written at

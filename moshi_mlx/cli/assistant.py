@@ -1,7 +1,7 @@
 """Talk to any LLM through the microphone and speakers: Kyutai's STT hears you, an mlx-lm
 model answers, Kyutai's TTS speaks; interrupt it at any time.
 
-    python -m moshi_mlx.assistant [--llm REPO|FOLDER] [--system TEXT|@FILE] [device flags]
+    python -m moshi_mlx assistant [--llm REPO|FOLDER] [--system TEXT|@FILE] [device flags]
 
 Echo cancellation (WebRTC AEC3) is on, so laptop speakers work; `--no-echo-cancel` turns it
 off for headphones. Ctrl-C ends the conversation (exit code 0; the transcript is kept).
@@ -41,6 +41,7 @@ from moshi_mlx.cli.common import (
     add_max_lag_arg,
     bounded,
     exit_at_once,
+    invoked_as,
     max_lag_frames,
     non_negative_float,
     run_cli,
@@ -58,7 +59,7 @@ WORKER_NAME = "assistant-audio"
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = CliParser(
-        prog="python -m moshi_mlx.assistant",
+        prog=invoked_as("assistant"),
         description="Talk to an LLM with Kyutai's STT and TTS; interrupt it any time "
         "(Ctrl-C to stop).",
     )
@@ -214,7 +215,7 @@ class AssistantSession:
                 args.barge_in_below,
                 word_gap=args.word_gap,
             ),
-            sampling=ReplySampling(args.temperature, args.top_p, args.max_tokens),
+            sampling=ReplySampling(args.temp, args.top_p, args.max_tokens),
             on_event=screen.event,
             speaker_delay=lambda: (len(loop.speaker) + 0.5) * FRAME_SECONDS + loop.output_latency,
         )
@@ -284,7 +285,7 @@ def _open_streams(sd, loop: LiveLoop, args: argparse.Namespace) -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m moshi_mlx.assistant`."""
+    """Entry point of `python -m moshi_mlx assistant`."""
 
     def command(rest: Sequence[str] | None) -> int:
         session = AssistantSession(parse_args(rest))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from moshi_mlx.assistant.history import DEFAULT_SYSTEM
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
-from moshi_mlx.cli.common import bounded, non_negative_float, positive_int
+from moshi_mlx.cli.common import add_alias, bounded, non_negative_float, positive_int
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.runtime.loading import LoadOptions, find_model
 from moshi_mlx.runtime.model_thread import ModelThread
@@ -40,12 +40,15 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--tts", default=DEFAULT_TTS_REPO, metavar="REPO|FOLDER", help="default %(default)s"
     )
     models.add_argument(
-        "--voice-repo", default=DEFAULT_VOICE_REPO, metavar="REPO|FOLDER", help=argparse.SUPPRESS
+        "--voice-repo",
+        default=DEFAULT_VOICE_REPO,
+        metavar="REPO|FOLDER",
+        help="the TTS voices (default %(default)s)",
     )
     models.add_argument(
         "--voice",
         default=DEFAULT_VOICE,
-        help="the TTS voice: a name in the voice repo or a .safetensors file",
+        help="the TTS voice: a name in the voice repo or a .safetensors file (default %(default)s)",
     )
     models.add_argument(
         "--system",
@@ -59,19 +62,23 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         help="the assistant speaks first (default on)",
     )
     models.add_argument(
-        "--temperature", type=non_negative_float, default=0.7, help="LLM (default %(default)s)"
+        "--temp",
+        type=non_negative_float,
+        default=0.7,
+        help="the LLM's temperature, 0 = greedy (default %(default)s)",
     )
+    add_alias(models, "--temperature", dest="temp", type=non_negative_float)
     models.add_argument(
         "--top-p",
         type=bounded(float, 0, 1, above=True),
         default=0.95,
-        help="LLM (default %(default)s)",
+        help="the LLM's top-p (default %(default)s)",
     )
     models.add_argument(
         "--max-tokens",
         type=positive_int,
         default=256,
-        help="LLM tokens per answer (default %(default)s)",
+        help="the LLM's answer length at most, in tokens (default %(default)s)",
     )
     models.add_argument(
         "--memory-plan",

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from typing import NoReturn
 
 from tqdm import tqdm
@@ -41,10 +42,22 @@ USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
 
 
+def package_version() -> str:
+    """The installed moshi_mlx's version ("unknown" in a checkout that was not installed)."""
+    try:
+        return metadata.version("moshi_mlx")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class CliParser(argparse.ArgumentParser):
     """`argparse.ArgumentParser` whose refusals (an unknown flag, a bad value, a missing
     argument, `parser.error(...)`) are one line `error: ...` on stderr and exit code 2, as
-    every other user error of the commands; `-h` shows the usage."""
+    every other user error of the commands; `-h` shows the usage, `--version` the version."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"moshi_mlx {package_version()}")
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 """Offline conversation: stream a wav file through Moshi as if live, write Moshi's side.
 
-python -m moshi_mlx.run_inference in.wav -o out.wav [--seed 42] [--voice V --role R] [weight flags]
+python -m moshi_mlx infer in.wav -o out.wav [--seed 42] [--voice V --role R] [weight flags]
     [--tokens steps.npz]
 
 Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
@@ -25,6 +25,7 @@ from moshi_mlx.cli.common import (
     add_model_args,
     add_persona_args,
     check_persona_args,
+    invoked_as,
     load_model,
     log_to_stderr,
     print_memory_plan,
@@ -40,7 +41,7 @@ from moshi_mlx.runtime.codec import SAMPLE_RATE
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = CliParser(
-        prog="python -m moshi_mlx.run_inference",
+        prog=invoked_as("infer"),
         description="Answer a recorded user turn: in.wav (any rate, any channels) -> out.wav "
         "(Moshi's audio, 24 kHz mono, same length); prints Moshi's text.",
     )
@@ -202,5 +203,5 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m moshi_mlx.run_inference`."""
+    """Entry point of `python -m moshi_mlx infer`."""
     return run_cli(_run, argv)

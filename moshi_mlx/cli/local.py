@@ -37,6 +37,7 @@ from moshi_mlx.cli.common import (
     as_flag,
     check_persona_args,
     exit_at_once,
+    invoked_as,
     load_model,
     log_to_stderr,
     max_lag_frames,
@@ -56,7 +57,7 @@ _WORKER_GRACE = 0.2  # seconds to let a running model step finish after Ctrl-C
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = CliParser(
-        prog="python -m moshi_mlx.local",
+        prog=invoked_as("local"),
         description="Full-duplex voice conversation with Moshi (Ctrl-C to stop).",
     )
     audio = parser.add_argument_group("audio")

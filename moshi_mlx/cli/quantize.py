@@ -1,6 +1,6 @@
 """Convert or quantize a Moshi LM checkpoint to Kyutai's MLX format.
 
-    python -m moshi_mlx.quantize model.safetensors -q 4 [--group-size 64] [-o OUT] [--check]
+    python -m moshi_mlx quantize model.safetensors -q 4 [--group-size 64] [-o OUT] [--check]
 
 The conversion lives in `moshi_mlx.checkpoints.quantize`, the `--check` comparison in
 `moshi_mlx.chat.check`.
@@ -15,13 +15,20 @@ from pathlib import Path
 from moshi_mlx.chat.check import check_source, compare_generation
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
-from moshi_mlx.cli.common import CliParser, add_alias, non_negative_int, positive_int, run_cli
+from moshi_mlx.cli.common import (
+    CliParser,
+    add_alias,
+    invoked_as,
+    non_negative_int,
+    positive_int,
+    run_cli,
+)
 from moshi_mlx.errors import MoshiError, WeightsMismatchError
 
 
 def _parser() -> CliParser:
     parser = CliParser(
-        prog="python -m moshi_mlx.quantize",
+        prog=invoked_as("quantize"),
         description="Convert a bf16 Moshi LM checkpoint (Kyutai's MLX or PyTorch naming) to "
         "Kyutai's MLX format: 4-bit, 8-bit or bf16.",
     )
@@ -54,7 +61,10 @@ def _parser() -> CliParser:
         help="show a progress bar on stderr (default: when it is a terminal)",
     )
     parser.add_argument(
-        "--worst", type=non_negative_int, default=5, help="how many worst layers to list"
+        "--worst",
+        type=non_negative_int,
+        default=5,
+        help="how many worst layers to list (default %(default)s)",
     )
     parser.add_argument(
         "--check",
@@ -62,7 +72,12 @@ def _parser() -> CliParser:
         help="compare greedy generation of the source and the converted model (loads one, then "
         "the other: needs memory for the bf16 model)",
     )
-    parser.add_argument("--check-steps", type=positive_int, default=16, help="steps for --check")
+    parser.add_argument(
+        "--check-steps",
+        type=positive_int,
+        default=16,
+        help="steps for --check (default %(default)s)",
+    )
     parser.add_argument(
         "--lm-config",
         type=Path,
@@ -101,6 +116,6 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m moshi_mlx.quantize`; user errors exit 2, Ctrl-C 130 (no
+    """Entry point of `python -m moshi_mlx quantize`; user errors exit 2, Ctrl-C 130 (no
     partial file is left behind)."""
     return run_cli(_run, argv)

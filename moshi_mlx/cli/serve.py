@@ -13,6 +13,7 @@ import asyncio
 import logging
 import ssl
 import sys
+import textwrap
 import threading
 import webbrowser
 from collections.abc import Mapping, Sequence
@@ -69,14 +70,17 @@ DEFAULT_PORT = 8090
 # listening to a long answer): it is pinged after half of this, and dropped without a pong
 # within a quarter.
 SILENCE_TIMEOUT_SECONDS = 30.0
-UNMUTE_HELP = """\
-Unmute against this server (Unmute sends the key "public_token": use no --api-key, or that):
-  python -m moshi_mlx serve --stt --tts --llm mlx-community/Llama-3.2-3B-Instruct-4bit
-  KYUTAI_STT_URL=ws://127.0.0.1:8090 KYUTAI_TTS_URL=ws://127.0.0.1:8090 \\
-  KYUTAI_LLM_URL=http://127.0.0.1:8090 \\
-    uv run uvicorn unmute.main_websocket:app --host 127.0.0.1 --port 8000 \\
-    --ws-per-message-deflate=false
+# Unmute against this server; the README gives the same commands.
+UNMUTE_COMMANDS = """\
+    python -m moshi_mlx serve --stt --tts --llm mlx-community/Llama-3.2-3B-Instruct-4bit
+    KYUTAI_STT_URL=ws://127.0.0.1:8090 KYUTAI_TTS_URL=ws://127.0.0.1:8090 \\
+    KYUTAI_LLM_URL=http://127.0.0.1:8090 KYUTAI_LLM_MODEL=mlx-community/Llama-3.2-3B-Instruct-4bit \\
+      uv run uvicorn unmute.main_websocket:app --host 127.0.0.1 --port 8000 --ws-per-message-deflate=false
 """
+UNMUTE_HELP = (
+    'Unmute against this server (Unmute sends the key "public_token": use no --api-key, '
+    "or that one):\n" + UNMUTE_COMMANDS
+)
 
 log = logging.getLogger("moshi_mlx.serve")
 
@@ -127,7 +131,7 @@ def build_parser(preset: Preset = SERVE) -> argparse.ArgumentParser:
     """The flags of `serve`, with `preset`'s defaults."""
     parser = CliParser(
         prog=invoked_as(preset.command),
-        description=preset.description,
+        description=textwrap.fill(preset.description, 88),
         epilog=preset.epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

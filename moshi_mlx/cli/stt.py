@@ -1,4 +1,4 @@
-"""`python -m moshi_mlx.stt`: transcribe files, live captions from the microphone, or serve
+"""`python -m moshi_mlx stt`: transcribe files, live captions from the microphone, or serve
 Kyutai's streaming speech-to-text websocket.
 
     python -m moshi_mlx stt talk.wav other.flac [--json | --srt] [-o DIR] [--batch 8]
@@ -149,7 +149,12 @@ def transcribe_files(args: argparse.Namespace) -> int:
     paths = [Path(f) for f in args.files]
     outputs = []
     if args.output is not None:
-        outputs = [Path(args.output) / (p.stem + suffix) for p in paths]
+        folder = Path(args.output)
+        try:  # a missing folder is made, as `tts -o out/` makes it
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"-o {folder}: cannot make that folder ({exc.strerror})") from None
+        outputs = [folder / (p.stem + suffix) for p in paths]
         for path, output in zip(paths, outputs):
             check_output(path, output, args.force, "audio file")
     elif style == "srt" and len(paths) > 1:

@@ -1,11 +1,11 @@
-"""`python -m moshi_mlx.tts`: speak a text into a wav file or to the speakers, or a JSONL
+"""`python -m moshi_mlx tts`: speak a text into a wav file or to the speakers, or a JSONL
 batch of requests in one batch.
 
-    python -m moshi_mlx.tts "Hello there." -o hello.wav [--voice NAME_OR_FILE]
-    python -m moshi_mlx.tts - --play < story.txt          # stdin; plays as it is made
-    python -m moshi_mlx.tts --text-file story.txt -o story.wav --words
-    python -m moshi_mlx.tts --jsonl requests.jsonl -o tts-outputs
-    python -m moshi_mlx.tts "Hello there." -o hello.wav --tokens hello.npz  # every step's tokens
+    python -m moshi_mlx tts "Hello there." -o hello.wav [--voice NAME_OR_FILE]
+    python -m moshi_mlx tts - --play < story.txt          # stdin; plays as it is made
+    python -m moshi_mlx tts --text-file story.txt -o story.wav --words
+    python -m moshi_mlx tts --jsonl requests.jsonl -o tts-outputs
+    python -m moshi_mlx tts "Hello there." -o hello.wav --tokens hello.npz  # every step's tokens
 
 A JSONL line is Kyutai's `run_tts` request: {"turns": ["text", ...], "voices": ["name", ...],
 "id": "output name"} (optionally "cfg_coef"); every line runs in one batch and gives
@@ -34,6 +34,7 @@ from moshi_mlx.cli.common import (
     add_alias,
     add_sampling_args,
     add_weight_args,
+    invoked_as,
     non_negative_float,
     positive_float,
     positive_int,
@@ -74,7 +75,7 @@ SPEECH_BAR = "{n:.1f} s of speech [{elapsed}, {rate_fmt}]"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = CliParser(prog="python -m moshi_mlx.tts", description=__doc__.split("\n\n")[0])
+    parser = CliParser(prog=invoked_as("tts"), description=__doc__.split("\n\n")[0])
     parser.add_argument("text", nargs="?", help="the text to speak; - reads it from stdin")
     parser.add_argument("--text-file", metavar="FILE", help="read the text from FILE")
     parser.add_argument("--jsonl", metavar="FILE", help="a batch of requests, one per line")
@@ -115,11 +116,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     voice.add_argument("--voice-repo", default=DEFAULT_VOICE_REPO, help="Hugging Face voice repo")
     voice.add_argument(
-        "--cfg-coef", type=non_negative_float, default=DEFAULT_CFG_COEF, help="guidance"
+        "--cfg-coef",
+        type=non_negative_float,
+        default=DEFAULT_CFG_COEF,
+        help="guidance, as the model was distilled for (default %(default)s)",
     )
-    voice.add_argument("--padding-bonus", type=float, default=0.0, help="> 0 speaks slower")
     voice.add_argument(
-        "--max-seconds", type=positive_float, default=2400.0, help="stop after this much"
+        "--padding-bonus", type=float, default=0.0, help="> 0 speaks slower (default %(default)s)"
+    )
+    voice.add_argument(
+        "--max-seconds",
+        type=positive_float,
+        default=2400.0,
+        help="stop after this many seconds of speech (default %(default)s)",
     )
     voice.add_argument(
         "--n-q",
@@ -393,5 +402,5 @@ def command(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m moshi_mlx.tts` (`moshi-mlx-tts`)."""
+    """Entry point of `python -m moshi_mlx tts` (`moshi-mlx-tts`)."""
     return run_cli(command, argv)

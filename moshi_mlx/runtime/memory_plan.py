@@ -256,7 +256,7 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[tuple[str | Setting, 
     candidates += [((Setting("kv_bits", kv.bits),), with_kv(kv)) for kv in smaller_kv]
     q4g64 = quantized_lm_weight_bytes(config, 4, dtype, group_size=64)
     if q4g64 < plan.weights:
-        requantize = "a q4 file of group size 64 (python -m moshi_mlx.quantize --group-size 64)"
+        requantize = "a q4 file of group size 64 (python -m moshi_mlx quantize --group-size 64)"
         for kv in (plan.kv, *smaller_kv):
             more = () if kv == plan.kv else (" and ", Setting("kv_bits", kv.bits))
             candidates.append(((requantize, *more), replace(with_kv(kv), weights=q4g64)))

@@ -1,7 +1,5 @@
-"""`python -m moshi_mlx.serve`: see `moshi_mlx.cli.serve`."""
+"""`python -m moshi_mlx.serve` is now `python -m moshi_mlx serve`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.serve import main
-
-sys.exit(main())
+module("serve", "serve")

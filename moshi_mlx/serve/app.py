@@ -1,4 +1,4 @@
-"""The aiohttp application of `python -m moshi_mlx.serve`: Kyutai's `/api/build_info` and
+"""The aiohttp application of `python -m moshi_mlx serve`: Kyutai's `/api/build_info` and
 `/api/modules_info`, and the routes of every loaded model's protocol families.
 
 A family is a module with `add_routes(app, context)` (`moshi_mlx.serve.context`); each is

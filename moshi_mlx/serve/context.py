@@ -1,4 +1,4 @@
-"""What every route family of `python -m moshi_mlx.serve` gets: `ServeContext`.
+"""What every route family of `python -m moshi_mlx serve` gets: `ServeContext`.
 
 Each family (Kyutai's chat, moshi-server STT, moshi-server TTS, OpenAI chat, OpenAI audio) is
 a module with `add_routes(app: web.Application, context: ServeContext) -> None`, mounted when

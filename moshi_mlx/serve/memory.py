@@ -1,4 +1,4 @@
-"""The start-up memory-plan line of `python -m moshi_mlx.serve`: what the loaded combination
+"""The start-up memory-plan line of `python -m moshi_mlx serve`: what the loaded combination
 needs, and which Macs it fits (Metal lets a process use about 2/3 of a Mac's memory on 8-16 GB
 machines, 3/4 above)."""
 

@@ -1,7 +1,5 @@
-"""`python -m moshi_mlx.stt`: see `moshi_mlx.cli.stt`."""
+"""`python -m moshi_mlx.stt` is now `python -m moshi_mlx stt`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.stt import main
-
-sys.exit(main())
+module("stt", "stt")

@@ -1,7 +1,5 @@
-"""`python -m moshi_mlx.tts`: see `moshi_mlx.cli.tts`."""
+"""`python -m moshi_mlx.tts` is now `python -m moshi_mlx tts`: it says so and exits 2."""
 
-import sys
+from moshi_mlx.cli.renamed import module
 
-from moshi_mlx.cli.tts import main
-
-sys.exit(main())
+module("tts", "tts")

@@ -70,7 +70,7 @@ def tts_weights(folder: Path, shape: str, voices: int = 8) -> Path:
 
 def tts_lm_file(tts_dir: Path, quant: str) -> Path:
     """The LM file of a `tts_weights` folder in `quant` (a `QUANT_BITS` name): the published
-    bf16 file, or a file made from it by our quantizer (`python -m moshi_mlx.quantize`'s
+    bf16 file, or a file made from it by our quantizer (`python -m moshi_mlx quantize`'s
     `quantize_checkpoint`) and kept beside it."""
     bits, group_size = QUANT_BITS[quant]
     source = tts_dir / TTS_LM_FILE

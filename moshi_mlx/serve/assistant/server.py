@@ -1,4 +1,4 @@
-"""The assistant on `python -m moshi_mlx.serve` (mounted when STT, TTS and LLM are all loaded):
+"""The assistant on `python -m moshi_mlx serve` (mounted when STT, TTS and LLM are all loaded):
 its page at `/assistant/` and its websocket `/api/assistant`, one conversation at a time.
 
 A second client is refused with a 0x05 "busy" message: each conversation steps its own STT

@@ -1,4 +1,4 @@
-"""`/v1/realtime` on `python -m moshi_mlx.serve`: OpenAI's Realtime API over the server's
+"""`/v1/realtime` on `python -m moshi_mlx serve`: OpenAI's Realtime API over the server's
 models, mounted when an STT or the chat model (`--moshi`) is loaded.
 
 The handshake is what the `openai` package's `client.realtime.connect(model=...)` sends:

@@ -1,4 +1,4 @@
-"""The `serve` part: `python -m moshi_mlx.serve` as a client sees it, a real server process on
+"""The `serve` part: `python -m moshi_mlx serve` as a client sees it, a real server process on
 a loopback port over tiny random STT, TTS and LLM models built in a temp folder: the first
 audio of `/api/tts_streaming` after the first word (one `Text` message per word, as Unmute
 sends), how far a live STT stream (80 ms frames in real time) and a TTS stream trail real
@@ -89,7 +89,7 @@ def _models_listed(base: str) -> bool:
 
 
 def start_server(folder: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`python -m moshi_mlx.serve --stt --tts --llm` on the tiny models, written once into
+    """`python -m moshi_mlx serve --stt --tts --llm` on the tiny models, written once into
     `folder / "serve"` (Mimi is the bench's), once it answers."""
     from moshi_mlx.testing.llm import write_tiny_llm
 
@@ -104,7 +104,7 @@ def start_server(folder: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "moshi_mlx.serve", "--stt", str(stt), "--tts", str(tts)]
+    command = [sys.executable, "-m", "moshi_mlx", "serve", "--stt", str(stt), "--tts", str(tts)]
     command += ["--llm", str(llm), "--voice-repo", str(voices), "--port", str(port)]
     with open(log, "wb") as output:  # the server holds its own copy of the file
         server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)

@@ -470,6 +470,32 @@ def test_ctrl_c_or_sigterm_mid_conversation_ends_the_command_promptly(files, tmp
         assert "SIGTERM: stopping as on Ctrl-C" in output
 
 
+def test_with_an_api_key_the_chat_and_persona_need_it(server):
+    """`serve --moshi --api-key K`: Kyutai's header or `?auth_id=` (our page passes its own
+    address's on), else 401; the page's files stay open."""
+    port = server.serve(api_keys=frozenset({"secret"}))
+
+    async def statuses():
+        base = f"127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as session:
+            codes = []
+            for path in ("/", "/api/persona", "/api/persona?auth_id=secret"):
+                async with session.get(f"http://{base}{path}") as response:
+                    codes.append(response.status)
+            try:
+                await session.ws_connect(f"ws://{base}/api/chat")
+            except aiohttp.WSServerHandshakeError as exc:
+                codes.append(exc.status)
+            headers = {"kyutai-api-key": "secret"}
+            async with session.ws_connect(f"ws://{base}/api/chat", headers=headers) as ws:
+                codes.append(has_handshake(await read_until(ws, Reply(), has_handshake)))
+            async with session.ws_connect(f"ws://{base}/api/chat?auth_id=secret") as ws:
+                codes.append(has_handshake(await read_until(ws, Reply(), has_handshake)))
+            return codes
+
+    assert _talk(statuses()) == [200, 401, 200, 401, True, True]
+
+
 def test_a_loopback_server_answers_only_loopback_names(server):
     """A page whose domain was re-pointed at 127.0.0.1 (DNS rebinding) gets nothing."""
     port = server.serve(loopback_only=True)

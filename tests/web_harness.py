@@ -54,22 +54,28 @@ class ServerThread:
         ssl_context=None,
         host: str = "127.0.0.1",
         loopback_only: bool = False,
+        api_keys: frozenset[str] = frozenset(),
     ) -> int:
         """Start an app with `settings` (the service's model, other settings) on a free port
         of `host`; returns the port."""
         return asyncio.run_coroutine_threadsafe(
-            self._serve(settings, limits or Limits(), ssl_context, host, loopback_only),
+            self._serve(settings, limits or Limits(), ssl_context, host, loopback_only, api_keys),
             self._loop,
         ).result(30)
 
-    async def _serve(self, settings, limits: Limits, ssl_context, host, loopback_only) -> int:
+    async def _serve(self, settings, limits, ssl_context, host, loopback_only, api_keys) -> int:
         service = self.service
         if settings is not None:  # the same model and sessions, other settings
             service = copy.copy(service)
             service.settings = settings
         guard = ConnectionGuard(limits, EventTally(log))
         context = ServeContext(
-            self.thread, guard.tally, limits, chat=service, loopback_only=loopback_only
+            self.thread,
+            guard.tally,
+            limits,
+            api_keys=api_keys,
+            chat=service,
+            loopback_only=loopback_only,
         )
         runner = guard.app_runner(create_app(context, guard), access_log=None)
         await runner.setup()

@@ -19,6 +19,7 @@ import webbrowser
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlencode
 
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_REPO,
@@ -52,7 +53,7 @@ from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.assistant.server import PAGE_PATH as ASSISTANT_PAGE
 from moshi_mlx.serve.chat.service import PAGE_DIR, ChatService, ChatSettings
-from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.context import API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
 from moshi_mlx.serve.limits import fitted_limits
@@ -452,5 +453,7 @@ def _ready(args: argparse.Namespace, context: ServeContext, url: str) -> None:
         served.append(f"the assistant at {ASSISTANT_PAGE}")
     _say(f"ready: {url} ({'; '.join(served)}); Ctrl-C to stop")
     if args.browser and context.chat is not None:
+        if context.api_keys:  # the page passes its address's key on to /api/chat
+            url += "/?" + urlencode({API_KEY_QUERY: min(context.api_keys)})
         # A launcher may block until the browser exits: not on the loop.
         threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()

@@ -25,7 +25,7 @@ from moshi_mlx.serve.chat.opus import OpusFrameReader, OpusFrameWriter
 from moshi_mlx.serve.chat.persona import prompt_choice
 from moshi_mlx.serve.chat.protocol import ConversationEnded, Kind, ProtocolError, refuse
 from moshi_mlx.serve.chat.service import ChatService, log
-from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
@@ -51,11 +51,12 @@ def add_routes(app: web.Application, context: ServeContext) -> None:
     """Mount `CHAT_PATH`, `PERSONA_PATH`, `/` and the page's files (from the settings'
     `static_dir`) for `context.chat`. Mount it last: its static files answer under `/`."""
     service = context.chat
-    chat = _ChatHandler(service, context.limits, context.tally)
+    chat = _ChatHandler(service, context)
     app.router.add_get(CHAT_PATH, chat.handle)
     app.on_shutdown.append(chat.sessions.close_all)
 
-    async def persona(_request: web.Request) -> web.StreamResponse:
+    async def persona(request: web.Request) -> web.StreamResponse:
+        _check_key(request, context)
         if not service.ready.is_set():
             return web.json_response({"loading": True}, status=503, headers={"Retry-After": "1"})
         if service.error is not None:
@@ -85,16 +86,29 @@ def add_routes(app: web.Application, context: ServeContext) -> None:
     )
 
 
+def _check_key(request: web.Request, context: ServeContext) -> None:
+    """With `--api-key`: 401 unless the request sends a key (Kyutai's header, or `?auth_id=`,
+    which our page passes on from its own address)."""
+    key = request.headers.get(API_KEY_HEADER, request.query.get(API_KEY_QUERY))
+    if not context.key_allowed(key):
+        context.tally.count("requests refused for a missing or wrong API key", request.remote)
+        raise web.HTTPUnauthorized(text=f"send a valid {API_KEY_HEADER} header or ?auth_id=")
+
+
 class _ChatHandler:
     """`CHAT_PATH`: the protocol of one connection, and the limit on open conversations."""
 
-    def __init__(self, service: ChatService, limits: Limits, tally):
+    def __init__(self, service: ChatService, context: ServeContext):
         self._service = service
-        self._limits = limits
-        self._tally = tally
-        self.sessions = Sessions(service.settings.max_conversations, tally, log, "conversation")
+        self._context = context
+        self._limits = context.limits
+        self._tally = context.tally
+        self.sessions = Sessions(
+            service.settings.max_conversations, context.tally, log, "conversation"
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        _check_key(request, self._context)
         origin = request.headers.get("Origin")
         if not origin_allowed(origin, request.host):
             self._tally.count("websockets refused for their origin", request.remote)

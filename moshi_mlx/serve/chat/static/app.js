@@ -66,7 +66,7 @@ async function loadPersona() {
   for (;;) {
     let response;
     try {
-      response = await fetch("/api/persona");
+      response = await fetch(`/api/persona${location.search}`);
     } catch (_) {
       return;
     }

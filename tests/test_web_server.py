@@ -849,9 +849,9 @@ def test_a_client_chooses_a_published_voice_and_a_role(persona_server, monkeypat
     chosen = []
     conversation = model.conversation
 
-    def recording(**kwargs):
+    def recording(*args, **kwargs):
         chosen.append((kwargs["voice"], kwargs["role"]))
-        return conversation(**kwargs)
+        return conversation(*args, **kwargs)
 
     monkeypatch.setattr(model, "conversation", recording)
     role = "You sell bicycles. Be brief."

@@ -4,10 +4,12 @@ endpoint is a closed local port: refused at once, as a Mac with no network is.""
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +74,6 @@ def test_stt_offline_fails_at_once_in_one_line_saying_what_to_do(offline, tmp_pa
 
 
 def test_a_mistyped_folder_is_neither_a_folder_nor_reachable(offline, tmp_path):
-    (tmp_path / "w").mkdir()
     sf.write(tmp_path / "in.wav", np.zeros(4800, np.float32), 24000)
     done, _ = _run(offline, "-m", "moshi_mlx", "stt", "in.wav", "--hf-repo", "w/none", cwd=tmp_path)
     line = _one_line(done)
@@ -158,3 +159,35 @@ def test_serve_says_where_the_default_voice_is(tmp_path, monkeypatch):
     assert default_voice_status(config, "someone/voices").endswith(
         "will be downloaded from someone/voices on first use"
     )
+
+
+class _NoRepoHub(http.server.BaseHTTPRequestHandler):
+    """A hub that answers every request as the Hugging Face hub does for a repo that does not
+    exist (401 and its error code)."""
+
+    def _answer(self):
+        self.send_response(401)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_mistyped_folder_that_the_hub_does_not_have_either_is_named_as_both(offline, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoRepoHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        online = {**offline, "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}"}
+        sf.write(tmp_path / "in.wav", np.zeros(4800, np.float32), 24000)
+        done, seconds = _run(
+            online, "-m", "moshi_mlx", "stt", "in.wav", "--hf-repo", "w/none", cwd=tmp_path
+        )
+    finally:
+        server.shutdown()
+    line = _one_line(done)
+    assert "there is no folder w/none here, and there is no Hugging Face repo w/none" in line
+    assert seconds < 15, seconds

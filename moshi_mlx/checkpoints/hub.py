@@ -29,6 +29,7 @@ from moshi_mlx.checkpoints.spec import (
     LM_FILES,
     MIMI_FILE,
     PERSONAPLEX_REPO,
+    PUBLISHERS,
     TOKENIZER_FILE,
     config_in,
 )
@@ -148,8 +149,8 @@ def _missing(repo: str, filename: str, parameter: str, miss: HubMiss) -> tuple[s
     """Why `filename` of the hub repo `repo` cannot be had, and what to do, in one line
     (message parts)."""
     # A repo id is also a relative path: a mistyped folder reads as a repo. Say so when the
-    # hub has no such repo, or when the id's owner is a folder here.
-    typo = miss.why == "no repo" or Path(repo).parent.is_dir() and Path(repo).parent != Path()
+    # hub has no such repo, or when its owner publishes none of the family's models.
+    typo = miss.why == "no repo" or repo.split("/")[0] not in PUBLISHERS
     folder = f"there is no folder {repo} here, and " if typo else ""
     instead = (f"put it in {weights_dir()}/ (or pass ", Setting(parameter, "PATH"), ")")
     if miss.why == "no repo":

@@ -61,6 +61,11 @@ KNOWN_REPOS = {
     # bf16 PyTorch naming only; its config.json is NVIDIA's own, its layout says what it is.
     PERSONAPLEX_REPO: RepoFacts(lm_bits=(16,), read_config=False, voices="voices.tgz"),
 }
+# Who publishes the models above: a repo id of another owner may be a mistyped folder.
+PUBLISHERS = frozenset(
+    repo.split("/")[0]
+    for repo in (DEFAULT_REPO, DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO, *KNOWN_REPOS)
+)
 # Depformer input projections, counted in either naming: how many steps a file stores.
 _DEPFORMER_STEP = re.compile(r"(?:depformer_in\.|depformer\.slices\.)([0-9]+)[.]")
 

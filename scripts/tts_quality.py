@@ -37,6 +37,7 @@ import numpy as np
 from bench.weights import TTS_LM_FILE, TTS_TOKENIZER, mimi_weights, tts_weights
 from bench_stats import TTS_TEXTS
 
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.checkpoints.spec import CONFIG_FILE
@@ -147,7 +148,7 @@ def forced_logits(model: TtsModel, folder: Path, log: StepLog) -> tuple[np.ndarr
     cross = voice_keys_values(lm, [[voice]])
     condition = lm.condition([condition_values(lm.cfg, DEFAULT_CFG_COEF)])
     start = lm.cfg.start_tokens[1]
-    ring, caches = lm.make_ring(1), lm.depformer.make_caches()
+    ring = lm.make_ring(1)
     text_logits, audio_logits = [], []
     for t, tokens in enumerate(log.inputs):
         skipped = tokens[:, 1 + n_q :]
@@ -159,7 +160,7 @@ def forced_logits(model: TtsModel, folder: Path, log: StepLog) -> tuple[np.ndarr
         if t in log.depformer:
             text_token, codes = log.depformer[t]
             previous = mx.concatenate([text_token[:, None], codes[:, :-1]], axis=1)
-            audio = lm.depformer.logits(out[:, None], previous, caches)[0, :n_q]
+            audio = depformer_logits(lm.depformer, out, previous)[0, :n_q]
             audio_logits.append(audio.astype(mx.float32))
         mx.eval(text_logits[-1], audio_logits[-1:], ring.state)
     return np.array(mx.stack(text_logits)), np.array(mx.stack(audio_logits))

@@ -2,8 +2,9 @@ import mlx.core as mx
 import pytest
 from mlx import nn
 
-from moshi_mlx.modules.embeddings import StackedTables, TokenEmbedding, lookup_column
+from moshi_mlx.modules.embeddings import StackedTables, TokenEmbedding
 from moshi_mlx.modules.linear import transpose_weights
+from moshi_mlx.modules.step_tricks import lookup_column
 
 
 def _tables(quantized: bool, count: int = 3) -> list[nn.Module]:

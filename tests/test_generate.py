@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING, ChatStepFunction, ChatStepper
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
@@ -147,14 +148,15 @@ def test_long_run_memory_is_flat():
 
 
 class _EagerChat:
-    """The step loop as it was before the compiled step: the temporal transformer run eagerly
-    over `KVCache`s (exact filled length), the token ring and delays in numpy on the host."""
+    """The step loop without `mx.compile` or the token ring: the temporal transformer and the
+    depformer stepped eagerly, the delays kept in numpy on the host."""
 
     def __init__(self, lm: Lm, sampling: tuple[Sampling, Sampling], seed: int):
         cfg = lm.cfg
         self.lm, self.cfg = lm, cfg
         self.text_sampling, self.audio_sampling = sampling
-        self.caches = lm.make_caches()
+        self.ring = lm.make_ring()
+        self.step_text = type(lm).step_text  # as made: a test may count later calls
         self.key = mx.random.key(seed)
         self.delays = np.array(cfg.delays)
         self.initial = np.array([cfg.text_card] + [cfg.card] * cfg.n_q)
@@ -166,10 +168,11 @@ class _EagerChat:
         user_rows = np.arange(1 + cfg.dep_q, cfg.num_codebooks)
         self.tokens[user_rows, (t + self.delays[user_rows]) % width] = codes
         inputs = np.where(t <= self.delays, self.initial, self.tokens[:, t % width])
-        out, logits = self.lm.forward_text(
-            mx.array(inputs.astype(np.int32))[None, :, None], self.caches
-        )
-        generated = np.array(self._sample(out, logits[:, -1]), dtype=np.int64)
+        self.ring = self.ring.grown(t)
+        tokens = mx.array(inputs.astype(np.int32))[None, :, None]
+        out, logits = self.step_text(self.lm, tokens, self.ring)
+        self.ring = self.ring.advanced()
+        generated = np.array(self._sample(out, logits), dtype=np.int64)
         self.t = t = t + 1
         self.tokens[: 1 + cfg.dep_q, t % width] = generated
         if t <= cfg.max_delay:
@@ -178,15 +181,16 @@ class _EagerChat:
         return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
 
     def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
-        """Text, then the depformer's slices one by one over `KVCache`s, eagerly."""
+        """Text, then the depformer's slices one by one, eagerly."""
         audio_sampling, depformer = self.audio_sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
         text = self.text_sampling.sample(text_logits, text_key)
         noise = gumbel_noise((1, self.cfg.dep_q * self.cfg.card), audio_key)  # all codebooks'
         noises = mx.split(noise, self.cfg.dep_q, axis=-1)
-        caches, tokens = depformer.make_caches(), [text]
-        for k, depformer_slice in enumerate(depformer.slices):
-            logits = depformer_slice(temporal_out, tokens[-1], caches)
+        tokens = [text]
+        for k in range(self.cfg.dep_q):
+            previous = mx.stack(tokens, axis=1)  # (1, k + 1): the slices' inputs so far
+            logits = depformer_logits(depformer, temporal_out, previous)[:, k]
             noise = noises[k] if audio_sampling.draws else None
             tokens.append(audio_sampling.sample_with_noise(logits, noise))
         return mx.concatenate(tokens)

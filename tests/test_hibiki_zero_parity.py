@@ -13,6 +13,7 @@ import pytest
 
 from moshi_mlx.chat.check import compare_generation
 from moshi_mlx.chat.generate import ChatStepper
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.testing.checkpoints import load_lm
@@ -50,13 +51,16 @@ def test_the_published_layout_is_read(hibiki_zero):
 
 
 def test_teacher_forced_logits_step_by_step(hibiki_zero, golden):
-    """The reference's inputs through `forward_text` and the depformer's slices (KV caches)."""
-    caches, dep_caches = hibiki_zero.make_caches(), hibiki_zero.depformer.make_caches()
+    """The reference's inputs through the temporal step (its KV ring) and the depformer's
+    slices with their inputs given (`depformer_logits`)."""
+    ring = hibiki_zero.make_ring()
     for t, column in enumerate(golden["input_tokens"]):
-        out, logits = hibiki_zero.forward_text(mx.array(column[None, :, None]), caches)
-        assert _relative(np.array(logits[0, 0]), golden["text_logits"][t]) < RELATIVE, t
+        ring = ring.grown(t)
+        out, logits = hibiki_zero.step_text(mx.array(column[None, :, None]), ring)
+        ring = ring.advanced()
+        assert _relative(np.array(logits[0]), golden["text_logits"][t]) < RELATIVE, t
         prev = mx.array(golden["depformer_prev"][t][None])
-        dep_logits = hibiki_zero.depformer.logits(out, prev, dep_caches)[0]
+        dep_logits = depformer_logits(hibiki_zero.depformer, out, prev)[0]
         assert _relative(np.array(dep_logits), golden["depformer_logits"][t]) < RELATIVE, t
 
 

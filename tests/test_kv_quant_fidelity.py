@@ -8,7 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.chat.generate import ChatStepper, teacher_forced_logits
+from moshi_mlx.chat.generate import ChatStepper
+from moshi_mlx.chat.teacher_forcing import teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.sampling import GREEDY

@@ -6,6 +6,7 @@ import pytest
 from conftest import MANIFESTS
 from mlx.utils import tree_flatten
 
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.testing.checkpoints import lazy_lm
@@ -151,33 +152,38 @@ def test_zero_token_embeds_to_zero():
     assert mx.allclose(lm.embed(one)[0, 0], expected).item()
 
 
-def test_whole_sequence_equals_step_by_step():
-    """Prefill (many tokens per call, past the context) gives the same outputs as streaming."""
+def test_a_prefill_leaves_the_ring_as_steps_do():
+    """Prefill (many tokens in one call) leaves the KV ring as stepping them does: the steps
+    after it give the same outputs, past the context."""
     cfg = LmConfig.tiny()
     lm = Lm(cfg)
     tokens = _random_tokens(cfg, steps=40)
-    out_all, logits_all = lm.forward_text(tokens, lm.make_caches())
-    caches = lm.make_caches()
-    steps = [lm.forward_text(tokens[:, :, t : t + 1], caches)[1] for t in range(40)]
-    np.testing.assert_allclose(
-        np.array(logits_all), np.array(mx.concatenate(steps, axis=1)), rtol=1e-5, atol=1e-5
-    )
-    assert out_all.shape == (1, 40, cfg.dim)
+    prefix = cfg.context - 1  # the most one prefill takes
+    prefilled = lm.prefill(lm.embed(tokens[:, :, :prefix]), lm.make_ring())
+    stepped = lm.make_ring()
+    for t in range(40):
+        stepped = stepped.grown(t)
+        logits = lm.step_text(tokens[:, :, t : t + 1], stepped)[1]
+        stepped = stepped.advanced()
+        if t >= prefix:
+            prefilled = prefilled.grown(t)
+            after_prefill = lm.step_text(tokens[:, :, t : t + 1], prefilled)[1]
+            prefilled = prefilled.advanced()
+            np.testing.assert_allclose(
+                np.array(after_prefill), np.array(logits), rtol=1e-5, atol=1e-5
+            )
 
 
-def test_depformer_slices_share_one_cache_per_layer():
+def test_depformer_slices_attend_to_the_earlier_slices_of_their_step():
     cfg = LmConfig.tiny()
     lm = Lm(cfg)
-    caches = lm.depformer.make_caches()
-    assert len(caches) == cfg.depformer_num_layers
-    temporal = mx.random.normal((1, 1, cfg.dim), key=mx.random.key(0))
+    temporal = mx.random.normal((1, cfg.dim), key=mx.random.key(0))
     prev = mx.array([[5, 1, 2, 3, 4, 5, 6, 7]])
-    logits = lm.depformer.logits(temporal, prev, caches)
+    logits = depformer_logits(lm.depformer, temporal, prev)
     assert logits.shape == (1, cfg.dep_q, cfg.card)
-    assert all(cache.offset == cfg.dep_q for cache in caches)
     # Slice 3 sees slices 0..2: changing slice 0's input changes slice 3's logits.
-    other = lm.depformer.logits(temporal, prev.at[0, 0].add(1), caches)
+    other = depformer_logits(lm.depformer, temporal, prev.at[0, 0].add(1))
     assert not mx.allclose(logits[0, 3], other[0, 3]).item()
     # ... but never the later ones: slice 2's logits do not depend on token 3.
-    later = lm.depformer.logits(temporal, prev.at[0, 3].add(1), caches)
+    later = depformer_logits(lm.depformer, temporal, prev.at[0, 3].add(1))
     assert mx.allclose(logits[0, 2], later[0, 2]).item()

@@ -23,8 +23,12 @@ def _forward(lm, steps: int = 6) -> np.ndarray:
         [rng.integers(0, cfg.text_card, (1, 1, steps)), rng.integers(0, cfg.card, (1, 16, steps))],
         axis=1,
     )
-    _, logits = lm.forward_text(mx.array(tokens.astype(np.int32)), lm.make_caches())
-    return np.array(logits.astype(mx.float32))
+    ring, logits = lm.make_ring(), []
+    for t in range(steps):
+        ring = ring.grown(t)
+        logits.append(lm.step_text(mx.array(tokens[:, :, t : t + 1].astype(np.int32)), ring)[1])
+        ring = ring.advanced()
+    return np.array(mx.stack(logits, axis=1).astype(mx.float32))
 
 
 def test_a_folder_with_several_lm_files_loads_the_most_precise(tiny_lm_checkpoints, tmp_path):

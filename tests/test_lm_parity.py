@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.chat.generate import ChatStepper
+from moshi_mlx.chat.teacher_forcing import teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.sampling import GREEDY
 
@@ -26,22 +27,27 @@ def test_fixture_config_is_the_tiny_preset(golden_lm):
 def test_teacher_forced_logits_step_by_step(golden_lm):
     lm, golden = golden_lm
     tokens, dep_prev = golden["tf_tokens"], golden["tf_dep_prev"]
-    caches, dep_caches = lm.make_caches(), lm.depformer.make_caches()
-    text_logits, dep_logits = [], []
-    for t in range(tokens.shape[1]):
-        out, logits = lm.forward_text(mx.array(tokens[None, :, t : t + 1]), caches)
-        text_logits.append(np.array(logits[0, 0]))
-        dep_logits.append(
-            np.array(lm.depformer.logits(out, mx.array(dep_prev[None, :, t]), dep_caches)[0])
-        )
-    assert _relative_error(np.stack(text_logits), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
-    assert _relative_error(np.stack(dep_logits), golden["tf_dep_logits"]) < MAX_RELATIVE_ERROR
+    text_logits, dep_logits = teacher_forced_logits(
+        lm, mx.array(tokens.T.astype(np.int32)), mx.array(dep_prev.T.astype(np.int32))
+    )
+    assert _relative_error(np.array(text_logits), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
+    assert _relative_error(np.array(dep_logits), golden["tf_dep_logits"]) < MAX_RELATIVE_ERROR
 
 
-def test_teacher_forced_text_logits_whole_sequence(golden_lm):
+def test_teacher_forced_text_logits_after_a_prefill(golden_lm):
+    """The first context - 1 positions in one call (`Lm.prefill`), then steps past the
+    context: the text logits of the steps are the reference's."""
     lm, golden = golden_lm
-    _, logits = lm.forward_text(mx.array(golden["tf_tokens"][None]), lm.make_caches())
-    assert _relative_error(np.array(logits[0]), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
+    tokens = mx.array(golden["tf_tokens"][None].astype(np.int32))  # (1, K, T)
+    prefix = lm.cfg.context - 1
+    ring = lm.prefill(lm.embed(tokens[:, :, :prefix]), lm.make_ring())
+    logits = []
+    for t in range(prefix, tokens.shape[2]):
+        ring = ring.grown(t)
+        logits.append(np.array(lm.step_text(tokens[:, :, t : t + 1], ring)[1][0]))
+        ring = ring.advanced()
+    reference = golden["tf_text_logits"][prefix:]
+    assert _relative_error(np.stack(logits), reference) < MAX_RELATIVE_ERROR
 
 
 def test_greedy_stream_matches_reference_exactly(golden_lm):

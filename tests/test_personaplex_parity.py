@@ -13,6 +13,7 @@ from tiny_moshi import write_eight_step_file
 from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.voice import encode_voice, load_voice_audio, read_voice, voice_source
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -49,7 +50,6 @@ def _conversation(lm, state, user_codes, steps):
     inputs the step fed: tokens (steps, 17), text logits, Moshi's audio logits."""
     generator = ChatStepper(lm, GREEDY, GREEDY, seed=0, start=state)
     ring = state.ring
-    depformer_caches = lm.depformer.make_caches()
     tokens, text_logits, audio_logits = [], [], []
     for t in range(steps):
         step = generator.step(user_codes[t])
@@ -57,7 +57,7 @@ def _conversation(lm, state, user_codes, steps):
         temporal_out, text = lm.step_text(step.inputs[None, :, None], ring)
         ring = ring.advanced()
         previous = step.sampled[None, : lm.cfg.moshi_codebooks]
-        audio = lm.depformer.logits(temporal_out[:, None], previous, depformer_caches)
+        audio = depformer_logits(lm.depformer, temporal_out, previous)
         mx.eval(text, audio, ring.keys, ring.values)
         text_logits.append(np.array(text[0]))
         audio_logits.append(np.array(audio[0]))

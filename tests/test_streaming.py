@@ -57,7 +57,9 @@ def _kv_cache() -> tuple[KVCache, Callable]:
     caches = transformer.make_caches()
     for seed in range(10):  # past the wrap of the 8-position window
         transformer(_inputs((1, 1, 64), seed), caches)
-    return caches[0], lambda cache, seed: transformer.layers[0](_inputs((1, 1, 64), seed), cache)
+    return caches[0], lambda cache, seed: transformer.layers[0](
+        _inputs((1, 1, 64), seed), None, cache
+    )
 
 
 def _ring(quantization: KVQuantization | None) -> Callable:
@@ -66,11 +68,11 @@ def _ring(quantization: KVQuantization | None) -> Callable:
         ring = transformer.make_ring(1, mx.float32, quantization)
         for seed in range(70):  # past the first 64-slot bucket
             ring = ring.grown(seed)
-            transformer.step(_inputs((1, 64), seed), ring)
+            transformer(_inputs((1, 64), seed), ring.layers())
             ring = ring.advanced()
 
         def step(ring: KVRing, seed: int) -> mx.array:
-            return transformer.step(_inputs((1, 64), seed), ring.grown(70))
+            return transformer(_inputs((1, 64), seed), ring.grown(70).layers())
 
         return ring, step
 

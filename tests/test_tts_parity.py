@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
@@ -84,7 +85,6 @@ def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
     condition, tensors = _conditions(lm)
     cross = lm.cross_keys_values(tensors)
     ring = lm.make_ring(batch=2)
-    caches = lm.depformer.make_caches()
     text_logits, audio_logits = [], []
     for t in range(steps):
         ring = ring.grown(t)
@@ -92,7 +92,7 @@ def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
         out, text = lm.step_text(inputs, ring, condition, cross)
         ring = ring.advanced()
         previous = mx.array(delayed[:, : cfg.dep_q, t + 1], mx.int32)
-        audio = lm.depformer.logits(out[:, None], previous, caches)
+        audio = depformer_logits(lm.depformer, out, previous)
         mx.eval(text, audio, ring.keys, ring.values)
         text_logits.append(np.array(text.astype(mx.float32)))
         audio_logits.append(np.array(audio.astype(mx.float32)))

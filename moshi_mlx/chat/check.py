@@ -2,7 +2,7 @@
 
 The source model generates greedily from random user codes through `ChatStepper`, which records
 what each step fed the model and sampled; both models are then run teacher-forced on exactly
-those inputs (`teacher_forced_logits`), and their tokens and logits compared.
+those inputs (`moshi_mlx.chat.teacher_forcing`), and their tokens and logits compared.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import ChatStepper, teacher_forced_logits
+from moshi_mlx.chat.generate import ChatStepper
+from moshi_mlx.chat.teacher_forcing import teacher_forced_logits
 from moshi_mlx.checkpoints.conversion import to_mlx_naming
 from moshi_mlx.checkpoints.io import check_fits_model, read_safetensors
 from moshi_mlx.models.lm import Lm, LmConfig

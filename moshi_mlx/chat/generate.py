@@ -249,7 +249,7 @@ class ChatStepper(Stepper):
             raise MoshiError("the prompt's KV cache is not quantized as this stepper's")
         self.start = start
         self.cfg_coef = default_cfg_coef(lm.cfg) if cfg_coef is None else float(cfg_coef)
-        self._condition = _condition_rows(lm, self.cfg_coef, condition)
+        self._condition = condition_rows(lm, self.cfg_coef, condition)
         choice = (
             text_sampling or TEXT_SAMPLING,
             audio_sampling or AUDIO_SAMPLING,
@@ -317,9 +317,7 @@ def default_cfg_coef(cfg: LmConfig) -> float:
     return 1.0 if coef is None else coef
 
 
-def _condition_rows(
-    lm: Lm, cfg_coef: float, condition: Mapping[str, str] | None
-) -> mx.array | None:
+def condition_rows(lm: Lm, cfg_coef: float, condition: Mapping[str, str] | None) -> mx.array | None:
     """A conditioned model's condition vectors (B, dim): the guided row, then with guidance
     the null row; None for a model without conditioners."""
     if not lm.cfg.conditioners:
@@ -332,36 +330,6 @@ def _condition_rows(
     return lm.condition(rows)
 
 
-def teacher_forced_logits(
-    lm: Lm,
-    input_tokens: mx.array,
-    previous_tokens: mx.array,
-    kv_quantization: KVQuantization | None = None,
-) -> tuple[mx.array, mx.array]:
-    """Logits of `lm` on given inputs, step by step through the temporal transformer's
-    `KVRing` as `ChatStepper` runs it: input_tokens (T, K) of each step (`StepOutput.inputs`),
-    previous_tokens (T, dep_q) the depformer's inputs (the text token, then codebooks
-    0..dep_q-2: `StepOutput.sampled[:dep_q]`) -> text logits (T, text_card) and audio
-    logits (T, dep_q, card), float32. To compare two models, or two KV caches, on exactly the
-    same inputs. A conditioned model runs under its default condition, unguided
-    (`ChatStepper` with cfg_coef 1)."""
-    condition = _condition_rows(lm, 1.0, None)
-    ring = lm.make_ring(quantization=kv_quantization)
-    depformer_caches = lm.depformer.make_caches()
-    text_logits, audio_logits = [], []
-    for t in range(input_tokens.shape[0]):
-        ring = ring.grown(t)
-        temporal_out, text = lm.step_text(input_tokens[t][None, :, None], ring, condition)
-        ring = ring.advanced()
-        audio = lm.depformer.logits(
-            temporal_out[:, None], previous_tokens[t][None], depformer_caches
-        )
-        text_logits.append(text[0].astype(mx.float32))
-        audio_logits.append(audio[0].astype(mx.float32))
-        mx.eval(text_logits[-1], audio_logits[-1], ring.keys, ring.values, ring.position)
-    return mx.stack(text_logits), mx.stack(audio_logits)
-
-
 __getattr__ = removed_names(
     __name__,
     {
@@ -371,5 +339,6 @@ __getattr__ = removed_names(
         "StepFunctions": "StepFunctions is now ChatStepFunction (moshi_mlx.chat.generate)",
         "step_functions": "step_functions(lm, ...) is now ChatStepFunction.shared(lm, cache, "
         "choice) (moshi_mlx.chat.generate)",
+        "teacher_forced_logits": "teacher_forced_logits is now in moshi_mlx.chat.teacher_forcing",
     },
 )

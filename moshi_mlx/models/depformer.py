@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.embeddings import lookup_column, make_embedding
-from moshi_mlx.modules.kv_cache import KVCache, KVRing, StepKV
+from moshi_mlx.modules.embeddings import make_embedding
+from moshi_mlx.modules.kv_cache import StepKV
 from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.step_tricks import lookup_column
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -61,23 +62,15 @@ class DepformerSlice(nn.Module):
         """The logits of the transformer's output x (..., d_model)."""
         return self.linear_out(self.norm(x) if "norm" in self else x)
 
-    def __call__(
-        self, temporal_out: mx.array, prev_token: mx.array, caches: list[KVCache]
-    ) -> mx.array:
-        """temporal_out (B, 1, lm_dim), prev_token (B,) -> logits (B, card)."""
-        x = self.linear_in(temporal_out) + embed(self.emb, prev_token)[:, None]
-        x = self.transformer(x, caches)
-        return self._head(x[:, 0])
-
     def step(
         self,
         temporal_out: mx.array,
         prev_token: mx.array,
-        ring: KVRing | StepKV,
+        ring: StepKV,
         sampled: bool = False,
     ) -> mx.array:
-        """`__call__` in `mx.compile`-able form: temporal_out (B, lm_dim), prev_token (B,)
-        or a column (B, 1) -> logits (B, card), through the step's `StepKV` (or a `KVRing`).
+        """This slice's logits, in `mx.compile`-able form: temporal_out (B, lm_dim),
+        prev_token (B,) or a column (B, 1) -> logits (B, card), through the step's `StepKV`.
         `sampled`: the previous token was sampled, so never `ZERO_TOKEN` (its embedding needs
         no test; a sampled column is looked up as one, `lookup_column`)."""
         if prev_token.ndim == 2:
@@ -88,7 +81,7 @@ class DepformerSlice(nn.Module):
         else:
             token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
         x = self.linear_in(temporal_out) + token
-        return self._head(self.transformer.step(x, ring))
+        return self._head(self.transformer(x, ring.layers()))
 
 
 class Depformer(nn.Module):
@@ -125,10 +118,6 @@ class Depformer(nn.Module):
             depformer_slice.linear_in = leader.linear_in
             depformer_slice.transformer = leader.transformer
 
-    def make_caches(self) -> list[KVCache]:
-        """One KV cache per layer, shared by all slices of a step."""
-        return self.slices[0].transformer.make_caches()
-
     def sample_step(
         self,
         temporal_out: mx.array,
@@ -158,16 +147,3 @@ class Depformer(nn.Module):
             columns.append(prev)
             ring = ring.advanced()
         return mx.concatenate(columns, axis=1).astype(mx.int32)
-
-    def logits(
-        self, temporal_out: mx.array, prev_tokens: mx.array, caches: list[KVCache]
-    ) -> mx.array:
-        """Teacher-forced logits: prev_tokens (B, slices) (text, then the codebooks before the
-        last slice's) -> (B, slices, card)."""
-        for cache in caches:
-            cache.reset()
-        out = [
-            depformer_slice(temporal_out, prev_tokens[:, k], caches)
-            for k, depformer_slice in enumerate(self.slices)
-        ]
-        return mx.stack(out, axis=1)

@@ -22,7 +22,7 @@ from moshi_mlx.models.conditioners import ConditionProvider
 from moshi_mlx.models.config import NORM_EPS, LmConfig
 from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.embeddings import StackedTables, make_embedding
-from moshi_mlx.modules.kv_cache import KVCache, KVRing
+from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import Linear
 from moshi_mlx.modules.transformer import CrossKV, RMSNorm, Transformer
@@ -76,10 +76,6 @@ class Lm(nn.Module):
         source = self.condition_provider.cross_source(tensors)
         return self.transformer.cross_keys_values(source.astype(self.out_norm.weight.dtype))
 
-    def make_caches(self) -> list[KVCache]:
-        """Fresh streaming state of the temporal transformer."""
-        return self.transformer.make_caches()
-
     def make_ring(self, batch: int = 1, quantization: KVQuantization | None = None) -> KVRing:
         """Fresh streaming state of the temporal transformer for `step_text`, its keys and
         values optionally quantized (the head dimension must divide by the group size)."""
@@ -113,30 +109,18 @@ class Lm(nn.Module):
             self.stacked_audio = StackedTables.of(self.audio_embs)
         return [] if self.stacked_audio is None else list(self.stacked_audio.flat.values())
 
-    def forward_text(
-        self,
-        tokens: mx.array,
-        caches: list[KVCache],
-        condition: mx.array | None = None,
-        cross: list[CrossKV] | None = None,
-    ) -> tuple[mx.array, mx.array]:
-        """Run the temporal transformer on tokens (B, n_q + 1, T), with a conditioned model's
-        `condition` (B, dim) added to each input and its `cross_keys_values`.
-
-        Returns the normed transformer output (B, T, dim), which conditions the depformer,
-        and the text logits (B, T, text_card).
-        """
-        x = self.embed(tokens)
-        if condition is not None:
-            x = x + condition[:, None].astype(x.dtype)
-        x = self.transformer(x, caches, cross)
-        x = self.out_norm(x)
-        return x, self.text_linear(x)
-
     def prefill(self, embeddings: mx.array, ring: KVRing) -> KVRing:
         """The temporal transformer over the first T inputs at once, given as their summed
-        embeddings (B, T, dim) (`embed`): the `KVRing` as T `step_text`s leave it."""
-        return self.transformer.prefill(embeddings, ring)[1]
+        embeddings (B, T, dim) (`embed`), from a `KVRing` at position 0: the ring as T
+        `step_text`s leave it (lazily; T must be less than the context, the ring's capacity
+        is grown to fit)."""
+        steps = embeddings.shape[1]
+        if steps >= self.transformer.cfg.context:
+            raise ValueError(f"a prefill of {steps} positions exceeds the context")
+        ring = ring.grown(steps)
+        ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists
+        self.transformer(embeddings, ring.layers())
+        return ring.replaced(ring.keys, ring.values, ring.position + steps)
 
     def head_probabilities(self, temporal_out: mx.array) -> mx.array:
         """The extra heads' class probabilities of a normed temporal output (B, dim) ->
@@ -151,8 +135,9 @@ class Lm(nn.Module):
         condition: mx.array | None = None,
         cross: list[CrossKV] | None = None,
     ) -> tuple[mx.array, mx.array]:
-        """`forward_text` of one position through a `KVRing`, in `mx.compile`-able form:
-        tokens (B, n_q + 1, 1) -> the normed output (B, dim) and the text logits (B, text_card).
+        """The temporal transformer on one position through a `KVRing`, in
+        `mx.compile`-able form: tokens (B, n_q + 1, 1) -> the normed output (B, dim), which
+        conditions the depformer, and the text logits (B, text_card).
         A conditioned model's `condition` (B, dim) is added to the input; a cross-attending
         one attends to `cross` (`cross_keys_values`).
         """
@@ -160,5 +145,5 @@ class Lm(nn.Module):
         x = x.reshape(x.shape[0], -1)
         if condition is not None:
             x = x + condition.astype(x.dtype)
-        x = self.out_norm(self.transformer.step(x, ring, cross))
+        x = self.out_norm(self.transformer(x, ring.layers(), cross))
         return x, self.text_linear(x)

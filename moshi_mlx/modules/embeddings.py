@@ -10,19 +10,27 @@ by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
 `nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
 Plain tables of one shape, quantized alike or not, stack (`StackedTables`): one lookup then
 embeds a token of each. A column of sampled tokens (B, 1) is looked up without slices or
-squeezes (`lookup_column`), a quantized table's packed rows, scales and biases alike.
+squeezes (`step_tricks.lookup_column`), a quantized table's packed rows, scales and biases
+alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from moshi_mlx.modules.linear import QUANTIZED_PARTS, Linear, StepWeight
+from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.step_tricks import (
+    QUANTIZED_PARTS,
+    StepWeight,
+    dequantized,
+    picked_rows,
+    quantization_of,
+)
 
 
 class TokenEmbedding(nn.Module):
@@ -90,55 +98,6 @@ def make_embedding(
     return TokenEmbedding(rows, dim, low_rank, demux)
 
 
-Quantization = tuple[int, int, str]  # group size, bits, mode
-
-
-def quantization_of(table: nn.Module) -> Quantization | None:
-    """How a table is quantized (`nn.QuantizedEmbedding`, a quantized `TokenEmbedding`), or
-    None."""
-    if isinstance(table, nn.QuantizedEmbedding):
-        return table.group_size, table.bits, table.mode
-    return table.quantization if isinstance(table, TokenEmbedding) else None
-
-
-def picked_rows(table: nn.Module, pick: Callable[[mx.array], mx.array]) -> mx.array:
-    """The rows `pick` takes of a table's weight; of a quantized table its packed rows, scales
-    and biases picked alike, then dequantized (the values its own lookup gives), or of its
-    table dequantized for the step (`TokenEmbedding.transpose_weight`)."""
-    step_table = table.step_table() if isinstance(table, TokenEmbedding) else None
-    if step_table is not None:
-        return pick(step_table)
-    parts = {name: pick(table[name]) for name in QUANTIZED_PARTS if name in table}
-    return dequantized(parts, quantization_of(table))
-
-
-def dequantized(parts: dict[str, mx.array], quantization: Quantization | None) -> mx.array:
-    """The rows of a table's parts (`QUANTIZED_PARTS`, picked alike) as vectors: its `weight`
-    when not quantized, else dequantized."""
-    if quantization is None:
-        return parts["weight"]
-    group_size, bits, mode = quantization
-    return mx.dequantize(
-        parts["weight"],
-        parts["scales"],
-        parts.get("biases"),
-        group_size=group_size,
-        bits=bits,
-        mode=mode,
-    )
-
-
-def lookup_column(table: nn.Module, column: mx.array) -> mx.array:
-    """The vectors (B, dim) of a column of tokens (B, 1) >= 0 (as `sample_column` leaves
-    them): of a table of one stream (an `nn.Embedding`, quantized or not, a `TokenEmbedding`
-    without demux) one gather along its rows per part (weight; a quantized one's scales and
-    biases), no slices or squeezes; of a two-stream one its lookup of the tokens."""
-    if isinstance(table, TokenEmbedding) and table.demux:
-        return table(column[:, 0])
-    rows = picked_rows(table, lambda part: mx.take_along_axis(part, column, axis=0))
-    return table.low_rank(rows) if "low_rank" in table else rows
-
-
 @dataclass(frozen=True)
 class StackedTables:
     """Plain tables of one shape (`nn.Embedding`s, e.g. the LM's audio streams, quantized
@@ -150,7 +109,7 @@ class StackedTables:
     flat: dict[str, mx.array]  # part name -> (count * rows, ...)
     views: tuple[dict[str, mx.array], ...]  # per table, part name -> its rows of `flat`
     offsets: mx.array  # (count, 1) int32: table k's first row in `flat`
-    quantization: Quantization | None
+    quantization: tuple[int, int, str] | None  # group size, bits, mode
 
     @classmethod
     def of(cls, tables: Sequence[nn.Module]) -> StackedTables | None:

@@ -1,8 +1,18 @@
-"""A key/value cache over a sliding attention window, with flat memory for any length."""
+"""Key/value caches over a sliding attention window, with flat memory for any length.
+
+Every layer cache speaks mlx-lm's protocol (`LayerCache`): `offset`, `make_mask(steps)` for
+the queries of the next `steps` positions, then `update_and_fetch(keys, values) -> (keys,
+values)` to attend to. Three kinds: Mimi's `KVCache` (one per layer, Python positions), the
+temporal transformer's `KVRing` (every layer's buffers as arrays, for compiled steps; its
+`layers()`), and the depformer's `StepKV` (one step's slices, grown by concatenation). The
+stateful ones save and restore through `state` / `meta_state` / `from_state`
+(`moshi_mlx.modules.streaming`).
+"""
 
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Protocol
 
 import mlx.core as mx
 
@@ -10,6 +20,26 @@ from moshi_mlx.modules.kv_quant import KVQuantization, Quantized, recent_slots
 from moshi_mlx.modules.streaming import BaseState
 
 Buffer = mx.array | Quantized  # one layer's keys (or values): plain, or quantized
+Mask = mx.array | str | None  # a boolean mask, "causal", or None: every position visible
+
+
+class LayerCache(Protocol):
+    """What one layer's attention passes its keys and values through (mlx-lm's cache
+    protocol): `offset`, the position of the next token (an int, or a () int32 array in
+    compiled steps); `quantization`, how its buffers are packed (None: plain)."""
+
+    offset: int | mx.array
+    quantization: KVQuantization | None
+
+    def make_mask(self, steps: int) -> Mask:
+        """The mask of the next `steps` positions' queries over what `update_and_fetch`
+        will return (asked before it)."""
+        ...
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Buffer, Buffer]:
+        """Add the keys and values (B, H, T, D) of T positions; the keys and values to
+        attend to."""
+        ...
 
 
 class KVCache(BaseState):
@@ -19,6 +49,8 @@ class KVCache(BaseState):
     Kyutai's PyTorch reference. Memory is allocated once, at the first update, and stays flat
     however long the stream runs. `offset` is the absolute position of the next token.
     """
+
+    quantization = None
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -72,14 +104,20 @@ class KVCache(BaseState):
         index = mx.array(order)
         return self.keys[:, :, index], self.values[:, :, index]
 
-    def update_and_fetch(
-        self, keys: mx.array, values: mx.array
-    ) -> tuple[mx.array, mx.array, mx.array | None]:
-        """Add T new positions; return the keys, values and mask the new queries attend with.
+    def make_mask(self, steps: int) -> mx.array | None:
+        """None for one position (it sees every cached one); for T > 1 a boolean (T, L)
+        array: each query sees itself and the `capacity - 1` positions before it."""
+        if steps == 1:
+            return None
+        past = self.length
+        query_pos = mx.arange(past, past + steps)[:, None]
+        key_pos = mx.arange(past + steps)[None, :]
+        delta = query_pos - key_pos
+        return (delta >= 0) & (delta < self.capacity)
 
-        keys, values: (B, H, T, D). The mask is None when every returned position is visible to
-        every query (always the case for T == 1), else a boolean (T, L) array.
-        """
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Add T new positions (B, H, T, D); the keys and values their queries attend to
+        (under `make_mask(T)`)."""
         if self.keys is None or self.keys.shape[0] != keys.shape[0]:
             self._allocate(keys, values)
         steps = keys.shape[2]
@@ -87,34 +125,30 @@ class KVCache(BaseState):
             return self._update_one(keys, values)
         return self._update_many(keys, values)
 
-    def _update_one(self, keys: mx.array, values: mx.array):
+    def _update_one(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         i = self._write
         self.keys[:, :, i : i + 1] = keys
         self.values[:, :, i : i + 1] = values
         self.offset += 1
         self._write = (i + 1) % self.capacity
         if self.offset < self.capacity:
-            return self.keys[:, :, : self.offset], self.values[:, :, : self.offset], None
+            return self.keys[:, :, : self.offset], self.values[:, :, : self.offset]
         # Full ring: order does not matter to attention (RoPE was applied before caching).
-        return self.keys, self.values, None
+        return self.keys, self.values
 
-    def _update_many(self, keys: mx.array, values: mx.array):
+    def _update_many(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         steps = keys.shape[2]
         past_keys, past_values = self._chronological()
         past = past_keys.shape[2]
         all_keys = mx.concatenate([past_keys, keys], axis=2)
         all_values = mx.concatenate([past_values, values], axis=2)
-        query_pos = mx.arange(past, past + steps)[:, None]
-        key_pos = mx.arange(past + steps)[None, :]
-        delta = query_pos - key_pos
-        mask = (delta >= 0) & (delta < self.capacity)
         # Keep the newest `capacity` positions, oldest first, so the ring restarts at index 0.
         kept = min(self.capacity, past + steps)
         self.keys[:, :, :kept] = all_keys[:, :, -kept:]
         self.values[:, :, :kept] = all_values[:, :, -kept:]
         self.offset += steps
         self._write = kept % self.capacity
-        return all_keys, all_values, mask
+        return all_keys, all_values
 
 
 FIRST_BUCKET = 64  # slots of a fresh `KVRing`
@@ -332,9 +366,9 @@ class KVRing(BaseState):
             recent = new[:, :, mx.array(by_slot)]
         return (*packed, recent)
 
-    def layer(self, index: int) -> RingLayer:
-        """Layer `index` of this ring, as the cache an `Attention` updates and reads."""
-        return RingLayer(self, index)
+    def layers(self) -> list[RingLayer]:
+        """Each layer of this ring, as the `LayerCache` its attention updates and reads."""
+        return [RingLayer(self, index) for index in range(len(self.keys))]
 
     def advanced(self) -> KVRing:
         """This ring after its step: the updated buffers, at the next position."""
@@ -374,9 +408,9 @@ class KVRing(BaseState):
 
 
 class RingLayer:
-    """One layer of a `KVRing` as the cache `Attention` passes keys and values through: one
-    position written at the ring's position (the mask its written slots), or the first T
-    positions filled into a ring at position 0 (the mask causal)."""
+    """One layer of a `KVRing` as a `LayerCache`: one position written at the ring's
+    position (the mask its visible slots), or the first T positions filled into a ring at
+    position 0 (the mask causal)."""
 
     def __init__(self, ring: KVRing, index: int):
         self.ring = ring
@@ -391,15 +425,20 @@ class RingLayer:
     def quantization(self) -> KVQuantization | None:
         return self.ring.quantization
 
-    def update_and_fetch(
-        self, keys: mx.array, values: mx.array
-    ) -> tuple[Buffer, Buffer, mx.array | str]:
-        """Add keys and values (B, H, T, D); return the keys, values and mask to attend with."""
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.ring.dtype
+
+    def make_mask(self, steps: int) -> mx.array | str:
+        """One position: the ring's `visible` slots; T positions filled: causal."""
+        return self.ring.visible if steps == 1 else "causal"
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Buffer, Buffer]:
+        """Add keys and values (B, H, T, D); return the buffers to attend to."""
         if keys.shape[2] == 1:
-            keys, values = self.ring.update(self.index, keys, values)
-            return keys, values, self.ring.visible
+            return self.ring.update(self.index, keys, values)
         self.ring.fill(self.index, keys, values)
-        return keys, values, "causal"
+        return keys, values
 
 
 class StepKV:
@@ -415,14 +454,9 @@ class StepKV:
         self.length = 0  # positions written by every layer
         self.dtype = dtype
 
-    @property
-    def position(self) -> mx.array:
-        """The position of the next token (a () int32 array, for RoPE)."""
-        return mx.array(self.length, mx.int32)
-
-    def layer(self, index: int) -> StepKVLayer:
-        """Layer `index`, as the cache an `Attention` updates and reads."""
-        return StepKVLayer(self, index)
+    def layers(self) -> list[StepKVLayer]:
+        """Each layer, as the `LayerCache` its attention updates and reads."""
+        return [StepKVLayer(self, index) for index in range(len(self.keys))]
 
     def advanced(self) -> StepKV:
         """This cache after a position written by every layer."""
@@ -431,7 +465,7 @@ class StepKV:
 
 
 class StepKVLayer:
-    """One layer of a `StepKV`."""
+    """One layer of a `StepKV`, as a `LayerCache`."""
 
     quantization = None
 
@@ -439,11 +473,24 @@ class StepKVLayer:
         self.cache = cache
         self.index = index
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, None]:
-        """Add one position's keys and values (B, H, 1, D); return all written (no mask)."""
+    @property
+    def offset(self) -> mx.array:
+        """The position of the next token (a () int32 array, for RoPE)."""
+        return mx.array(self.cache.length, mx.int32)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.cache.dtype
+
+    def make_mask(self, steps: int) -> None:
+        """None: a query sees every position written."""
+        return
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Add one position's keys and values (B, H, 1, D); return all written."""
         cache, index = self.cache, self.index
         if cache.keys[index] is not None:
             keys = mx.concatenate([cache.keys[index], keys], axis=2)
             values = mx.concatenate([cache.values[index], values], axis=2)
         cache.keys[index], cache.values[index] = keys, values
-        return keys, values, None
+        return keys, values

@@ -3,7 +3,8 @@
 MLX's `nn.Linear` computes `x @ weight.T`: every call adds a `Transpose` operation to the
 graph (a view, no copy, but one more operation to schedule; on the CPU a matmul with it costs
 about twice one without). A compiled step calls some 1,000 linears per TTS frame, so
-`transpose_weights` gives each layer its `transposed` weight (`StepWeight`), a view
+`transpose_weights` gives each layer its `transposed` weight (a `StepWeight`,
+`moshi_mlx.modules.step_tricks`), a view
 made once, for the caller to evaluate before it traces a step: the graph then reads the
 evaluated view, with the same strides and so the same numbers. A layer whose weight was
 replaced since (loading; quantizing turns it into another class) computes `x @ weight.T`
@@ -12,39 +13,10 @@ again until the next `transpose_weights`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import mlx.core as mx
 from mlx import nn
 
-QUANTIZED_PARTS = ("weight", "scales", "biases")  # a quantized layer's arrays (MLX's names)
-
-
-@dataclass(frozen=True)
-class StepWeight:
-    """A weight and the form a step reads it in, made once: a Linear's transposed view
-    (in, out) of its weight (out, in), a norm's float32 copy (`transformer.RMSNorm`), a
-    dequantized table, a quantized linear's query rows (a dict of its parts)."""
-
-    weight: mx.array
-    view: Any
-
-    @staticmethod
-    def kept(
-        made: StepWeight | None, weight: mx.array, make: Callable[[mx.array], Any]
-    ) -> StepWeight:
-        """`made` while it is of `weight` (the same array), else one of `make(weight)`."""
-        if made is not None and made.weight is weight:
-            return made
-        return StepWeight(weight, make(weight))
-
-    @staticmethod
-    def current(made: StepWeight | None, weight: mx.array | None) -> Any:
-        """`made`'s view while it is of `weight`, else None (the weight was replaced since:
-        loading, quantizing)."""
-        return made.view if made is not None and made.weight is weight else None
+from moshi_mlx.modules.step_tricks import StepWeight
 
 
 class Linear(nn.Linear):

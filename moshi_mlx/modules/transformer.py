@@ -12,22 +12,23 @@ keys and values are computed once per sequence (`Transformer.cross_keys_values`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import mlx.core as mx
 from mlx import nn
 
-from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, RingLayer, StepKV, StepKVLayer
+from moshi_mlx.modules.kv_cache import Buffer, KVCache, KVRing, LayerCache, Mask
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import QUANTIZED_PARTS, Linear, StepWeight
-from moshi_mlx.modules.rope import rope_tables
-
-Cache = (
-    KVCache | RingLayer | StepKVLayer
-)  # what one layer's attention passes its keys and values through
-RopeTables = tuple[mx.array, mx.array]  # `rope_tables`' cos and sin
-Rope = int | RopeTables | None  # where RoPE starts, or a step's tables; None: the cache's offset
+from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.step_tricks import (
+    QUANTIZED_PARTS,
+    RopeTables,
+    StepWeight,
+    rope_tables,
+    rounded_sum,
+)
 
 
 @dataclass(frozen=True)
@@ -165,17 +166,18 @@ class Attention(nn.Module):
         """Where the keys' and the values' heads start among the projection's heads."""
         return [self.num_heads, self.num_heads + self.num_kv_heads]
 
-    def __call__(self, x: mx.array, cache: Cache, rope: Rope = None) -> mx.array:
-        """x (B, T, D) -> (B, T, D), attending through `cache` (a `KVCache`, or a layer of a
-        `KVRing`: `KVRing.layer`), which takes the new keys and values and returns what to
-        attend to. RoPE starts at `rope` (the cache's offset when None); one position x (B, D)
-        of a compiled step takes the step's `rope_tables` instead, shared by every layer,
-        which also scale its queries (`Transformer.step`)."""
+    def __call__(
+        self, x: mx.array, mask: Mask, cache: LayerCache, rope: RopeTables | None = None
+    ) -> mx.array:
+        """x (B, T, D) -> (B, T, D), attending through `cache` (`LayerCache`), which takes
+        the new keys and values and returns what to attend to under `mask`; RoPE from the
+        cache's offset. One position x (B, D) of a compiled step takes the step's
+        `rope_tables` instead, shared by every layer, which also scale its queries."""
         if x.ndim == 2:
             queries, keys, values = self._project_one(x, rope)
         else:
-            queries, keys, values = self._project(x, cache.offset if rope is None else rope)
-        keys, values, mask = cache.update_and_fetch(keys, values)
+            queries, keys, values = self._project(x, cache.offset)
+        keys, values = cache.update_and_fetch(keys, values)
         # One RoPE'd position's queries come scaled (`rope_tables`' query scale).
         scale = None if x.ndim == 2 and self.use_rope else self.scale
         out = scaled_dot_product_attention(queries, keys, values, cache, scale, mask)
@@ -196,9 +198,9 @@ def scaled_dot_product_attention(
     queries: mx.array,
     keys: Buffer,
     values: Buffer,
-    cache: Cache,
+    cache: LayerCache,
     scale: float | None,
-    mask: mx.array | str | None,
+    mask: Mask,
 ) -> mx.array:
     """Attention over what a cache returned: packed through its quantization's attention
     when the buffers are a quantized ring's, else MLX's fused attention. `scale` None: the
@@ -328,14 +330,6 @@ class GatedFeedForward(nn.Module):
         return self.linear_out(nn.silu(gate) * up)
 
 
-def rounded_sum(wide: mx.array, delta: mx.array, dtype: mx.Dtype) -> mx.array:
-    """`wide` (float32 holding `dtype` values) + `delta` (`dtype`), rounded to `dtype`: the
-    sum `dtype` arithmetic gives. MLX adds bf16 or float16 values in float32 and rounds once;
-    where a backend rounds the exact sum instead, the result is the same (float32's 24 bits
-    are at least twice a half type's 8 or 11, plus 2: rounding through them never differs)."""
-    return (wide + delta.astype(mx.float32)).astype(dtype)
-
-
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -365,19 +359,31 @@ class TransformerLayer(nn.Module):
             return self.gating(x)
         return self.linear2(nn.gelu(self.linear1(x)))
 
-    def __call__(
-        self, x: mx.array, cache: Cache, cross: CrossKV | None = None, rope: Rope = None
-    ) -> mx.array:
-        """x (B, T, D), or one position (B, D), through this layer (see `Attention`)."""
-        return self._residuals(x, self.self_attn(self.norm1(x), cache, rope), cross)
+    @property
+    def widened(self) -> bool:
+        """Whether this layer's residual stream is held widened to float32 (RMSNorm layers
+        without layer scale: Helium's and the depformer's), else in the activations' dtype
+        (Mimi's LayerNorm layers with layer scale)."""
+        return isinstance(self.norm1, RMSNorm) and not self.has_layer_scale
 
-    def step_widened(
-        self, wide: mx.array, dtype: mx.Dtype, cache: Cache, cross: CrossKV | None, rope: Rope
+    def __call__(
+        self,
+        x: mx.array,
+        mask: Mask,
+        cache: LayerCache,
+        cross: CrossKV | None = None,
+        rope: RopeTables | None = None,
+        dtype: mx.Dtype | None = None,
     ) -> mx.array:
-        """`__call__` of an RMSNorm layer without layer scale on its input in `dtype` held
-        widened to float32 (`wide`), returning its output so: the same numbers, each norm's
+        """x (B, T, D), or one position (B, D), through this layer (see `Attention`). A
+        `widened` layer takes and returns its residual stream in float32 holding values of
+        `dtype`, the activations' dtype (default: x's): the numbers `dtype` arithmetic gives, each norm's
         input cast fused into the residual sum before it (`rounded_sum`)."""
-        x = rounded_sum(wide, self.self_attn(self.norm1(wide, dtype), cache, rope), dtype)
+        if not self.widened:
+            return self._residuals(x, self.self_attn(self.norm1(x), mask, cache, rope), cross)
+        dtype = dtype or x.dtype
+        attended = self.self_attn(self.norm1(x, dtype), mask, cache, rope)
+        x = rounded_sum(x, attended, dtype)
         if cross is not None:
             attended = self.cross_attention(self.norm_cross(x), cross)
             x = rounded_sum(x.astype(mx.float32), attended, dtype)
@@ -398,9 +404,9 @@ class TransformerLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """A stack of `TransformerLayer`s; the caller owns the streaming state: per-layer
-    `KVCache`s (`__call__`), or a `KVRing` of every layer (`prefill`, `step`), each layer
-    attending through `KVRing.layer`."""
+    """A stack of `TransformerLayer`s; the caller owns the streaming state: one
+    `LayerCache` per layer (mlx-lm's protocol: Mimi's `KVCache`s, a `KVRing`'s or a
+    `StepKV`'s `layers()`)."""
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -408,67 +414,49 @@ class Transformer(nn.Module):
         self.layers = [TransformerLayer(cfg) for _ in range(cfg.num_layers)]
 
     def make_caches(self) -> list[KVCache]:
-        """Fresh streaming state: one KV cache per layer."""
+        """Fresh streaming state: one `KVCache` per layer (Mimi's)."""
         return [KVCache(self.cfg.context) for _ in self.layers]
 
-    def __call__(
-        self, x: mx.array, caches: list[KVCache], cross: list[CrossKV] | None = None
-    ) -> mx.array:
-        for index, (layer, cache) in enumerate(zip(self.layers, caches)):
-            x = layer(x, cache, None if cross is None else cross[index])
-        return x
+    def make_ring(
+        self, batch: int, dtype: mx.Dtype, quantization: KVQuantization | None = None
+    ) -> KVRing:
+        """Fresh streaming state for compiled steps; `dtype` is the activations' (and
+        keys') dtype."""
+        cfg = self.cfg
+        shape = (batch, cfg.num_kv_heads, cfg.head_dim)
+        return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
 
     def cross_keys_values(self, source: mx.array) -> list[CrossKV]:
         """Each layer's cross-attention keys and values of a source sequence (B, S, D)."""
         return [layer.cross_attention.keys_values(source) for layer in self.layers]
 
-    def make_ring(
-        self, batch: int, dtype: mx.Dtype, quantization: KVQuantization | None = None
-    ) -> KVRing:
-        """Fresh streaming state for `step`; `dtype` is the activations' (and keys') dtype."""
-        cfg = self.cfg
-        shape = (batch, cfg.num_kv_heads, cfg.head_dim)
-        return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
-
-    def prefill(
-        self, x: mx.array, ring: KVRing, cross: list[CrossKV] | None = None
-    ) -> tuple[mx.array, KVRing]:
-        """The first T positions x (B, T, D) through all layers at once, from a `KVRing` at
-        position 0: the outputs (B, T, D) and the ring after them, as T `step`s leave them
-        (lazily; T must be less than the context, the ring's capacity is grown to fit)."""
-        steps = x.shape[1]
-        if steps >= self.cfg.context:
-            raise ValueError(f"a prefill of {steps} positions exceeds the context")
-        ring = ring.grown(steps)
-        ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists
-        for index, layer in enumerate(self.layers):
-            x = layer(x, ring.layer(index), None if cross is None else cross[index], rope=0)
-        return x, ring.replaced(ring.keys, ring.values, ring.position + steps)
-
-    def step(
-        self, x: mx.array, ring: KVRing | StepKV, cross: list[CrossKV] | None = None
+    def __call__(
+        self,
+        x: mx.array,
+        caches: Sequence[LayerCache],
+        cross: list[CrossKV] | None = None,
     ) -> mx.array:
-        """One position x (B, D) through all layers, reading and updating `ring` (a `KVRing`,
-        or a step's `StepKV`): the same
-        numbers as `__call__` on (B, 1, D) with `KVCache`s, traceable by `mx.compile`."""
-        cfg = self.cfg
+        """x (B, T, D), or one position x (B, D) of a compiled step, through every layer,
+        layer i attending through `caches[i]` under the mask the first cache makes (mlx-lm's
+        `make_mask`). One position is RoPE'd with the step's `rope_tables` (at the first
+        cache's offset), shared by every layer."""
+        cfg, first = self.cfg, caches[0]
+        mask = first.make_mask(1 if x.ndim == 2 else x.shape[1])
         rope = None
-        if cfg.positional_embedding != "none":
+        if x.ndim == 2 and cfg.positional_embedding != "none":
             rope = rope_tables(
-                ring.position,
+                first.offset,
                 cfg.head_dim,
                 cfg.max_period,
-                ring.dtype,
+                first.dtype,
                 cfg.head_dim**-0.5,
                 cfg.rope_interleaved,
                 None if cfg.kv_repeat == 1 else (cfg.num_heads, cfg.num_kv_heads),
             )
-        if cfg.norm == "rms_norm" and cfg.layer_scale is None:  # no cast before each norm
-            wide = x.astype(mx.float32)
-            for index, layer in enumerate(self.layers):
-                layer_cross = None if cross is None else cross[index]
-                wide = layer.step_widened(wide, x.dtype, ring.layer(index), layer_cross, rope)
-            return wide.astype(x.dtype)
-        for index, layer in enumerate(self.layers):
-            x = layer(x, ring.layer(index), None if cross is None else cross[index], rope)
-        return x
+        dtype = x.dtype
+        widened = self.layers[0].widened
+        if widened:
+            x = x.astype(mx.float32)
+        for index, (layer, cache) in enumerate(zip(self.layers, caches)):
+            x = layer(x, mask, cache, None if cross is None else cross[index], rope, dtype)
+        return x.astype(dtype) if widened else x

@@ -289,7 +289,7 @@ def write_random_tts_checkpoint(path: str | Path, config: dict, seed: int = 0) -
 
 
 def random_teacher_tokens(config: LmConfig, steps: int, seed: int) -> tuple[mx.array, mx.array]:
-    """Random inputs of `generate.teacher_forced_logits`: each step's tokens (steps, K), start
+    """Random inputs of `chat.teacher_forcing.teacher_forced_logits`: each step's tokens (steps, K), start
     tokens included, and the depformer's previous tokens (steps, dep_q)."""
     rng = np.random.default_rng(seed)
     start = np.array(config.start_tokens)

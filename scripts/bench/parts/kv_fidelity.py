@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from moshi_mlx.chat.generate import teacher_forced_logits
+from moshi_mlx.chat.teacher_forcing import teacher_forced_logits
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization, recent_slots
 from moshi_mlx.testing.checkpoints import load_lm, logit_fidelity, random_teacher_tokens

@@ -27,8 +27,8 @@ from enum import IntEnum
 from aiohttp import web
 
 from moshi_mlx.chat.generate import ChatSampling
-from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.sampling import Sampling
+from moshi_mlx.serve.bodies import ProtocolError
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.sessions import send_and_close
 
@@ -46,10 +46,6 @@ class Kind(IntEnum):
     METADATA = 0x04
     ERROR = 0x05
     PING = 0x06
-
-
-class ProtocolError(MoshiError):
-    """A client sent something the protocol does not allow; the reason goes back as 0x05."""
 
 
 class ConversationEnded(Exception):

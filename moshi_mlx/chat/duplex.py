@@ -169,8 +169,8 @@ class DuplexSession(RealTimeClock):
     def _open_on_thread(self) -> int:
         text_sampling, audio_sampling = self.sampling or (None, None)
         conversation = self.model.conversation(
-            text_sampling,
-            audio_sampling,
+            text_sampling=text_sampling,
+            audio_sampling=audio_sampling,
             seed=self.seed,
             voice=self.voice,
             role=self.role,

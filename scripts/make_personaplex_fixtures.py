@@ -32,7 +32,7 @@ conversation steps over fixed user codes). It writes to tests/fixtures/personapl
     (LOGIT_STEPS 40, C 64: full rows would be 2048 wide), audio_logit_columns (C,) and
     audio_logsumexp (LOGIT_STEPS, 16) over all 2048 logits,
   - num_voice_frames, prompt_calls (LMGen steps of the whole prompt), offset_after_prompt,
-    cache_after_prompt (1, 17, 4) and provided_after_prompt (1, 17, 4): LMGen's token ring
+    cache_after_prompt (1, 17, 4) and provided_after_prompt (1, 17, 4): LMGen's delayed tokens
     (the prompt's last step provided Moshi's delayed codebooks for the first conversation
     step, so that step's depformer is forced to the silence tokens there),
   - golden16.npz also pt_tokens, pt_text_logits, pt_audio_logits, pt_audio_logsumexp: the same

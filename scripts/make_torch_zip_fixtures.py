@@ -30,7 +30,7 @@ def voice(generator: torch.Generator) -> dict:
 
 def persona_voice(generator: torch.Generator) -> dict:
     """A voice that the tests' tiny PersonaPlex model (tests/tiny_moshi.py: dim 64, 17 streams,
-    max delay 1) takes: embeddings (4, 1, 1, 64) in bf16, a token ring (1, 17, 4) of valid
+    max delay 1) takes: embeddings (4, 1, 1, 64) in bf16, a delayed-token buffer (1, 17, 4) of valid
     tokens (text below 100, audio below 2048)."""
     embeddings = 0.1 * torch.randn(4, 1, 1, 64, generator=generator)
     cache = torch.randint(0, 2048, (1, 17, 4), generator=generator)

@@ -148,7 +148,7 @@ def test_long_run_memory_is_flat():
 
 
 class _EagerChat:
-    """The step loop without `mx.compile` or the token ring: the temporal transformer and the
+    """The step loop without `mx.compile` or the delayed tokens: the temporal transformer and the
     depformer stepped eagerly, the delays kept in numpy on the host."""
 
     def __init__(self, lm: Lm, sampling: tuple[Sampling, Sampling], seed: int):

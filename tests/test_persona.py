@@ -29,8 +29,8 @@ from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.runtime.delayed_tokens import delayed_tokens_width
 from moshi_mlx.runtime.sampling import GREEDY
-from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.testing.checkpoints import load_lm
 
 
@@ -60,7 +60,7 @@ def test_schedule_feeds_voice_silence_role_silence_and_leaves_the_acoustic_silen
     voice = _voice(5).codes
     frames = prompt_frames(voice, [7, 8, 9])
     assert len(frames) == 5 + 2 * SILENCE_FRAMES + 3
-    plan = plan_prompt(cfg, frames, token_ring_width(cfg))
+    plan = plan_prompt(cfg, frames, delayed_tokens_width(cfg))
     assert plan.runs == len(frames) - 1 == len(plan.inputs)
     # Run r reads column r: the voice's semantic code of frame r (frame 0 is overwritten by
     # the initial tokens), text padding, the user's sine.
@@ -70,7 +70,7 @@ def test_schedule_feeds_voice_silence_role_silence_and_leaves_the_acoustic_silen
     role_run = 5 + SILENCE_FRAMES
     assert list(plan.inputs[role_run : role_run + 3, 0]) == [7, 8, 9]
     # The conversation's first target column: Moshi's acoustic codebooks given (silence).
-    width = token_ring_width(cfg)
+    width = delayed_tokens_width(cfg)
     target = (plan.runs + 1) % width
     assert not plan.given[:2, target].any() and plan.given[2:, target].all()
     assert list(plan.columns[2:9, target]) == list(SILENCE_TOKENS[1:])
@@ -82,7 +82,7 @@ def test_prefill_leaves_the_ring_as_step_by_step_replay(bits):
     lm = _lm(config)
     quant = None if bits is None else KVQuantization.of(bits, 32)
     cfg = lm.cfg
-    plan = plan_prompt(cfg, prompt_frames(_voice(12).codes, [5, 6]), token_ring_width(cfg))
+    plan = plan_prompt(cfg, prompt_frames(_voice(12).codes, [5, 6]), delayed_tokens_width(cfg))
     inputs = mx.array(plan.inputs, mx.int32)
     prefilled = lm.prefill(lm.embed(inputs.T[None]), lm.make_ring(quantization=quant))
     ring = lm.make_ring(quantization=quant)

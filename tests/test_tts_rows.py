@@ -67,7 +67,7 @@ def _assert_same_stream(batched: list, alone: list) -> None:
 
 def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
     """Stream 0 starts at step 0, stream 1 at step 5 in the next row, and stream 2 takes
-    stream 0's row (its history masked, its token ring and Mimi state fresh) when stream 0
+    stream 0's row (its history masked, its delayed tokens and Mimi state fresh) when stream 0
     leaves; every stream's tokens and audio are those of its run alone."""
     requests = _requests()
     alone = [_alone(model, request) for request in requests]

@@ -17,8 +17,8 @@ Moshi's codebooks: PersonaPlex's slices for the user's codebooks would be sample
 away (the user's stream is always given), and come after Moshi's, so they change nothing.
 
 The step (`ChatStepFunction.step`, run by `ChatStepper` on `moshi_mlx.runtime.stepper`) is a
-pure function, `StepState` and the user's codes in, `StepOutput` out: the token ring with its
-delays (`runtime.token_ring`), the temporal transformer over its `KVRing`, the text and audio
+pure function, `StepState` and the user's codes in, `StepOutput` out: the delayed tokens with their
+delays (`runtime.delayed_tokens`), the temporal transformer over its `KVRing`, the text and audio
 sampling and the depformer's 8 slices. Nothing in a step waits for the device:
 `ChatStepper.step` returns lazy arrays with their evaluation queued, and the caller reads them
 with one evaluation per frame, with whatever it computes from them.
@@ -45,11 +45,11 @@ from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.runtime.delayed_tokens import DelayedTokens
 from moshi_mlx.runtime.model_cache import ModelCache
 from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
-from moshi_mlx.runtime.token_ring import TokenRing
 
 # Kyutai's Moshi defaults (its LMGen): audio sampled hotter than text.
 TEXT_SAMPLING = Sampling(temp=0.7, top_k=25)
@@ -62,7 +62,7 @@ class GenState:
     """Where a conversation stands, as arrays: a fresh one (`ChatStepper.reset`), or a
     prompt's (`moshi_mlx.chat.persona`), which every conversation of that prompt starts from.
 
-    tokens (K, width) int32: the token ring, column t % width for step t's inputs;
+    tokens (K, width) int32: the delayed tokens, column t % width for step t's inputs;
     given (1 + moshi_codebooks, width) bool: the text and Moshi tokens ahead that are given,
     not sampled; ring: the temporal transformer's `KVRing`; step_index: the next step.
     MLX arrays are immutable: several conversations can start from one state.
@@ -157,16 +157,16 @@ class ChatStepFunction(StepFunction):
     def step(
         self, state: StepState, user_codes: mx.array, condition: mx.array | None = None
     ) -> StepOutput:
-        """One step, arrays in, arrays out: the state (token ring and its given marks, random
+        """One step, arrays in, arrays out: the state (delayed tokens and their given marks, random
         key, temporal `KVRing`) and the user's codes (num_user_codebooks,) (and a conditioned
         model's condition (B, dim), B = 2 with guidance) -> the next state, the text token,
         Moshi's codes (valid once the delays are filled), the step's inputs and sampled
         tokens (and a conditioned model's text and audio logits)."""
-        cfg, ring, t = self.lm.cfg, self.token_ring, state.position
+        cfg, delayed, t = self.lm.cfg, self.delayed_tokens, state.position
         moshi_rows = slice(0, 1 + cfg.moshi_codebooks)  # the text, then Moshi's codebooks
         user_rows = slice(moshi_rows.stop, None)
-        tokens = ring.write_delayed(state.tokens, t + cfg.user_input_lag, user_codes, user_rows)
-        inputs = ring.inputs(tokens, t)
+        tokens = delayed.write_delayed(state.tokens, t + cfg.user_input_lag, user_codes, user_rows)
+        inputs = delayed.inputs(tokens, t)
 
         kv = self.kv_ring(state)
         batch_inputs = inputs[None, :, None]
@@ -183,16 +183,16 @@ class ChatStepFunction(StepFunction):
                 temporal_out,
                 text_logits,
                 key,
-                ring.column(tokens, t + 1, moshi_rows),
-                ring.column(given, t + 1),
+                delayed.column(tokens, t + 1, moshi_rows),
+                delayed.column(given, t + 1),
             )
             # The input column's marks are spent; it is written again `width` steps later.
-            given = mx.where(mx.arange(ring.width) == t % ring.width, False, given)
+            given = mx.where(mx.arange(delayed.width) == t % delayed.width, False, given)
         else:
             generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
-        tokens = ring.write_column(tokens, t + 1, generated, moshi_rows)
-        moshi_codes = ring.frame_out(tokens, t, slice(1, moshi_rows.stop))
+        tokens = delayed.write_column(tokens, t + 1, generated, moshi_rows)
+        moshi_codes = delayed.frame_out(tokens, t, slice(1, moshi_rows.stop))
         next_state = StepState.of(tokens, key, kv.advanced(), given)
         return StepOutput(
             next_state, generated[0], moshi_codes, inputs, generated, guided_text, guided_audio
@@ -202,10 +202,10 @@ class ChatStepFunction(StepFunction):
 def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: int = 1) -> GenState:
     """The state of a conversation that starts from nothing (Moshi's; `batch` 2: Hibiki's
     guided and null rows)."""
-    ring = TokenRing.of(lm.cfg)
+    delayed = DelayedTokens.of(lm.cfg)
     return GenState(
-        tokens=ring.empty(),
-        given=mx.zeros((1 + lm.cfg.moshi_codebooks, ring.width), mx.bool_),
+        tokens=delayed.empty(),
+        given=mx.zeros((1 + lm.cfg.moshi_codebooks, delayed.width), mx.bool_),
         ring=lm.make_ring(batch, kv_quantization),
         step_index=0,
     )

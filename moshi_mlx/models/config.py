@@ -414,7 +414,7 @@ class LmConfig:
     @property
     def user_input_lag(self) -> int:
         """Steps a user frame waits beyond its stream's delay: NVIDIA's generator writes each
-        frame one step further ahead than Kyutai's (its first call only fills the token ring)."""
+        frame one step further ahead than Kyutai's (its first call only fills the delayed tokens)."""
         return 1 if self.generator == "personaplex" else 0
 
     @property

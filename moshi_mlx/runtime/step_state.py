@@ -21,7 +21,7 @@ from moshi_mlx.modules.kv_quant import KVQuantization
 class StepState(NamedTuple):
     """A stepper's state between two frames, as arrays.
 
-    tokens (..., K, width) int32: the token ring (`moshi_mlx.runtime.token_ring`);
+    tokens (..., K, width) int32: the delayed tokens (`moshi_mlx.runtime.delayed_tokens`);
     key: the random key of the next step's sampling;
     keys, values: the temporal `KVRing`'s buffers, one per layer;
     position () int32: the next step's index, the ring's next position;
@@ -43,7 +43,7 @@ class StepState(NamedTuple):
     def of(
         cls, tokens: mx.array, key: mx.array, ring: KVRing, given: mx.array | None = None
     ) -> StepState:
-        """The state of a token ring, a random key and a `KVRing`."""
+        """The state of a delayed-token buffer, a random key and a `KVRing`."""
         return cls(tokens, key, ring.keys, ring.values, ring.position, given, ring.starts)
 
     def ring(self, context: int, quantization: KVQuantization | None = None) -> KVRing:

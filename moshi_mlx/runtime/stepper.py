@@ -22,9 +22,9 @@ from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import transpose_weights
+from moshi_mlx.runtime.delayed_tokens import UNGENERATED, DelayedTokens
 from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache, model_cache
 from moshi_mlx.runtime.step_state import StepOutput, StepState
-from moshi_mlx.runtime.token_ring import UNGENERATED, TokenRing
 
 Function = TypeVar("Function", bound="StepFunction")
 
@@ -37,7 +37,7 @@ class StepFunction:
     def __init__(self, lm: Lm, kv_quantization: KVQuantization | None = None):
         self.lm = lm
         self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
-        self.token_ring = TokenRing.of(lm.cfg)
+        self.delayed_tokens = DelayedTokens.of(lm.cfg)
         mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.compiled: Callable[..., StepOutput] = mx.compile(self.step)
 
@@ -94,7 +94,7 @@ class Stepper:
         self._state = self._state.with_ring(self.ring.grown(max(positions, 1) - 1))
 
     def start_row(self, row: int) -> None:
-        """Start a new stream in batch row `row` at the next step: its token ring emptied, the
+        """Start a new stream in batch row `row` at the next step: its delayed tokens emptied, the
         KV positions it wrote before forgotten (masked: `KVRing.with_row_started`)."""
         tokens = self._state.tokens
         rows = (mx.arange(tokens.shape[0]) == row).reshape(-1, *([1] * (tokens.ndim - 1)))

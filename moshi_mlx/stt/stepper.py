@@ -1,14 +1,14 @@
 """Batched steps of a model without a depformer (Kyutai's STT): audio codes in, text out.
 
 Step semantics follow Kyutai's PyTorch `LMGen` with `dep_q` 0: at step t the audio codes of
-every stream k are written `delays[k]` steps ahead in a token ring; the step feeds column t
+every stream k are written `delays[k]` steps ahead in a delayed-token buffer; the step feeds column t
 (each stream's start token while t <= its delay), samples the text token and writes it at
 t + 1; once t + 1 > max_delay it returns the text token `max_delay - delays[0]` steps back.
 All B streams of a batch step together, so one read of the weights serves them all; each
 stream's text and head probabilities are its own.
 
 The step (`SttStepFunction.step`, run by `SttStepper` on `moshi_mlx.runtime.stepper`) is a
-pure function, `StepState` (token ring, random key, KV ring) and the codes in, `StepOutput`
+pure function, `StepState` (delayed tokens, random key, KV ring) and the codes in, `StepOutput`
 out. `SttStepper.step` returns lazy arrays with their evaluation queued; the caller reads
 them. Rows whose streams started at different steps (`SttBatch`, `Stepper.start_row`) carry
 their start positions in the state: each row's own step decides its start tokens.
@@ -35,22 +35,24 @@ class SttStepFunction(StepFunction):
         self.text_sampling = text_sampling
 
     def step(self, state: StepState, codes: mx.array) -> StepOutput:
-        """The state (token ring (B, K, width), random key, KV ring) and the audio codes
+        """The state (delayed tokens (B, K, width), random key, KV ring) and the audio codes
         (B, n_q) -> the next state, the text tokens out (B,), the step's inputs (B, K), the
         text logits (B, text_card) and the heads' probabilities (B, heads, classes)."""
-        lm, cfg, ring, t = self.lm, self.lm.cfg, self.token_ring, state.position
-        tokens = ring.write_delayed(state.tokens, t, codes, slice(1, None))
+        lm, cfg, delayed, t = self.lm, self.lm.cfg, self.delayed_tokens, state.position
+        tokens = delayed.write_delayed(state.tokens, t, codes, slice(1, None))
         if state.starts is None:
-            inputs = ring.inputs(tokens, t)  # (B, K)
+            inputs = delayed.inputs(tokens, t)  # (B, K)
         else:  # each row's own step decides its start tokens
             steps = (t - state.starts)[:, None]
-            inputs = mx.where(steps <= ring.delays, ring.start_tokens, ring.column(tokens, t))
+            inputs = mx.where(
+                steps <= delayed.delays, delayed.start_tokens, delayed.column(tokens, t)
+            )
         kv = self.kv_ring(state)
         temporal_out, text_logits = lm.step_text(inputs[:, :, None], kv)
         key, text_key = mx.random.split(state.key)
         text = self.text_sampling.sample(text_logits, text_key)
-        tokens = ring.write_column(tokens, t + 1, text[:, None], slice(0, 1))
-        out = ring.frame_out(tokens, t, slice(0, 1))[:, 0]
+        tokens = delayed.write_column(tokens, t + 1, text[:, None], slice(0, 1))
+        out = delayed.frame_out(tokens, t, slice(0, 1))[:, 0]
         heads = (
             lm.head_probabilities(temporal_out)
             if cfg.extra_heads_num_heads
@@ -90,7 +92,7 @@ class SttStepper(Stepper):
         super().__init__(function, self._fresh(function))
 
     def _fresh(self, function: SttStepFunction) -> StepState:
-        tokens = function.token_ring.empty(self.batch)
+        tokens = function.delayed_tokens.empty(self.batch)
         return StepState.of(tokens, mx.random.key(self.seed), function.lm.make_ring(self.batch))
 
     def reset(self) -> None:

@@ -9,7 +9,7 @@
 
 Kyutai's server resets rows of one batch as requests come and go; so does this. The batch
 runs at one global position (the temporal `KVRing`'s), and each row remembers where its
-stream started (`KVRing.starts`): a row attends only to what it wrote since, its token ring
+stream started (`KVRing.starts`): a row attends only to what it wrote since, its delayed tokens
 row and Mimi state start empty, its voices and conditions are written into its row, and its
 text schedule counts its own steps. RoPE being relative, a stream's tokens and audio are
 those it gets alone, up to float rounding (greedy: the same tokens; tested).

@@ -1,7 +1,7 @@
 """The TTS's step on the device: a batch of streams, one 80 ms frame each per call.
 
 Step semantics follow Kyutai's PyTorch `LMGen` as `moshi.models.tts.TTSModel.generate` drives
-it. Every stream is generated (no input audio): the token ring feeds stream k its start token
+it. Every stream is generated (no input audio): the delayed tokens feed stream k its start token
 while step t <= delays[k], then what was written for step t. The temporal transformer reads
 the step's tokens, plus the summed conditions ("control", "cfg") and, by cross-attention, the
 voices. The text token is sampled, then replaced by what the text schedule says to feed
@@ -60,7 +60,7 @@ class TtsStepFunction(StepFunction):
         self.padding_bonus = padding_bonus
         self.n_q = lm.cfg.dep_q if n_q is None else n_q
         # Codebook k is -1 before this step.
-        self.audio_start = self.token_ring.delays[1:] + delay_steps
+        self.audio_start = self.delayed_tokens.delays[1:] + delay_steps
 
     def step(
         self,
@@ -71,19 +71,19 @@ class TtsStepFunction(StepFunction):
         otherwise: mx.array,
         depformer: bool = True,
     ) -> StepOutput:
-        """The state (token ring (B, K, width), random key, KV ring, the rows' starts), the
+        """The state (delayed tokens (B, K, width), random key, KV ring, the rows' starts), the
         conditions and the text tokens to feed per outcome (B,) -> the next state, the
         predicted text tokens (B,), the frame out (B, K) and the step's inputs (B, K)."""
-        cfg, ring, t = self.lm.cfg, self.token_ring, state.position
+        cfg, delayed, t = self.lm.cfg, self.delayed_tokens, state.position
         batch = state.tokens.shape[0]
         kv = self.kv_ring(state)
         if state.starts is None:
             steps = t
-            inputs = ring.inputs(state.tokens, t)  # (B, K)
+            inputs = delayed.inputs(state.tokens, t)  # (B, K)
         else:
             steps = (t - state.starts)[:, None]  # (B, 1): each row's own step
-            current = ring.column(state.tokens, t)
-            inputs = mx.where(steps <= ring.delays, ring.start_tokens, current)
+            current = delayed.column(state.tokens, t)
+            inputs = mx.where(steps <= delayed.delays, delayed.start_tokens, current)
         temporal_out, text_logits = self.lm.step_text(inputs[..., None], kv, condition, cross)
         key, text_key, audio_key = mx.random.split(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
@@ -113,8 +113,8 @@ class TtsStepFunction(StepFunction):
             audio = mx.full((batch, cfg.dep_q), ZERO_TOKEN, mx.int32)
         audio = mx.where(steps < self.audio_start, ZERO_TOKEN, audio)
         column = mx.concatenate([text[:, None], audio], axis=1)  # (B, K)
-        tokens = ring.write_column(state.tokens, t + 1, column)
-        frame = ring.frame_out(tokens, t)
+        tokens = delayed.write_column(state.tokens, t + 1, column)
+        frame = delayed.frame_out(tokens, t)
         return StepOutput(StepState.of(tokens, key, kv.advanced()), predicted, frame, inputs)
 
 
@@ -159,7 +159,7 @@ class TtsStepper(Stepper):
         )
         choice = (text_sampling, audio_sampling, padding_bonus, delay_steps, n_q)
         function = TtsStepFunction.shared(lm, step_cache, choice, STEP_FUNCTIONS_KEPT)
-        tokens = function.token_ring.empty(condition.shape[0])
+        tokens = function.delayed_tokens.empty(condition.shape[0])
         super().__init__(
             function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(tokens.shape[0]))
         )
@@ -198,15 +198,15 @@ class TtsStepper(Stepper):
     def _forced(
         self, tokens: mx.array, codes: np.ndarray, mask: np.ndarray
     ) -> tuple[mx.array, mx.array]:
-        """The frame out and the token ring of the step just taken with its audio tokens
+        """The frame out and the delayed tokens of the step just taken with its audio tokens
         replaced by `codes` where `mask` is set."""
-        ring, t = self.function.token_ring, self.step_index - 1
-        column = ring.column(tokens, mx.array(t + 1))
+        delayed, t = self.function.delayed_tokens, self.step_index - 1
+        column = delayed.column(tokens, mx.array(t + 1))
         audio = mx.where(mx.array(mask), mx.array(codes, mx.int32), column[:, 1:])
-        tokens = ring.write_column(
+        tokens = delayed.write_column(
             tokens, mx.array(t + 1), mx.concatenate([column[:, :1], audio], 1)
         )
-        return ring.frame_out(tokens, mx.array(t)), tokens
+        return delayed.frame_out(tokens, mx.array(t)), tokens
 
 
 __getattr__ = removed_names(

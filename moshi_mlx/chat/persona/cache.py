@@ -4,7 +4,7 @@ A state is saved as a safetensors file named by a key over everything it depends
 file's content (its size, header and samples of its data: reading 16 GB to hash them would
 cost more than the prompt), the codec's file, the voice file's bytes, the role's tokens, the
 LM config, the compute dtype and the KV cache's quantization, and this format's version. The
-arrays are the token ring, its given marks and the KV ring's `state` (trimmed to the prompt's
+arrays are the delayed tokens, their given marks and the KV ring's `state` (trimmed to the prompt's
 positions), saved generically with their `meta_state` (`modules.streaming`). Files are
 written atomically; the oldest are removed past `MAX_CACHED_PROMPTS`.
 """

@@ -19,13 +19,13 @@ from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.runtime.token_ring import token_ring_width
+from moshi_mlx.runtime.delayed_tokens import delayed_tokens_width
 
 
 @dataclass(frozen=True)
 class VoicePrompt:
     """A voice: its Mimi codes (frames, 8), or NVIDIA's saved form of one (`.pt`): the input
-    embeddings of its runs (frames - 1, dim) and the token ring after it (K, slots)."""
+    embeddings of its runs (frames - 1, dim) and the delayed tokens after it (K, slots)."""
 
     codes: np.ndarray | None = None
     embeddings: np.ndarray | None = None
@@ -58,14 +58,14 @@ def prompt_state(
         )
     if voice.codes is not None:
         voice_codes, restored = voice.codes, None
-    else:  # NVIDIA's replay feeds placeholder frames, then restores the saved token ring
+    else:  # NVIDIA's replay feeds placeholder frames, then restores the saved delayed tokens
         voice_codes = np.full((voice.frames, config.moshi_codebooks), config.card)
         restored = (voice.frames - 1, voice.ring)
     frames = prompt_frames(voice_codes, role_tokens)
     if voice.codes is None:  # the placeholder frames' user stream, like their Moshi stream
         user = np.full(config.num_user_codebooks, config.card)
         frames[: voice.frames] = [(text, moshi, user) for text, moshi, _ in frames[: voice.frames]]
-    width = token_ring_width(config)
+    width = delayed_tokens_width(config)
     plan = plan_prompt(config, frames, width, restored)
     embeddings = lm.embed(mx.array(plan.inputs.T[None], mx.int32))  # (1, runs, dim)
     if voice.embeddings is not None:

@@ -34,7 +34,7 @@ class PromptPlan:
     """What the prompt feeds the model and leaves behind.
 
     inputs (runs, K): each model run's input column; columns (K, width) and given
-    (1 + moshi_codebooks, width): the conversation's token ring and its given marks, ring
+    (1 + moshi_codebooks, width): the conversation's delayed tokens and their given marks, ring
     column c % width for absolute column c; runs: the steps the prompt takes (the
     conversation's first step index).
     """
@@ -65,7 +65,7 @@ def plan_prompt(
     restored: tuple[int, np.ndarray] | None = None,
 ) -> PromptPlan:
     """Replay NVIDIA's column writes for `frames` (`prompt_frames`). `restored` (after frame
-    index, its (K, slots) token ring) overwrites the columns of a voice saved as
+    index, its (K, slots) delayed tokens) overwrites the columns of a voice saved as
     embeddings, as NVIDIA's `load_voice_prompt_embeddings` replay does."""
     delays = np.array(config.delays)
     initial = np.array(config.start_tokens)

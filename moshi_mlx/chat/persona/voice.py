@@ -5,7 +5,7 @@
 - A recording (`.wav`, `.flac`, ...): any rate and channel count, up to `MAX_VOICE_SECONDS`,
   mixed to mono, resampled to 24 kHz and normalized to -24 LUFS as NVIDIA's code does, then
   encoded with Mimi frame by frame (a fresh stream, zero-padded last frame).
-- NVIDIA's `.pt` (a voice's input embeddings and token ring, saved by its generator): read by
+- NVIDIA's `.pt` (a voice's input embeddings and delayed tokens, saved by its generator): read by
   `checkpoints.torch_zip`, which rebuilds tensors and nothing else, so a stranger's file
   cannot run code.
 """
@@ -187,14 +187,14 @@ def _read_saved_voice(path: Path, config: LmConfig) -> VoicePrompt:
             f"{path}: voice embeddings of shape {embeddings.shape}; this model needs "
             f"(frames, 1, 1, {config.dim})"
         )
-    slots = config.max_delay + 3  # NVIDIA's token ring
+    slots = config.max_delay + 3  # NVIDIA's delayed tokens
     if ring.shape != (1, config.num_codebooks, slots) or not np.issubdtype(ring.dtype, np.integer):
         raise WeightsError(
-            f"{path}: voice token ring of shape {ring.shape}; this model needs "
+            f"{path}: voice's delayed tokens of shape {ring.shape}; this model needs "
             f"(1, {config.num_codebooks}, {slots}) integers"
         )
     if ring.min() < -2 or ring[0, 1:].max() > config.card or ring[0, 0].max() > config.text_card:
-        raise WeightsError(f"{path}: voice token ring holds tokens outside the model's range")
+        raise WeightsError(f"{path}: voice's delayed tokens hold tokens outside the model's range")
     if len(embeddings) < 1 or not np.isfinite(embeddings).all():
         raise WeightsError(f"{path}: voice embeddings are empty or not finite")
     return VoicePrompt(embeddings=embeddings[:, 0, 0], ring=ring[0])

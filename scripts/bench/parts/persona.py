@@ -23,8 +23,8 @@ from moshi_mlx.chat.persona.cache import load_state, prompt_key, save_state
 from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.models.lm import Lm, LmConfig
+from moshi_mlx.runtime.delayed_tokens import delayed_tokens_width
 from moshi_mlx.runtime.model_cache import ModelCache
-from moshi_mlx.runtime.token_ring import token_ring_width
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
@@ -57,7 +57,7 @@ def persona_prompt(cfg: LmConfig, runs: int, seed: int) -> tuple[VoicePrompt, li
     """A prompt of `runs` steps shaped as PersonaPlex's: a voice of random Mimi codes, 0.5 s
     of silence, about one role token per 15 frames, 0.5 s of silence (for 300 runs: a voice
     of 270 frames and 19 role tokens)."""
-    free = runs + 1 - 2 * SILENCE_FRAMES  # the prompt's first frame only fills the token ring
+    free = runs + 1 - 2 * SILENCE_FRAMES  # the prompt's first frame only fills the delayed tokens
     if free < 1:
         raise ValueError(f"a prompt takes at least {2 * SILENCE_FRAMES} runs")
     role = free // 15
@@ -86,7 +86,7 @@ def _timed_prompt_state(
         state = _evaluated(prompt_state(lm, voice, role))
         return time.perf_counter() - started, state
     cfg = lm.cfg
-    plan = plan_prompt(cfg, prompt_frames(voice.codes, role), token_ring_width(cfg))
+    plan = plan_prompt(cfg, prompt_frames(voice.codes, role), delayed_tokens_width(cfg))
     embeddings = lm.embed(mx.array(plan.inputs[:prefilled].T[None], mx.int32))
     ring = lm.prefill(embeddings, lm.make_ring())
     mx.eval(ring.keys, ring.values, ring.position)
@@ -202,7 +202,7 @@ def bench_persona(
     fresh_memory()
     cfg = lm.cfg
     voice, role = persona_prompt(cfg, prompt_steps, seed)
-    inputs = plan_prompt(cfg, prompt_frames(voice.codes, role), token_ring_width(cfg)).inputs
+    inputs = plan_prompt(cfg, prompt_frames(voice.codes, role), delayed_tokens_width(cfg)).inputs
     runs = len(inputs)
 
     # Prompt phase: one batched prefill, and the step-by-step replay it replaces.

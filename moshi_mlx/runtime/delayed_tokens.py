@@ -1,4 +1,4 @@
-"""The token ring every step shares: a (..., K, width) int32 buffer of the tokens each stream
+"""The delayed tokens every step shares: a (..., K, width) int32 buffer of the tokens each stream
 is fed, written ahead by each stream's delay and read one column per step.
 
 Step t feeds column t % width, each stream k its start token while t <= delays[k]. A token of
@@ -19,15 +19,15 @@ from moshi_mlx.models.config import LmConfig
 UNGENERATED = -2  # a token slot not written yet
 
 
-def token_ring_width(cfg: LmConfig) -> int:
-    """Columns of a generator's token ring: from the oldest column a step reads (its output,
+def delayed_tokens_width(cfg: LmConfig) -> int:
+    """Columns of a generator's delayed tokens: from the oldest column a step reads (its output,
     `max_delay` back) to the furthest it writes (a user frame, lag and delay ahead)."""
     return cfg.max_delay + 2 + cfg.user_input_lag
 
 
 @dataclass(frozen=True)
-class TokenRing:
-    """A model's streams over a token ring: their delays, start tokens and the ring's width.
+class DelayedTokens:
+    """A model's streams over a delayed-token buffer: their delays, start tokens and the buffer's width.
     Its methods are lazy array functions, for compiled steps; `step` is a () int32 array."""
 
     delays: mx.array  # (K,) int32
@@ -36,17 +36,17 @@ class TokenRing:
     width: int
 
     @classmethod
-    def of(cls, cfg: LmConfig) -> TokenRing:
-        """The ring of `cfg`'s streams, `token_ring_width(cfg)` columns wide."""
+    def of(cls, cfg: LmConfig) -> DelayedTokens:
+        """The delayed tokens of `cfg`'s streams, `delayed_tokens_width(cfg)` columns wide."""
         return cls(
             delays=mx.array(cfg.delays, mx.int32),
             start_tokens=mx.array(cfg.start_tokens, mx.int32),
             max_delay=cfg.max_delay,
-            width=token_ring_width(cfg),
+            width=delayed_tokens_width(cfg),
         )
 
     def empty(self, *batch: int) -> mx.array:
-        """A ring (*batch, K, width) with nothing written."""
+        """A buffer (*batch, K, width) with nothing written."""
         return mx.full((*batch, self.delays.shape[0], self.width), UNGENERATED, mx.int32)
 
     def inputs(self, tokens: mx.array, step: mx.array) -> mx.array:

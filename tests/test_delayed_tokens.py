@@ -1,4 +1,4 @@
-"""The token ring the three steppers share, and the cache of what they compile per model."""
+"""The delayed tokens the three steppers share, and the cache of what they compile per model."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import pytest
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import LmConfig
+from moshi_mlx.runtime.delayed_tokens import UNGENERATED, DelayedTokens, delayed_tokens_width
 from moshi_mlx.runtime.model_cache import ModelCache, model_cache
-from moshi_mlx.runtime.token_ring import UNGENERATED, TokenRing, token_ring_width
 
 
 def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
     """Frame f's token of stream k, written at its delay, is fed at step f + delays[k] (the
     start token before); after step t, `frame_out` reads frame t + 1 - max_delay whole."""
     cfg = LmConfig.tiny()
-    ring, delays = TokenRing.of(cfg), np.array(cfg.delays)
-    assert ring.width == token_ring_width(cfg)
+    ring, delays = DelayedTokens.of(cfg), np.array(cfg.delays)
+    assert ring.width == delayed_tokens_width(cfg)
     streams = len(delays)
     tokens = ring.empty(2)  # a batch of two rows of streams
     assert tokens.shape == (2, streams, ring.width) and (np.array(tokens) == UNGENERATED).all()
@@ -39,7 +39,7 @@ def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
 
 def test_column_writes_touch_only_their_rows():
     cfg = LmConfig.tiny()
-    ring = TokenRing.of(cfg)
+    ring = DelayedTokens.of(cfg)
     tokens = ring.empty()
     step = mx.array(5, mx.int32)
     tokens = ring.write_column(tokens, step, mx.array([7, 8]), slice(1, 3))

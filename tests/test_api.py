@@ -75,9 +75,9 @@ def test_warm_up_compiles_the_step_and_changes_no_conversation(files):
     audio = _user_audio(4)
     with model.conversation(*sampling, seed=11) as conv:
         cold = _talk(conv, audio)
-    model.step_cache.clear()  # forget the compiled steps
+    model.compiled_steps.clear()  # forget the compiled steps
     model.warm_up(*sampling)
-    assert model.step_cache.choices() == [(*sampling, None, 1.0)]
+    assert model.compiled_steps.choices() == [(*sampling, None, 1.0)]
     with model.conversation(*sampling, seed=11) as conv:
         warm = _talk(conv, audio)
     np.testing.assert_allclose(cold[0], warm[0], atol=1e-6)

@@ -9,7 +9,7 @@ import pytest
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.delayed_tokens import UNGENERATED, DelayedTokens, delayed_tokens_width
-from moshi_mlx.runtime.model_cache import ModelCache, model_cache
+from moshi_mlx.runtime.model_memo import ModelMemo, model_memo
 
 
 def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
@@ -50,13 +50,13 @@ def test_column_writes_touch_only_their_rows():
     np.testing.assert_array_equal(ring.column(tokens, step, slice(0, 3)), [UNGENERATED, 7, 8])
 
 
-def test_a_model_cache_keeps_its_latest_choices_for_its_model_only():
+def test_a_model_memo_keeps_its_latest_choices_for_its_model_only():
     model, made = object(), []
-    cache: ModelCache[str] = ModelCache(model, size=2)
+    cache: ModelMemo[str] = ModelMemo(model, size=2)
     for choice in ("a", "b", "a", "c"):
         cache.get(choice, lambda choice=choice: made.append(choice) or choice.upper())
     assert made == ["a", "b", "c"] and cache.choices() == ["a", "c"]
-    assert model_cache(model, cache) is cache
-    assert model_cache(model, None).choices() == []
+    assert model_memo(model, cache) is cache
+    assert model_memo(model, None).choices() == []
     with pytest.raises(MoshiError, match="another model"):
-        model_cache(object(), cache)
+        model_memo(object(), cache)

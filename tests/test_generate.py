@@ -10,7 +10,7 @@ from moshi_mlx.chat.generate import AUDIO_SAMPLING, TEXT_SAMPLING, ChatStepFunct
 from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache
+from moshi_mlx.runtime.model_memo import MAX_STEP_FUNCTIONS, ModelMemo
 from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise
 from moshi_mlx.testing.checkpoints import load_lm
 
@@ -106,11 +106,11 @@ def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
     """Each sampling gets its compiled step once; a model keeps only the most recently used
     ones, so clients choosing ever new temperatures do not grow it without bound."""
     samplings = [Sampling(0.5 + k / 100, 25) for k in range(MAX_STEP_FUNCTIONS + 2)]
-    cache = ModelCache(tiny_lm)
+    cache = ModelMemo(tiny_lm)
     choice = (samplings[0], AUDIO_SAMPLING, None, 1.0)
     first = ChatStepFunction.shared(tiny_lm, cache, choice)
     assert ChatStepFunction.shared(tiny_lm, cache, choice) is first
-    generators = [ChatStepper(tiny_lm, s, seed=0, step_cache=cache) for s in samplings]
+    generators = [ChatStepper(tiny_lm, s, seed=0, compiled_steps=cache) for s in samplings]
     kept = samplings[-MAX_STEP_FUNCTIONS:]
     assert cache.choices() == [(s, AUDIO_SAMPLING, None, 1.0) for s in kept]
     step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
@@ -210,8 +210,8 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
     traces = []
     real_step_text = Lm.step_text  # runs only when the compiled step is traced
     monkeypatch.setattr(Lm, "step_text", lambda *a: traces.append(1) or real_step_text(*a))
-    cache = ModelCache(lm)
-    compiled = ChatStepper(lm, *sampling, seed=11, step_cache=cache)
+    cache = ModelMemo(lm)
+    compiled = ChatStepper(lm, *sampling, seed=11, compiled_steps=cache)
     texts = set()
     for t, codes in enumerate(user):
         text, moshi_codes = eager.step(codes)
@@ -227,5 +227,5 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
     assert len(texts) > 5  # a stream worth comparing
     assert len(traces) == 2  # the 64-slot and 100-slot buckets
     assert compiled.ring.capacity == cfg.context
-    again = ChatStepper(lm, *sampling, seed=11, step_cache=cache)  # a new one reuses the traces
+    again = ChatStepper(lm, *sampling, seed=11, compiled_steps=cache)  # a new one reuses the traces
     assert again.step(user[0]).text.item() == eager_first_text and len(traces) == 2

@@ -156,7 +156,7 @@ class _ScriptedStepper:
     """An `SttStepper` that writes `script`'s tokens (then padding), the same in every
     stream, with head probabilities of zero."""
 
-    def __init__(self, lm, batch=1, text_sampling=None, step_cache=None, *, script: list[int]):
+    def __init__(self, lm, batch=1, text_sampling=None, compiled_steps=None, *, script: list[int]):
         self.batch, self.step_index, self.script = batch, 0, script
 
     @property

@@ -78,7 +78,7 @@ def test_the_warm_up_compiles_the_servers_sampling(files):
     service = running.service
     try:
         assert service.ready.wait(120) and service.error is None, service.error
-        compiled = service.model.step_cache.choices()
+        compiled = service.model.compiled_steps.choices()
         assert compiled == [(*sampling, None, 1.0)]  # no KV quantization, no guidance
     finally:
         running.close()

@@ -46,7 +46,7 @@ from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.delayed_tokens import DelayedTokens
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
@@ -76,7 +76,7 @@ class GenState:
 
 class ChatStepFunction(StepFunction):
     """The chat's step for one model, sampling of the text and the audio, KV layout and
-    guidance (`cfg_coef`), shared by every `ChatStepper` given the same `ModelCache`."""
+    guidance (`cfg_coef`), shared by every `ChatStepper` given the same `ModelMemo`."""
 
     def __init__(
         self,
@@ -228,7 +228,7 @@ class ChatStepper(Stepper):
             as Kyutai's PyTorch `LMGen`. (Kyutai's MLX `LmGen` gives both rows the same
             condition, so its guidance changes nothing.)
         condition: a conditioned model's condition (default: "very_good").
-        step_cache: the model's `ModelCache` of compiled steps, shared with the other
+        compiled_steps: the model's `ModelMemo` of compiled steps, shared with the other
             steppers given it (None: this stepper compiles its own).
     """
 
@@ -242,7 +242,7 @@ class ChatStepper(Stepper):
         start: GenState | None = None,
         cfg_coef: float | None = None,
         condition: Mapping[str, str] | None = None,
-        step_cache: ModelCache[ChatStepFunction] | None = None,
+        compiled_steps: ModelMemo[ChatStepFunction] | None = None,
     ):
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         if start is not None and start.ring.quantization != kv_quantization:
@@ -256,7 +256,7 @@ class ChatStepper(Stepper):
             kv_quantization,
             self.cfg_coef,
         )
-        function = ChatStepFunction.shared(lm, step_cache, choice)
+        function = ChatStepFunction.shared(lm, compiled_steps, choice)
         super().__init__(function, *self._fresh(function))
 
     def _fresh(self, function: ChatStepFunction) -> tuple[StepState, int]:
@@ -337,7 +337,7 @@ __getattr__ = removed_names(
         "LmGenStep": "LmGenStep is now StepOutput (moshi_mlx.runtime.step_state), what "
         "ChatStepper.step returns",
         "StepFunctions": "StepFunctions is now ChatStepFunction (moshi_mlx.chat.generate)",
-        "step_functions": "step_functions(lm, ...) is now ChatStepFunction.shared(lm, cache, "
+        "step_functions": "step_functions(lm, ...) is now ChatStepFunction.shared(lm, memo, "
         "choice) (moshi_mlx.chat.generate)",
         "teacher_forced_logits": "teacher_forced_logits is now in moshi_mlx.chat.teacher_forcing",
     },

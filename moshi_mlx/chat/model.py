@@ -36,7 +36,7 @@ from moshi_mlx.runtime.loading import (
     load_parts,
 )
 from moshi_mlx.runtime.memory_plan import MemoryPlan
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.step_state import StepOutput
 from moshi_mlx.runtime.tokenizer import TextDecoder
@@ -92,7 +92,7 @@ class MoshiModel:
         `moshi_mlx.runtime.loading.load_parts` loaded)."""
         self.lm = lm
         # The compiled steps its conversations share, per sampling, KV layout and guidance.
-        self.step_cache: ModelCache[ChatStepFunction] = ModelCache(lm)
+        self.compiled_steps: ModelMemo[ChatStepFunction] = ModelMemo(lm)
         self.memory = memory  # the plan it was loaded under
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
         self.files = files
@@ -174,7 +174,7 @@ class MoshiModel:
             self.kv_quantization,
             start,
             cfg_coef,
-            step_cache=self.step_cache,
+            compiled_steps=self.compiled_steps,
         )
         return Conversation(self, self._codec.fresh(), generator, echo_canceller)
 
@@ -204,7 +204,7 @@ class MoshiModel:
             0,
             self.kv_quantization,
             cfg_coef=cfg_coef,
-            step_cache=self.step_cache,
+            compiled_steps=self.compiled_steps,
         )
         with Conversation(self, self._codec.fresh(), generator) as conversation:
             for _ in range(WARMUP_STEPS):

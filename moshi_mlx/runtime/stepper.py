@@ -4,7 +4,7 @@ A product (chat, STT, TTS) writes one pure function, `StepFunction.step(state, *
 StepOutput` (`moshi_mlx.runtime.step_state`): arrays in, arrays out, nothing waited for. The
 `StepFunction` compiles it (one trace per KV capacity bucket and variant, not per step) after
 `transpose_weights`, and is made once per model and choice (sampling, KV layout...) and
-kept in the model's `ModelCache`, so a warm-up's traces serve later streams. A `Stepper`
+kept in the model's `ModelMemo`, so a warm-up's traces serve later streams. A `Stepper`
 owns one stream's (or batch's) `StepState` and step index: before each step it grows the KV
 ring to the step's bucket, then runs the compiled step, keeps the next state, queues the
 outputs' evaluation (`mx.async_eval`) and hands them back without the state.
@@ -23,7 +23,7 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.runtime.delayed_tokens import UNGENERATED, DelayedTokens
-from moshi_mlx.runtime.model_cache import MAX_STEP_FUNCTIONS, ModelCache, model_cache
+from moshi_mlx.runtime.model_memo import MAX_STEP_FUNCTIONS, ModelMemo, model_memo
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 
 Function = TypeVar("Function", bound="StepFunction")
@@ -32,7 +32,7 @@ Function = TypeVar("Function", bound="StepFunction")
 class StepFunction:
     """A model's pure step for one choice (sampling, KV layout, ...), and `compiled`, the
     same through `mx.compile`. Subclasses take the model, then their choice, and write
-    `step`; `shared` finds or makes the one of a model's `ModelCache`."""
+    `step`; `shared` finds or makes the one of a model's `ModelMemo`."""
 
     def __init__(self, lm: Lm, kv_quantization: KVQuantization | None = None):
         self.lm = lm
@@ -45,13 +45,13 @@ class StepFunction:
     def shared(
         cls,
         lm: Lm,
-        cache: ModelCache | None,
+        memo: ModelMemo | None,
         choice: tuple[Hashable, ...],
         size: int | None = MAX_STEP_FUNCTIONS,
     ) -> Self:
         """The step of `lm` and `choice` (the constructor's arguments after the model) that
-        `cache` (`lm`'s; None: a fresh one of `size`) keeps, else made and kept there."""
-        return model_cache(lm, cache, size).get(choice, lambda: cls(lm, *choice))
+        `memo` (`lm`'s; None: a fresh one of `size`) keeps, else made and kept there."""
+        return model_memo(lm, memo, size).get(choice, lambda: cls(lm, *choice))
 
     def step(self, state: StepState, *inputs: mx.array, **variant: object) -> StepOutput:
         """The state and the step's inputs -> the next state and the step's tokens, lazily.

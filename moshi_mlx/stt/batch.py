@@ -78,7 +78,9 @@ class SttBatch:
         self._busy: BatchRows[_SttRow] = BatchRows(rows)
         self.model = model
         self.rows = rows
-        self._stepper = SttStepper(model.lm, rows, text_sampling, step_cache=model.step_cache)
+        self._stepper = SttStepper(
+            model.lm, rows, text_sampling, compiled_steps=model.compiled_steps
+        )
         timing = model.lm.cfg.stt_config
         seconds = timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
         self.flush_steps = int(np.ceil(seconds / FRAME_SECONDS))  # as `SpeechToText`'s

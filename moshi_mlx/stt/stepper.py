@@ -21,7 +21,7 @@ import numpy as np
 
 from moshi_mlx.errors import MoshiError, removed_names
 from moshi_mlx.models.lm import Lm
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import GREEDY, Sampling
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
@@ -72,7 +72,7 @@ class SttStepper(Stepper):
         batch: the streams stepped together.
         text_sampling: how the text is drawn (default greedy, as Kyutai's STT).
         seed: the random stream's seed.
-        step_cache: the model's `ModelCache` of compiled steps, shared with the other
+        compiled_steps: the model's `ModelMemo` of compiled steps, shared with the other
             steppers given it (None: this stepper compiles its own).
     """
 
@@ -82,13 +82,13 @@ class SttStepper(Stepper):
         batch: int = 1,
         text_sampling: Sampling | None = None,
         seed: int = 0,
-        step_cache: ModelCache[SttStepFunction] | None = None,
+        compiled_steps: ModelMemo[SttStepFunction] | None = None,
     ):
         if lm.cfg.dep_q:
             raise MoshiError("SttStepper runs models without a depformer (dep_q 0)")
         self.batch = batch
         self.seed = seed
-        function = SttStepFunction.shared(lm, step_cache, (text_sampling or GREEDY,))
+        function = SttStepFunction.shared(lm, compiled_steps, (text_sampling or GREEDY,))
         super().__init__(function, self._fresh(function))
 
     def _fresh(self, function: SttStepFunction) -> StepState:

@@ -34,7 +34,7 @@ from moshi_mlx.models.lm import Lm
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.tokenizer import TextDecoder
 from moshi_mlx.stt.events import EndOfTurn, SttEvent, SttStep
@@ -59,10 +59,10 @@ class SttModel:
     files: WeightFiles
     memory: MemoryPlan | None = None  # the plan it was loaded under
     # The compiled steps its transcriptions share, per sampling.
-    step_cache: ModelCache[SttStepFunction] = field(init=False, repr=False, compare=False)
+    compiled_steps: ModelMemo[SttStepFunction] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "step_cache", ModelCache(self.lm))
+        object.__setattr__(self, "compiled_steps", ModelMemo(self.lm))
 
     @classmethod
     def load(cls, hf_repo: str | None = None, **options: object) -> SttModel:
@@ -168,7 +168,9 @@ class SpeechToText:
         self.timing = cfg.stt_config
         # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
-        self._stepper = SttStepper(model.lm, streams, text_sampling, step_cache=model.step_cache)
+        self._stepper = SttStepper(
+            model.lm, streams, text_sampling, compiled_steps=model.compiled_steps
+        )
         self._encoder = model.codec.batch_encoder(streams)
         self._readers = [StreamReader(model) for _ in range(streams)]
         self._silence = np.zeros((streams, FRAME_SIZE), np.float32)

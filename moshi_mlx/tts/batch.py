@@ -141,7 +141,7 @@ class TtsBatch:
                 model.delay_steps,
                 *self._sampling,
                 self._seed,
-                step_cache=model.step_cache,
+                compiled_steps=model.compiled_steps,
                 n_q=model.n_q,
                 padding_bonus=self._padding_bonus,
             )

@@ -27,7 +27,7 @@ from moshi_mlx.errors import removed_names
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.transformer import CrossKV
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
@@ -129,7 +129,7 @@ class TtsStepper(Stepper):
         text_sampling, audio_sampling: how the text and the codebooks are drawn (default:
             Kyutai's, `TEXT_SAMPLING` and `AUDIO_SAMPLING`).
         seed: the random stream's seed.
-        step_cache: the model's `ModelCache` of compiled steps, shared with the other
+        compiled_steps: the model's `ModelMemo` of compiled steps, shared with the other
             steppers given it (None: this stepper compiles its own).
         n_q: the codebooks generated (the first n_q; the others stay -1; None: all).
         padding_bonus: added to the padding logit (> 0: slower speech).
@@ -146,7 +146,7 @@ class TtsStepper(Stepper):
         text_sampling: Sampling | None = None,
         audio_sampling: Sampling | None = None,
         seed: int = 0,
-        step_cache: ModelCache[TtsStepFunction] | None = None,
+        compiled_steps: ModelMemo[TtsStepFunction] | None = None,
         n_q: int | None = None,
         padding_bonus: float = 0.0,
     ):
@@ -158,7 +158,7 @@ class TtsStepper(Stepper):
             audio_sampling or AUDIO_SAMPLING,
         )
         choice = (text_sampling, audio_sampling, padding_bonus, delay_steps, n_q)
-        function = TtsStepFunction.shared(lm, step_cache, choice, STEP_FUNCTIONS_KEPT)
+        function = TtsStepFunction.shared(lm, compiled_steps, choice, STEP_FUNCTIONS_KEPT)
         tokens = function.delayed_tokens.empty(condition.shape[0])
         super().__init__(
             function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(tokens.shape[0]))

@@ -40,7 +40,7 @@ from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE, Codec
 from moshi_mlx.runtime.loading import LoadedParts, LoadOptions, load_parts
 from moshi_mlx.runtime.memory_plan import MemoryPlan
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.step_state import StepOutput
 from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
@@ -104,14 +104,14 @@ class TtsModel:
     n_q: int | None = None
     # The compiled steps its runs share, and the voices they spoke in lately, read and
     # projected (`VoiceCache`).
-    step_cache: ModelCache[TtsStepFunction] = field(init=False, repr=False, compare=False)
+    compiled_steps: ModelMemo[TtsStepFunction] = field(init=False, repr=False, compare=False)
     voice_cache: VoiceCache = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         dep_q = self.lm.cfg.dep_q
         if self.n_q is not None and not 1 <= self.n_q <= dep_q:
             raise TtsError(f"this model generates 1 to {dep_q} audio codebooks, not {self.n_q}")
-        object.__setattr__(self, "step_cache", ModelCache(self.lm, STEP_FUNCTIONS_KEPT))
+        object.__setattr__(self, "compiled_steps", ModelMemo(self.lm, STEP_FUNCTIONS_KEPT))
         object.__setattr__(self, "voice_cache", VoiceCache(self.lm, self.voice_repo))
 
     @property
@@ -369,7 +369,7 @@ class TtsRun:
             text_sampling,
             audio_sampling,
             self.seed,
-            step_cache=model.step_cache,
+            compiled_steps=model.compiled_steps,
             n_q=model.n_q,
             padding_bonus=padding_bonus,
         )

@@ -27,7 +27,7 @@ from moshi_mlx.checkpoints.online import cached, hub_down
 from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 from moshi_mlx.errors import TtsError, WeightsError, one_line
 from moshi_mlx.models.config import LmConfig
-from moshi_mlx.runtime.model_cache import ModelCache, model_cache
+from moshi_mlx.runtime.model_memo import ModelMemo, model_memo
 
 if TYPE_CHECKING:
     from moshi_mlx.models.lm import Lm
@@ -180,7 +180,7 @@ def speaker_condition(
 def voice_keys_values(
     lm: Lm,
     rows: Sequence[Sequence[mx.array]],
-    empty_voice_cache: ModelCache[list[CrossKV]] | None = None,
+    empty_voice_memo: ModelMemo[list[CrossKV]] | None = None,
     frames: int | None = None,
 ) -> list[CrossKV]:
     """Each temporal layer's cross-attention keys and values (B, H, MAX_SPEAKERS * frames,
@@ -189,7 +189,7 @@ def voice_keys_values(
 
     The slots no row fills hold the conditioner's learned padding at fixed positions, the same
     for every request: their keys and values are computed once per voice length and kept in
-    `empty_voice_cache` (the model's; None: computed for this call), and only the filled
+    `empty_voice_memo` (the model's; None: computed for this call), and only the filled
     slots' are computed per request (one voice: a fifth of the work, which on a CPU is most
     of the time to the first audio).
     """
@@ -205,7 +205,7 @@ def voice_keys_values(
         mx.eval(keys_values)
         return keys_values
 
-    padding = model_cache(lm, empty_voice_cache, size=None).get(total, empty_keys_values)
+    padding = model_memo(lm, empty_voice_memo, size=None).get(total, empty_keys_values)
     # Positions 0..filled-1 get the same position embedding in a shorter source.
     voiced = lm.cross_keys_values({VOICE_TENSOR: (tensor[:, :filled], mask[:, :filled])})
 
@@ -248,9 +248,9 @@ class VoiceCache:
     def __init__(self, lm: Lm, voice_repo: str = DEFAULT_VOICE_REPO, size: int = VOICES_KEPT):
         self.lm = lm
         self.voice_repo = voice_repo
-        self.embeddings: ModelCache[mx.array] = ModelCache(lm, size * MAX_SPEAKERS)
-        self.keys_values: ModelCache[list[CrossKV]] = ModelCache(lm, size)
-        self.empty_slots: ModelCache[list[CrossKV]] = ModelCache(lm, size=None)
+        self.embeddings: ModelMemo[mx.array] = ModelMemo(lm, size * MAX_SPEAKERS)
+        self.keys_values: ModelMemo[list[CrossKV]] = ModelMemo(lm, size)
+        self.empty_slots: ModelMemo[list[CrossKV]] = ModelMemo(lm, size=None)
 
     def clear(self) -> None:
         """Forget every voice (the empty slots' keys and values, the same for all, are kept)."""

@@ -24,7 +24,7 @@ from moshi_mlx.chat.persona.prompt import VoicePrompt, prompt_state
 from moshi_mlx.chat.persona.schedule import SILENCE_FRAMES, plan_prompt, prompt_frames
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.delayed_tokens import delayed_tokens_width
-from moshi_mlx.runtime.model_cache import ModelCache
+from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.testing.checkpoints import load_lm
 
 from ..part import Part
@@ -145,12 +145,12 @@ def _cached_starts(
     user_codes: np.ndarray,
     rounds: int,
     seed: int,
-    step_cache: ModelCache[ChatStepFunction],
+    compiled_steps: ModelMemo[ChatStepFunction],
 ) -> dict[str, Any]:
     """A conversation's start from `state`, up to its first step done: held in memory, or
     saved with `persona.cache.save_state` and read back with `load_state` (from the page
     cache: the file was just written), alternated `rounds` times; the step's traces are
-    `step_cache`'s, as a model's conversations share them."""
+    `compiled_steps`'s, as a model's conversations share them."""
     memory, disk, load = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder, key = Path(tmp), prompt_key(bench="persona", seed=seed)
@@ -159,12 +159,16 @@ def _cached_starts(
         save_s = time.perf_counter() - started
         for _ in range(rounds):
             started = time.perf_counter()
-            timed_step(ChatStepper(lm, seed=seed, start=state, step_cache=step_cache), user_codes)
+            timed_step(
+                ChatStepper(lm, seed=seed, start=state, compiled_steps=compiled_steps), user_codes
+            )
             memory.append(time.perf_counter() - started)
             started = time.perf_counter()
             loaded = _evaluated(load_state(folder, key))
             load.append(time.perf_counter() - started)
-            timed_step(ChatStepper(lm, seed=seed, start=loaded, step_cache=step_cache), user_codes)
+            timed_step(
+                ChatStepper(lm, seed=seed, start=loaded, compiled_steps=compiled_steps), user_codes
+            )
             disk.append(time.perf_counter() - started)
             del loaded
         state_mb = saved.stat().st_size / 1e6
@@ -219,9 +223,9 @@ def bench_persona(
 
     # Steps: PersonaPlex from the prompt, Moshi from the same KV ring and position.
     moshi_start = replace(fresh_state(moshi_lm), ring=state.ring, step_index=state.step_index)
-    step_cache = ModelCache(lm)  # shared with the cached starts, as a model's conversations
+    compiled_steps = ModelMemo(lm)  # shared with the cached starts, as a model's conversations
     gens = {
-        "personaplex": ChatStepper(lm, seed=seed, start=state, step_cache=step_cache),
+        "personaplex": ChatStepper(lm, seed=seed, start=state, compiled_steps=compiled_steps),
         "moshi": ChatStepper(moshi_lm, seed=seed, start=moshi_start),
     }
     user = user_codes(cfg.card, warmup + steps, seed)
@@ -234,7 +238,7 @@ def bench_persona(
         for name, gen in gens.items()
     }
     del gens
-    starts = _cached_starts(lm, state, user[0], rounds, seed, step_cache)
+    starts = _cached_starts(lm, state, user[0], rounds, seed, compiled_steps)
 
     scale = runs / (prefilled or runs)
     stats = {

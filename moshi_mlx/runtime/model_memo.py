@@ -1,6 +1,6 @@
 """What a model's steppers compute once and share: compiled steps, constant keys and values.
 
-A `ModelCache` belongs to one model and is held by whoever holds the model (the chat, STT and
+A `ModelMemo` belongs to one model and is held by whoever holds the model (the chat, STT and
 TTS model objects) and handed to the steppers they make; a stepper given none makes its own.
 """
 
@@ -19,7 +19,7 @@ Value = TypeVar("Value")
 MAX_STEP_FUNCTIONS = 4
 
 
-class ModelCache(Generic[Value]):
+class ModelMemo(Generic[Value]):
     """Values made from `model` by the choice they were made for, the `size` most recently
     used kept (None: all)."""
 
@@ -45,16 +45,16 @@ class ModelCache(Generic[Value]):
         self._values.clear()
 
     def check_model(self, model: object) -> None:
-        """`MoshiError` unless this cache is `model`'s."""
+        """`MoshiError` unless this memo is `model`'s."""
         if model is not self.model:
-            raise MoshiError("this step cache belongs to another model")
+            raise MoshiError("these compiled steps belong to another model")
 
 
-def model_cache(
-    model: object, cache: ModelCache[Value] | None, size: int | None = MAX_STEP_FUNCTIONS
-) -> ModelCache[Value]:
-    """`cache`, checked to be `model`'s, or a fresh one of `size` for `model`."""
-    if cache is None:
-        return ModelCache(model, size)
-    cache.check_model(model)
-    return cache
+def model_memo(
+    model: object, memo: ModelMemo[Value] | None, size: int | None = MAX_STEP_FUNCTIONS
+) -> ModelMemo[Value]:
+    """`memo`, checked to be `model`'s, or a fresh one of `size` for `model`."""
+    if memo is None:
+        return ModelMemo(model, size)
+    memo.check_model(model)
+    return memo

@@ -50,6 +50,7 @@ from moshi_mlx.cli.common import (
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.llm import DEFAULT_MAX_TOKENS, LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.runtime.sampling import GREEDY, Sampling
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.assistant.server import PAGE_PATH as ASSISTANT_PAGE
 from moshi_mlx.serve.chat.service import PAGE_DIR, ChatService, ChatSettings
@@ -121,9 +122,10 @@ WEB = Preset(
 STT = Preset(
     "stt --serve",
     "Kyutai's streaming STT websocket (/api/asr-streaming): `serve --stt` on port 8080 "
-    "(Kyutai's STT clients' default); --hf-repo and the weight flags name the STT model. "
-    "Every flag of `serve` works here.",
-    {"stt": DEFAULT_STT_REPO, "port": 8080},
+    "(Kyutai's STT clients' default); --hf-repo and the weight flags name the STT model, "
+    "--text-temp and --text-top-k its sampling (default greedy, as `stt`). Every flag of "
+    "`serve` works here.",
+    {"stt": DEFAULT_STT_REPO, "port": 8080, "text_temp": GREEDY.temp, "text_top_k": GREEDY.top_k},
     weights_of="stt",
 )
 
@@ -394,6 +396,8 @@ async def _serve(args: argparse.Namespace, preset: Preset) -> None:
         loopback_only=is_loopback(host),
         voice_repo=args.voice_repo,
     )
+    if preset.weights_of == "stt":
+        context.stt_sampling = Sampling(args.text_temp, args.text_top_k)
     try:
         await _load(args, preset, context)
         if args.moshi is not None:

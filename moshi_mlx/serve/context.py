@@ -17,6 +17,7 @@ from aiohttp import web
 
 from moshi_mlx.llm import LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.chat.service import ChatService
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
@@ -50,6 +51,7 @@ class ServeContext:
     # The STT streams' batch, `rows -> SttRows` (default: `SttBatch` of `stt`; tests give
     # a fake; with one, the STT route is mounted without `stt`).
     stt_rows: Callable[[int], object] | None = None
+    stt_sampling: Sampling | None = None  # the STT streams' text sampling (None: greedy)
     max_tts_streams: int = 2  # live TTS streams (the rows of each TTS batch)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
     voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one

@@ -85,7 +85,7 @@ def add_routes(app: web.Application, context: ServeContext) -> SttWorker:
         loopback_only=context.loopback_only,
         limits=context.limits,
     )
-    rows = context.stt_rows or (lambda count: SttBatch(model, count))
+    rows = context.stt_rows or (lambda count: SttBatch(model, count, context.stt_sampling))
     worker = SttWorker(rows, config.max_streams, context.thread)
     handler = _SttHandler(worker, config, context.tally)
     app[STT_WORKER] = worker

@@ -159,7 +159,7 @@ def add_weight_args(
             "--codec",
             choices=BACKENDS,
             default=BACKENDS[0],
-            help="Mimi backend: mlx, or rustymimi (Rust, on the CPU)",
+            help="Mimi backend: mlx, or rustymimi (Rust, on the CPU; default %(default)s)",
         )
     add_dtype_arg(weights)
 

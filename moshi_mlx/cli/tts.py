@@ -114,7 +114,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"speaker; default {DEFAULT_VOICE}), or a recording (.wav, .flac, ...) whose voice the "
         "speech continues (cloning: an audio prefix, a few seconds)",
     )
-    voice.add_argument("--voice-repo", default=DEFAULT_VOICE_REPO, help="Hugging Face voice repo")
+    voice.add_argument(
+        "--voice-repo",
+        default=DEFAULT_VOICE_REPO,
+        metavar="REPO|FOLDER",
+        help="the TTS voices (default %(default)s)",
+    )
     voice.add_argument(
         "--cfg-coef",
         type=non_negative_float,

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from moshi_mlx.serve.chat import protocol as chat_protocol
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.logtext import without_paths
@@ -32,6 +33,13 @@ def test_messages_to_clients_name_no_folder(message, told):
 def test_openai_errors_name_no_folder():
     error = ApiError(500, "the speech failed: cannot open /Users/me/voices/a.safetensors")
     assert "/Users" not in str(error.body()) and ".../a.safetensors" in error.message
+
+
+def test_the_chat_protocols_error_names_no_folder():
+    message = chat_protocol.error("cannot start a conversation: no /Users/me/voices/v.pt")
+    assert (
+        message == bytes([chat_protocol.Kind.ERROR]) + b"cannot start a conversation: no .../v.pt"
+    )
 
 
 def test_a_local_model_is_named_by_its_folder_and_answers_to_both(tmp_path):

@@ -29,7 +29,7 @@ from aiohttp import web
 from moshi_mlx.chat.generate import ChatSampling
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.bodies import ProtocolError
-from moshi_mlx.serve.logtext import capped
+from moshi_mlx.serve.logtext import capped, without_paths
 from moshi_mlx.serve.sessions import send_and_close
 
 MAX_MESSAGE_BYTES = 64 * 1024  # an 80 ms Ogg Opus page is a few hundred bytes
@@ -78,8 +78,8 @@ def metadata(data: Mapping) -> bytes:
 
 
 def error(reason: str) -> bytes:
-    """0x05: why the server closes the connection."""
-    return bytes([Kind.ERROR]) + reason.encode("utf-8")
+    """0x05: why the server closes the connection (no folder of the server's disk named)."""
+    return bytes([Kind.ERROR]) + without_paths(reason).encode("utf-8")
 
 
 def ping() -> bytes:

@@ -172,8 +172,8 @@ def _run(argv: Sequence[str] | None) -> int:
 
     text_sampling, audio_sampling = sampling_from_args(args)
     conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
-        text_sampling,
-        audio_sampling,
+        text_sampling=text_sampling,
+        audio_sampling=audio_sampling,
         seed=args.seed,
         voice=args.voice,
         role=args.role,

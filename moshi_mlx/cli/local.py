@@ -197,8 +197,8 @@ class LiveSession:
             text_sampling, audio_sampling = sampling_from_args(args)
             model.warm_up(text_sampling, audio_sampling, args.cfg_coef)
             conversation = model.conversation(
-                text_sampling,
-                audio_sampling,
+                text_sampling=text_sampling,
+                audio_sampling=audio_sampling,
                 seed=args.seed,
                 voice=args.voice,
                 role=args.role,

@@ -49,7 +49,7 @@ def load(
     repo = None if repo_or_folder is None else str(repo_or_folder)
     given = {"voice_repo": voice_repo, "n_q": n_q}
     parts = load_parts(repo, chosen, kind_options=[k for k, v in given.items() if v is not None])
-    model_type = parts.lm.cfg.model_type
+    model_type = parts.lm.config.model_type
     if model_type == "stt":
         return SttModel.from_parts(parts)
     if model_type == "tts":

@@ -146,8 +146,8 @@ def forced_logits(model: TtsModel, folder: Path, log: StepLog) -> tuple[np.ndarr
     lm, n_q = model.lm, model.codebooks
     voice = model.voice(folder / "voices" / "voice0.safetensors")
     cross = voice_keys_values(lm, [[voice]])
-    condition = lm.condition([condition_values(lm.cfg, DEFAULT_CFG_COEF)])
-    start = lm.cfg.start_tokens[1]
+    condition = lm.condition([condition_values(lm.config, DEFAULT_CFG_COEF)])
+    start = lm.config.start_tokens[1]
     ring = lm.make_ring(1)
     text_logits, audio_logits = [], []
     for t, tokens in enumerate(log.inputs):

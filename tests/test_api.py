@@ -114,7 +114,7 @@ def test_lm_config_object_and_mismatches(files, tmp_path):
         "tokenizer": files["tokenizer"],
         "codec_backend": fast_codec(),
     }
-    assert MoshiModel.load(lm_config=tiny_config(), **kwargs).lm.cfg == tiny_config()
+    assert MoshiModel.load(lm_config=tiny_config(), **kwargs).lm.config == tiny_config()
     with pytest.raises(ConfigError, match="64 audio tokens per codebook but Mimi has 2048"):
         MoshiModel.load(lm_config=LmConfig.tiny(), **kwargs)
     wrong = tmp_path / "config.json"

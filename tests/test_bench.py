@@ -258,9 +258,9 @@ def test_partly_prefilled_prompt_state_has_the_whole_prompts_layout():
     """What `--prefill-steps` times (7B on a CPU): the prefill of the prompt's first runs,
     in a state with the whole prompt's tokens, positions and KV ring, as what follows needs."""
     persona = _bench_module("parts.persona")
-    cfg = persona.personaplex_config(LmConfig.from_dict(persona.LM_SHAPES["tiny"]))
-    lm = Lm(cfg)
-    voice, role = persona.persona_prompt(cfg, 40, seed=0)
+    config = persona.personaplex_config(LmConfig.from_dict(persona.LM_SHAPES["tiny"]))
+    lm = Lm(config)
+    voice, role = persona.persona_prompt(config, 40, seed=0)
     _, whole = persona._timed_prompt_state(lm, voice, role)
     _, partial = persona._timed_prompt_state(lm, voice, role, prefilled=8)
     assert partial.step_index == whole.step_index == 40

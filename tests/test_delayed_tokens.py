@@ -15,9 +15,9 @@ from moshi_mlx.runtime.model_memo import ModelMemo, model_memo
 def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
     """Frame f's token of stream k, written at its delay, is fed at step f + delays[k] (the
     start token before); after step t, `frame_out` reads frame t + 1 - max_delay whole."""
-    cfg = LmConfig.tiny()
-    ring, delays = DelayedTokens.of(cfg), np.array(cfg.delays)
-    assert ring.width == delayed_tokens_width(cfg)
+    config = LmConfig.tiny()
+    ring, delays = DelayedTokens.of(config), np.array(config.delays)
+    assert ring.width == delayed_tokens_width(config)
     streams = len(delays)
     tokens = ring.empty(2)  # a batch of two rows of streams
     assert tokens.shape == (2, streams, ring.width) and (np.array(tokens) == UNGENERATED).all()
@@ -30,7 +30,7 @@ def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
         tokens = ring.write_delayed(tokens, step, mx.array(frame(t)))
         fed = np.array(ring.inputs(tokens, step))
         for k, delay in enumerate(delays):
-            expected = cfg.start_tokens[k] if t <= delay else frame(t - delay)[:, k]
+            expected = config.start_tokens[k] if t <= delay else frame(t - delay)[:, k]
             np.testing.assert_array_equal(fed[:, k], expected)
         if t + 1 >= ring.max_delay:
             out = np.array(ring.frame_out(tokens, step))
@@ -38,8 +38,8 @@ def test_delayed_writes_are_fed_at_their_delay_and_read_back_as_frames():
 
 
 def test_column_writes_touch_only_their_rows():
-    cfg = LmConfig.tiny()
-    ring = DelayedTokens.of(cfg)
+    config = LmConfig.tiny()
+    ring = DelayedTokens.of(config)
     tokens = ring.empty()
     step = mx.array(5, mx.int32)
     tokens = ring.write_column(tokens, step, mx.array([7, 8]), slice(1, 3))

@@ -74,7 +74,7 @@ def test_sample_is_a_function_of_the_key():
 
 
 def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):
-    user = _user_codes(25, tiny_lm.cfg.card)
+    user = _user_codes(25, tiny_lm.config.card)
     first = _run(ChatStepper(tiny_lm, seed=42), user)
     again = _run(ChatStepper(tiny_lm, seed=42), user)
     other = _run(ChatStepper(tiny_lm, seed=43), user)
@@ -88,15 +88,15 @@ def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):
 
 
 def test_step_outputs_and_delays(tiny_lm):
-    cfg = tiny_lm.cfg
+    config = tiny_lm.config
     gen = ChatStepper(tiny_lm, Sampling(1.0, 25), Sampling(1.0, 250), seed=0)
-    steps = [gen.step(codes) for codes in _user_codes(5, cfg.card)]
+    steps = [gen.step(codes) for codes in _user_codes(5, config.card)]
     assert steps[0].frame is None  # max delay 1: the first frame is not complete yet
     for step in steps[1:]:
         codes = np.array(step.frame)
-        assert codes.shape == (cfg.dep_q,) and codes.dtype == np.int32
-        assert ((codes >= 0) & (codes < cfg.card)).all()
-    assert all(0 <= step.text.item() < cfg.text_card for step in steps)
+        assert codes.shape == (config.dep_q,) and codes.dtype == np.int32
+        assert ((codes >= 0) & (codes < config.card)).all()
+    assert all(0 <= step.text.item() < config.text_card for step in steps)
     gen.step(mx.array([-1] * 8))  # "no input" codes and mx arrays are accepted
     with pytest.raises(MoshiError, match="8 user codes"):
         gen.step(np.zeros(7, np.int64))
@@ -113,8 +113,8 @@ def test_a_model_keeps_the_compiled_steps_of_its_latest_samplings(tiny_lm):
     generators = [ChatStepper(tiny_lm, s, seed=0, compiled_steps=cache) for s in samplings]
     kept = samplings[-MAX_STEP_FUNCTIONS:]
     assert cache.choices() == [(s, AUDIO_SAMPLING, None, 1.0) for s in kept]
-    step = generators[0].step(_user_codes(1, tiny_lm.cfg.card)[0])  # its own still runs
-    assert 0 <= step.text.item() < tiny_lm.cfg.text_card
+    step = generators[0].step(_user_codes(1, tiny_lm.config.card)[0])  # its own still runs
+    assert 0 <= step.text.item() < tiny_lm.config.text_card
 
 
 def test_long_run_memory_is_flat():
@@ -133,7 +133,7 @@ def test_long_run_memory_is_flat():
     lm = Lm(LmConfig.from_dict(LmConfig.tiny().to_dict() | slim))
     mx.eval(lm.parameters())
     gen = ChatStepper(lm, seed=0)
-    user = np.random.default_rng(0).integers(0, lm.cfg.card, (256, 2))
+    user = np.random.default_rng(0).integers(0, lm.config.card, (256, 2))
     steps = 3200
     memory, times = {}, []
     for t in range(steps):
@@ -152,20 +152,20 @@ class _EagerChat:
     depformer stepped eagerly, the delays kept in numpy on the host."""
 
     def __init__(self, lm: Lm, sampling: tuple[Sampling, Sampling], seed: int):
-        cfg = lm.cfg
-        self.lm, self.cfg = lm, cfg
+        config = lm.config
+        self.lm, self.config = lm, config
         self.text_sampling, self.audio_sampling = sampling
         self.ring = lm.make_ring()
         self.step_text = type(lm).step_text  # as made: a test may count later calls
         self.key = mx.random.key(seed)
-        self.delays = np.array(cfg.delays)
-        self.initial = np.array([cfg.text_card] + [cfg.card] * cfg.n_q)
-        self.tokens = np.full((cfg.num_codebooks, cfg.max_delay + 2), -2, np.int64)
+        self.delays = np.array(config.delays)
+        self.initial = np.array([config.text_card] + [config.card] * config.n_q)
+        self.tokens = np.full((config.num_codebooks, config.max_delay + 2), -2, np.int64)
         self.t = 0
 
     def step(self, codes: np.ndarray) -> tuple[int, np.ndarray | None]:
-        cfg, t, width = self.cfg, self.t, self.tokens.shape[1]
-        user_rows = np.arange(1 + cfg.dep_q, cfg.num_codebooks)
+        config, t, width = self.config, self.t, self.tokens.shape[1]
+        user_rows = np.arange(1 + config.dep_q, config.num_codebooks)
         self.tokens[user_rows, (t + self.delays[user_rows]) % width] = codes
         inputs = np.where(t <= self.delays, self.initial, self.tokens[:, t % width])
         self.ring = self.ring.grown(t)
@@ -174,21 +174,23 @@ class _EagerChat:
         self.ring = self.ring.advanced()
         generated = np.array(self._sample(out, logits), dtype=np.int64)
         self.t = t = t + 1
-        self.tokens[: 1 + cfg.dep_q, t % width] = generated
-        if t <= cfg.max_delay:
+        self.tokens[: 1 + config.dep_q, t % width] = generated
+        if t <= config.max_delay:
             return int(generated[0]), None
-        rows = np.arange(1, 1 + cfg.dep_q)
-        return int(generated[0]), self.tokens[rows, (t - cfg.max_delay + self.delays[rows]) % width]
+        rows = np.arange(1, 1 + config.dep_q)
+        return int(generated[0]), self.tokens[
+            rows, (t - config.max_delay + self.delays[rows]) % width
+        ]
 
     def _sample(self, temporal_out: mx.array, text_logits: mx.array) -> mx.array:
         """Text, then the depformer's slices one by one, eagerly."""
         audio_sampling, depformer = self.audio_sampling, self.lm.depformer
         self.key, text_key, audio_key = mx.random.split(self.key, 3)
         text = self.text_sampling.sample(text_logits, text_key)
-        noise = gumbel_noise((1, self.cfg.dep_q * self.cfg.card), audio_key)  # all codebooks'
-        noises = mx.split(noise, self.cfg.dep_q, axis=-1)
+        noise = gumbel_noise((1, self.config.dep_q * self.config.card), audio_key)  # all codebooks'
+        noises = mx.split(noise, self.config.dep_q, axis=-1)
         tokens = [text]
-        for k in range(self.cfg.dep_q):
+        for k in range(self.config.dep_q):
             previous = mx.stack(tokens, axis=1)  # (1, k + 1): the slices' inputs so far
             logits = depformer_logits(depformer, temporal_out, previous)[:, k]
             noise = noises[k] if audio_sampling.draws else None
@@ -200,11 +202,11 @@ class _EagerChat:
 def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypatch):
     """Context 100: 240 steps cross the KV buckets (64, 100) and wrap the ring twice; the
     tokens equal those of the eager loop, and the step is traced once per bucket."""
-    cfg = LmConfig.from_dict(LmConfig.tiny().to_dict() | {"context": 100})
-    lm = Lm(cfg)
+    config = LmConfig.from_dict(LmConfig.tiny().to_dict() | {"context": 100})
+    lm = Lm(config)
     lm.set_dtype(mx.bfloat16)
     mx.eval(lm.parameters())
-    user = _user_codes(240, cfg.card, seed=3)
+    user = _user_codes(240, config.card, seed=3)
     user[::7] = -1  # some "no input" frames
     eager = _EagerChat(lm, sampling, seed=11)
     traces = []
@@ -226,6 +228,6 @@ def test_compiled_step_equals_eager_stepping_past_the_context(sampling, monkeypa
             eager_first_text = text
     assert len(texts) > 5  # a stream worth comparing
     assert len(traces) == 2  # the 64-slot and 100-slot buckets
-    assert compiled.ring.capacity == cfg.context
+    assert compiled.ring.capacity == config.context
     again = ChatStepper(lm, *sampling, seed=11, compiled_steps=cache)  # a new one reuses the traces
     assert again.step(user[0]).text.item() == eager_first_text and len(traces) == 2

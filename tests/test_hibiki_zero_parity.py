@@ -38,14 +38,14 @@ def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
 
 
 def test_the_published_layout_is_read(hibiki_zero):
-    cfg = hibiki_zero.cfg
-    assert (cfg.kv_repeat, cfg.positional_embedding, cfg.depformer_norm) == (
+    config = hibiki_zero.config
+    assert (config.kv_repeat, config.positional_embedding, config.depformer_norm) == (
         2,
         "rope_concat",
         "layer_norm",
     )
-    assert cfg.depformer_weights_per_step_schedule == (*range(8), *[8] * 8)
-    assert cfg.temporal_config().num_kv_heads == 2
+    assert config.depformer_weights_per_step_schedule == (*range(8), *[8] * 8)
+    assert config.temporal_config().num_kv_heads == 2
     ring = hibiki_zero.make_ring()
     assert ring.keys[0].shape[1] == 2  # the ring holds the key/value heads, not the queries'
 
@@ -90,7 +90,7 @@ def test_our_quantizer_reads_the_published_layout(hibiki_zero, bits, tmp_path):
     out = tmp_path / f"model.q{bits}.safetensors"
     quantize_checkpoint(FIXTURES / "weights.safetensors", out, bits, progress=False)
     weights = FIXTURES / "weights.safetensors"
-    check = compare_generation(weights, out, hibiki_zero.cfg, steps=20)
+    check = compare_generation(weights, out, hibiki_zero.config, steps=20)
     print(f"q{bits}", check.summary())
     assert check.text_agreement >= (0.8 if bits == 8 else 0.3), check.summary()
     assert check.relative_logit_error < (0.08 if bits == 8 else 0.4), check.summary()

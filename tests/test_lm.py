@@ -42,12 +42,12 @@ def test_7b_parameters_equal_published_manifest(manifest, bits, group_size):
 
 
 def test_7b_preset_numbers():
-    cfg = LmConfig.moshi_7b()
-    assert cfg.ffn_hidden == 11264
-    assert cfg.depformer_ffn_hidden == 2816
-    assert cfg.temporal_config().norm_eps == 1e-8
-    assert (cfg.context, cfg.depformer_config().context, cfg.max_delay) == (3000, 8, 1)
-    assert cfg.delays == (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
+    config = LmConfig.moshi_7b()
+    assert config.ffn_hidden == 11264
+    assert config.depformer_ffn_hidden == 2816
+    assert config.temporal_config().norm_eps == 1e-8
+    assert (config.context, config.depformer_config().context, config.max_delay) == (3000, 8, 1)
+    assert config.delays == (0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1)
 
 
 def test_ffn_hidden_follows_reference_rule():
@@ -58,11 +58,11 @@ def test_ffn_hidden_follows_reference_rule():
 
 @pytest.mark.parametrize("preset", [LmConfig.moshi_7b, LmConfig.tiny])
 def test_config_round_trip(preset):
-    cfg = preset()
-    data = cfg.to_dict()
-    assert data["delays"] == list(cfg.delays)
+    config = preset()
+    data = config.to_dict()
+    assert data["delays"] == list(config.delays)
     assert data["depformer_weights_per_step"] is True
-    assert LmConfig.from_dict(data) == cfg
+    assert LmConfig.from_dict(data) == config
 
 
 def test_from_dict_kyutai_keys_and_defaults():
@@ -100,9 +100,9 @@ def test_from_dict_kyutai_keys_and_defaults():
         "lm_gen_config": {},
         "conditioners": {},
     }
-    cfg = LmConfig.from_dict(data)
-    assert cfg.moshi_name == "model.q4.safetensors"
-    assert cfg.to_dict() | {"moshi_name": "model.safetensors"} == LmConfig.moshi_7b().to_dict()
+    config = LmConfig.from_dict(data)
+    assert config.moshi_name == "model.q4.safetensors"
+    assert config.to_dict() | {"moshi_name": "model.safetensors"} == LmConfig.moshi_7b().to_dict()
 
 
 @pytest.mark.parametrize(
@@ -135,17 +135,17 @@ def test_missing_key_is_named():
         LmConfig.from_dict(data)
 
 
-def _random_tokens(cfg: LmConfig, steps: int, seed: int = 0) -> mx.array:
+def _random_tokens(config: LmConfig, steps: int, seed: int = 0) -> mx.array:
     rng = np.random.default_rng(seed)
-    text = rng.integers(0, cfg.text_card + 1, (1, 1, steps))
-    audio = rng.integers(0, cfg.card + 1, (1, cfg.n_q, steps))
+    text = rng.integers(0, config.text_card + 1, (1, 1, steps))
+    audio = rng.integers(0, config.card + 1, (1, config.n_q, steps))
     return mx.array(np.concatenate([text, audio], axis=1).astype(np.int32))
 
 
 def test_zero_token_embeds_to_zero():
-    cfg = LmConfig.tiny()
-    lm = Lm(cfg)
-    tokens = mx.full((1, cfg.num_codebooks, 1), -1, mx.int32)
+    config = LmConfig.tiny()
+    lm = Lm(config)
+    tokens = mx.full((1, config.num_codebooks, 1), -1, mx.int32)
     assert mx.abs(lm.embed(tokens)).max().item() == 0.0
     one = tokens.at[:, 3].add(6)  # audio codebook 2, token 5
     expected = lm.audio_embs[2].weight[5]
@@ -155,10 +155,10 @@ def test_zero_token_embeds_to_zero():
 def test_a_prefill_leaves_the_ring_as_steps_do():
     """Prefill (many tokens in one call) leaves the KV ring as stepping them does: the steps
     after it give the same outputs, past the context."""
-    cfg = LmConfig.tiny()
-    lm = Lm(cfg)
-    tokens = _random_tokens(cfg, steps=40)
-    prefix = cfg.context - 1  # the most one prefill takes
+    config = LmConfig.tiny()
+    lm = Lm(config)
+    tokens = _random_tokens(config, steps=40)
+    prefix = config.context - 1  # the most one prefill takes
     prefilled = lm.prefill(lm.embed(tokens[:, :, :prefix]), lm.make_ring())
     stepped = lm.make_ring()
     for t in range(40):
@@ -175,12 +175,12 @@ def test_a_prefill_leaves_the_ring_as_steps_do():
 
 
 def test_depformer_slices_attend_to_the_earlier_slices_of_their_step():
-    cfg = LmConfig.tiny()
-    lm = Lm(cfg)
-    temporal = mx.random.normal((1, cfg.dim), key=mx.random.key(0))
+    config = LmConfig.tiny()
+    lm = Lm(config)
+    temporal = mx.random.normal((1, config.dim), key=mx.random.key(0))
     prev = mx.array([[5, 1, 2, 3, 4, 5, 6, 7]])
     logits = depformer_logits(lm.depformer, temporal, prev)
-    assert logits.shape == (1, cfg.dep_q, cfg.card)
+    assert logits.shape == (1, config.dep_q, config.card)
     # Slice 3 sees slices 0..2: changing slice 0's input changes slice 3's logits.
     other = depformer_logits(lm.depformer, temporal, prev.at[0, 0].add(1))
     assert not mx.allclose(logits[0, 3], other[0, 3]).item()

@@ -17,10 +17,13 @@ from moshi_mlx.testing.checkpoints import load_lm, write_random_lm_checkpoint
 
 
 def _forward(lm, steps: int = 6) -> np.ndarray:
-    cfg = lm.cfg
+    config = lm.config
     rng = np.random.default_rng(3)
     tokens = np.concatenate(
-        [rng.integers(0, cfg.text_card, (1, 1, steps)), rng.integers(0, cfg.card, (1, 16, steps))],
+        [
+            rng.integers(0, config.text_card, (1, 1, steps)),
+            rng.integers(0, config.card, (1, 16, steps)),
+        ],
         axis=1,
     )
     ring, logits = lm.make_ring(), []
@@ -48,20 +51,20 @@ def test_random_checkpoints_load_strictly(tiny_lm_checkpoints, variant, bits, gr
     path = tiny_lm_checkpoints[variant]
     assert path.name == ("model.safetensors" if bits is None else f"model.q{bits}.safetensors")
     tensors, metadata = mx.load(str(path), return_metadata=True)
-    cfg = LmConfig.tiny()
-    assert detect_quantization(layout_of(tensors), metadata, Lm(cfg), str(path)) == (
+    config = LmConfig.tiny()
+    assert detect_quantization(layout_of(tensors), metadata, Lm(config), str(path)) == (
         None if bits is None else (bits, group_size)
     )
     lm = load_lm(path.parent)  # directory + config.json beside the file
-    assert lm.cfg == cfg
+    assert lm.config == config
     params = dict(tree_flatten(lm.parameters()))
     assert params.keys() == tensors.keys()
-    expected = compute_dtype(parameter_count(Lm(cfg)), quantized=bits is not None)
+    expected = compute_dtype(parameter_count(Lm(config)), quantized=bits is not None)
     if bits is None:
         assert all(p.dtype == expected for p in params.values())
     else:
         assert params["text_linear.weight"].dtype == mx.uint32
-        assert params["depformer.slices.3.emb.scales"].shape == (cfg.card + 1, 64 // group_size)
+        assert params["depformer.slices.3.emb.scales"].shape == (config.card + 1, 64 // group_size)
         assert params["out_norm.weight"].dtype == expected
     assert load_lm(path.parent, dtype=mx.bfloat16).out_norm.weight.dtype == mx.bfloat16
 
@@ -93,7 +96,7 @@ def test_quantization_metadata_is_honoured_and_checked(tiny_lm_checkpoints, tmp_
     mx.save_safetensors(
         str(good), tensors, {"quantization_bits": "4", "quantization_group_size": "32"}
     )
-    assert load_lm(good, LmConfig.tiny()).cfg == LmConfig.tiny()
+    assert load_lm(good, LmConfig.tiny()).config == LmConfig.tiny()
     bad = tmp_path / "bad.safetensors"
     mx.save_safetensors(
         str(bad), tensors, {"quantization_bits": "8", "quantization_group_size": "64"}

@@ -50,15 +50,20 @@ STT_2B6 = {
 
 
 def test_the_stt_schema_is_read_whole():
-    cfg = LmConfig.from_dict(STT_2B6)
-    assert (cfg.model_type, cfg.dep_q, cfg.n_q, cfg.num_user_codebooks) == ("stt", 0, 32, 32)
-    assert cfg.stt_config == SttTiming(2.5, 1.0)
-    assert cfg.lm_gen_config == GenDefaults(temp=0.0, temp_text=0.0, top_k=250, top_k_text=50)
-    assert (cfg.mimi_name, cfg.tokenizer_name) == (
+    config = LmConfig.from_dict(STT_2B6)
+    assert (config.model_type, config.dep_q, config.n_q, config.num_user_codebooks) == (
+        "stt",
+        0,
+        32,
+        32,
+    )
+    assert config.stt_config == SttTiming(2.5, 1.0)
+    assert config.lm_gen_config == GenDefaults(temp=0.0, temp_text=0.0, top_k=250, top_k_text=50)
+    assert (config.mimi_name, config.tokenizer_name) == (
         "mimi-pytorch-e351c8d8@125.safetensors",
         "tokenizer_en_audio_4000.model",
     )
-    assert LmConfig.from_dict(cfg.to_dict()) == cfg
+    assert LmConfig.from_dict(config.to_dict()) == config
 
 
 @pytest.mark.parametrize(
@@ -101,12 +106,12 @@ def test_lut_conditioners_are_built_and_checked():
         "conditioners": {"description": lut},
         "fuser": {"sum": ["description"]},
     }
-    cfg = LmConfig.from_dict(hibiki_like)
-    assert LmConfig.from_dict(cfg.to_dict()) == cfg
-    condition = Lm(cfg).condition([{"description": "b"}, {"description": "a"}])
-    assert condition.shape == (2, cfg.dim)
+    config = LmConfig.from_dict(hibiki_like)
+    assert LmConfig.from_dict(config.to_dict()) == config
+    condition = Lm(config).condition([{"description": "b"}, {"description": "a"}])
+    assert condition.shape == (2, config.dim)
     with pytest.raises(ConfigError, match="cannot be 'c': use one of a, b"):
-        Lm(cfg).condition([{"description": "c"}])
+        Lm(config).condition([{"description": "c"}])
     with pytest.raises(ConfigError, match="fuser 'sum' lists"):
         LmConfig.from_dict(hibiki_like | {"fuser": {"sum": []}})
 
@@ -134,7 +139,7 @@ def test_an_stt_checkpoint_loads_in_either_naming_with_the_heads_it_holds(tmp_pa
         save_file({k: np.ascontiguousarray(v) for k, v in pytorch.items()}, str(path))
     # The config says no heads (as Kyutai's STT configs do), the file holds 4: they load.
     lm = load_lm(path, _tiny_stt(heads=0), dtype=mx.float32)
-    assert lm.cfg.extra_heads_num_heads == 4 and not hasattr(lm, "depformer")
+    assert lm.config.extra_heads_num_heads == 4 and not hasattr(lm, "depformer")
     for (name, ours), (_, theirs) in zip(
         tree_flatten(lm.parameters()), tree_flatten(written.parameters()), strict=True
     ):
@@ -165,17 +170,22 @@ def test_personaplex_config_in_nvidias_terms_is_recognised():
 def test_hibiki_zero_published_config_is_read_whole():
     """kyutai/hibiki-zero-3b-pytorch-bf16 (reconstructed: tests/fixtures/kyutai_configs)."""
     path = Path(__file__).parent / "fixtures/kyutai_configs/hibiki-zero-3b-pytorch-bf16.json"
-    cfg = LmConfig.from_dict(json.loads(path.read_text()))
-    assert cfg.model_name == "Hibiki-Zero"
-    assert (cfg.num_layers, cfg.kv_repeat, cfg.kv_dim, cfg.max_period) == (28, 2, 1024, 20000)
-    assert (cfg.positional_embedding, cfg.depformer_norm, cfg.text_card) == (
+    config = LmConfig.from_dict(json.loads(path.read_text()))
+    assert config.model_name == "Hibiki-Zero"
+    assert (config.num_layers, config.kv_repeat, config.kv_dim, config.max_period) == (
+        28,
+        2,
+        1024,
+        20000,
+    )
+    assert (config.positional_embedding, config.depformer_norm, config.text_card) == (
         "rope_concat",
         "layer_norm",
         48000,
     )
-    assert (cfg.num_user_codebooks, cfg.moshi_codebooks, cfg.ffn_hidden) == (16, 16, 8192)
-    assert LmConfig.from_dict(cfg.to_dict()) == cfg
-    lm = Lm(cfg)  # lazily made: shapes only
+    assert (config.num_user_codebooks, config.moshi_codebooks, config.ffn_hidden) == (16, 16, 8192)
+    assert LmConfig.from_dict(config.to_dict()) == config
+    lm = Lm(config)  # lazily made: shapes only
     unique = {id(v): v.size for _, v in tree_flatten(lm.parameters())}  # shared once
     assert 3.0e9 < sum(unique.values()) < 3.2e9  # the model card's 3B
     assert lm.transformer.layers[0].self_attn.in_proj.weight.shape == (4096, 2048)
@@ -186,4 +196,4 @@ def test_hibiki_zero_published_config_is_read_whole():
         ({"positional_embedding": "sin"}, "positional_embedding must be one of"),
     ):
         with pytest.raises(ConfigError, match=message):
-            LmConfig.from_dict(cfg.to_dict() | change)
+            LmConfig.from_dict(config.to_dict() | change)

@@ -21,7 +21,7 @@ def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
 
 def test_fixture_config_is_the_tiny_preset(golden_lm):
     lm, _ = golden_lm
-    assert lm.cfg == LmConfig.tiny()
+    assert lm.config == LmConfig.tiny()
 
 
 def test_teacher_forced_logits_step_by_step(golden_lm):
@@ -39,7 +39,7 @@ def test_teacher_forced_text_logits_after_a_prefill(golden_lm):
     context: the text logits of the steps are the reference's."""
     lm, golden = golden_lm
     tokens = mx.array(golden["tf_tokens"][None].astype(np.int32))  # (1, K, T)
-    prefix = lm.cfg.context - 1
+    prefix = lm.config.context - 1
     ring = lm.prefill(lm.embed(tokens[:, :, :prefix]), lm.make_ring())
     logits = []
     for t in range(prefix, tokens.shape[2]):

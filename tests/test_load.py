@@ -115,7 +115,7 @@ def test_each_kind_loads_from_a_folder_laid_out_like_its_repo(
     assert set(floats) == {getattr(mx, dtype)}
     assert model.memory is not None and model.memory.dtype == getattr(mx, dtype)
     if kind == "personaplex":  # recognised in NVIDIA's terms; an unknown voice is unknown
-        assert model.lm.cfg.prompted and model.lm.cfg.num_user_codebooks == 8
+        assert model.lm.config.prompted and model.lm.config.num_user_codebooks == 8
         with pytest.raises(ConfigError, match="unknown voice 'NATX9'; the voices are NATF0"):
             model.prompts.source("NATX9")
         with pytest.raises(WeightsError, match=f"{folder} has no voices.tgz"):

@@ -315,7 +315,7 @@ def test_hibiki_plans_its_condition_and_two_kv_rows():
     lm = Lm(config)
     lm.set_dtype(mx.float32)
     gen = ChatStepper(lm, cfg_coef=3.0)
-    gen.reserve(lm.cfg.attention_window)
+    gen.reserve(lm.config.attention_window)
     ring = sum(a.nbytes for a in (*gen.ring.keys, *gen.ring.values))
     assert ring == plan.kv_cache
 
@@ -348,5 +348,5 @@ def test_hibiki_zero_figures_count_shared_slices_and_key_value_heads_once():
     lm = load_lm(tiny / "weights.safetensors", dtype=mx.float32)
     held = {id(v): v.nbytes for _, v in tree_flatten(lm.parameters())}  # shared arrays once
     shapes = {name: tuple(p.shape) for name, p in tree_flatten(lm.parameters())}
-    planned = lm_weight_bytes(output_layout(shapes, 16, None), mx.float32, lm.cfg)
+    planned = lm_weight_bytes(output_layout(shapes, 16, None), mx.float32, lm.config)
     assert planned == sum(held.values())

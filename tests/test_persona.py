@@ -56,21 +56,21 @@ def _voice(frames: int = 9, seed: int = 1) -> VoicePrompt:
 
 
 def test_schedule_feeds_voice_silence_role_silence_and_leaves_the_acoustic_silence_given():
-    cfg = tiny_personaplex_config()
+    config = tiny_personaplex_config()
     voice = _voice(5).codes
     frames = prompt_frames(voice, [7, 8, 9])
     assert len(frames) == 5 + 2 * SILENCE_FRAMES + 3
-    plan = plan_prompt(cfg, frames, delayed_tokens_width(cfg))
+    plan = plan_prompt(config, frames, delayed_tokens_width(config))
     assert plan.runs == len(frames) - 1 == len(plan.inputs)
     # Run r reads column r: the voice's semantic code of frame r (frame 0 is overwritten by
     # the initial tokens), text padding, the user's sine.
     assert plan.inputs[1, 1] == voice[1, 0] and plan.inputs[1, 0] == 3
-    assert plan.inputs[1, 2] == cfg.card  # delayed codebooks start from their initial token
+    assert plan.inputs[1, 2] == config.card  # delayed codebooks start from their initial token
     assert plan.inputs[2, 2] == voice[1, 1]  # then run one frame behind
     role_run = 5 + SILENCE_FRAMES
     assert list(plan.inputs[role_run : role_run + 3, 0]) == [7, 8, 9]
     # The conversation's first target column: Moshi's acoustic codebooks given (silence).
-    width = delayed_tokens_width(cfg)
+    width = delayed_tokens_width(config)
     target = (plan.runs + 1) % width
     assert not plan.given[:2, target].any() and plan.given[2:, target].all()
     assert list(plan.columns[2:9, target]) == list(SILENCE_TOKENS[1:])
@@ -81,8 +81,10 @@ def test_prefill_leaves_the_ring_as_step_by_step_replay(bits):
     config = replace(tiny_personaplex_config(), dim=128, num_heads=4)
     lm = _lm(config)
     quant = None if bits is None else KVQuantization.of(bits, 32)
-    cfg = lm.cfg
-    plan = plan_prompt(cfg, prompt_frames(_voice(12).codes, [5, 6]), delayed_tokens_width(cfg))
+    config = lm.config
+    plan = plan_prompt(
+        config, prompt_frames(_voice(12).codes, [5, 6]), delayed_tokens_width(config)
+    )
     inputs = mx.array(plan.inputs, mx.int32)
     prefilled = lm.prefill(lm.embed(inputs.T[None]), lm.make_ring(quantization=quant))
     ring = lm.make_ring(quantization=quant)
@@ -191,7 +193,7 @@ def test_personaplex_quantizes_to_files_that_carry_their_config(personaplex_file
     )
     assert json.loads(header["__metadata__"]["lm_config"])["generator"] == "personaplex"
     lm = load_lm(output)  # no config file beside it, no flag
-    assert lm.cfg == tiny_personaplex_config() and len(lm.depformer.slices) == 8
+    assert lm.config == tiny_personaplex_config() and len(lm.depformer.slices) == 8
     state = prompt_state(lm, _voice(), [4, 5])
     assert len(_greedy(lm, state, steps=3)) == 3
 
@@ -214,6 +216,6 @@ def test_saved_voice_of_the_wrong_model_is_refused(persona_lm, tmp_path):
     assert candidates
     for candidate in candidates:  # none is a voice of this model: each refused in one line
         with pytest.raises(WeightsError):
-            read_voice(voice_source(candidate), persona_lm.cfg, None)
-    voice = read_voice(voice_source(own), persona_lm.cfg, None)
-    assert voice.embeddings.shape == (4, persona_lm.cfg.dim) and voice.ring.shape == (17, 4)
+            read_voice(voice_source(candidate), persona_lm.config, None)
+    voice = read_voice(voice_source(own), persona_lm.config, None)
+    assert voice.embeddings.shape == (4, persona_lm.config.dim) and voice.ring.shape == (17, 4)

@@ -56,7 +56,7 @@ def _conversation(lm, state, user_codes, steps):
         ring = ring.grown(state.step_index + t)
         temporal_out, text = lm.step_text(step.inputs[None, :, None], ring)
         ring = ring.advanced()
-        previous = step.sampled[None, : lm.cfg.moshi_codebooks]
+        previous = step.sampled[None, : lm.config.moshi_codebooks]
         audio = depformer_logits(lm.depformer, temporal_out, previous)
         mx.eval(text, audio, ring.keys, ring.values)
         text_logits.append(np.array(text[0]))
@@ -110,9 +110,11 @@ def test_a_voice_saved_by_nvidia_gives_the_state_of_its_wav(tiny_mimi):
     lm = load_lm(FIXTURES / "weights16.safetensors", _config(), mx.float32)
     role = list(golden["role_tokens"])
     from_wav = prompt_state(
-        lm, read_voice(voice_source(FIXTURES / "voice.wav"), lm.cfg, MlxCodec(tiny_mimi)), role
+        lm, read_voice(voice_source(FIXTURES / "voice.wav"), lm.config, MlxCodec(tiny_mimi)), role
     )
-    from_pt = prompt_state(lm, read_voice(voice_source(FIXTURES / "voice.pt"), lm.cfg, None), role)
+    from_pt = prompt_state(
+        lm, read_voice(voice_source(FIXTURES / "voice.pt"), lm.config, None), role
+    )
     np.testing.assert_array_equal(np.array(from_pt.tokens), np.array(from_wav.tokens))
     np.testing.assert_array_equal(np.array(from_pt.given), np.array(from_wav.given))
     for ours, theirs in zip(from_pt.ring.keys, from_wav.ring.keys):

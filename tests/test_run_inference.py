@@ -234,19 +234,19 @@ def test_tokens_file_holds_every_step_the_api_produced(tmp_path, capsys, speech,
     steps = []
     with model.conversation(*sampling_from_args(args), seed=7) as conversation:
         converse(conversation, read_audio(speech, 24_000), FRAME, on_step=steps.append)
-    cfg = model.lm.cfg
+    config = model.lm.config
     assert sorted(written) == ["audio_codes", "input_tokens", "text_tokens"]
     np.testing.assert_array_equal(written["text_tokens"], [s.text_token for s in steps])
     codes = written["audio_codes"]
-    assert codes.shape == (cfg.moshi_codebooks, len(steps)) and codes.dtype == np.int32
+    assert codes.shape == (config.moshi_codebooks, len(steps)) and codes.dtype == np.int32
     for t, step in enumerate(steps):
         if step.moshi_codes is None:
             assert (codes[:, t] == -1).all()
         else:
             np.testing.assert_array_equal(codes[:, t], step.moshi_codes)
         np.testing.assert_array_equal(written["input_tokens"][:, t], step.input_tokens)
-    assert written["input_tokens"].shape == (cfg.num_codebooks, len(steps))
-    assert (codes[:, cfg.max_delay :] >= 0).all()
+    assert written["input_tokens"].shape == (config.num_codebooks, len(steps))
+    assert (codes[:, config.max_delay :] >= 0).all()
 
 
 def test_tokens_file_is_refused_like_the_audio_output(tmp_path, capsys, speech, flags):

@@ -46,7 +46,7 @@ def test_frame_time_is_bytes_over_bandwidth_plus_ops():
 
 
 def test_frame_reads_each_generated_slice_and_counts_its_ops(tts_lm):
-    config = tts_lm.cfg
+    config = tts_lm.config
     all_weights, others = frame_bytes(tts_lm)
     fewer_weights, same_others = frame_bytes(tts_lm, n_q=config.dep_q - 1)
     last = tts_lm.depformer.slices[config.dep_q - 1]
@@ -80,4 +80,4 @@ def test_one_line_with_the_advice_that_makes_it_real_time(tts_lm, monkeypatch):
     monkeypatch.setitem(speed_plan.CHIP_BANDWIDTH_GBS, "M9", bandwidth / 1e9)
     slow = plan_speed(tts_lm, "Apple M9")
     assert slow.real_time_factor == pytest.approx(1 / 1.2)
-    assert slow.advice == (tts_lm.cfg.dep_q, 8) and slow.line().endswith("real time with bits=8")
+    assert slow.advice == (tts_lm.config.dep_q, 8) and slow.line().endswith("real time with bits=8")

@@ -58,8 +58,11 @@ def stt(golden):
 
 
 def test_the_published_layout(stt):
-    cfg = stt.lm.cfg
-    assert (cfg.stt_config.audio_delay_seconds, cfg.stt_config.audio_silence_prefix_seconds) == (
+    config = stt.lm.config
+    assert (
+        config.stt_config.audio_delay_seconds,
+        config.stt_config.audio_silence_prefix_seconds,
+    ) == (
         2.5,
         1.0,
     )

@@ -198,8 +198,8 @@ def test_words_written_while_the_silence_prefix_is_fed_are_kept(model, monkeypat
     script = [0, *hello, 0]
     assert len(script) < 13
     monkeypatch.setattr(transcriber, "SttStepper", partial(_ScriptedStepper, script=script))
-    cfg = replace(model.lm.cfg, stt_config=SttTiming(0.5, 1.0))
-    prefixed = replace(model, lm=SimpleNamespace(cfg=cfg))
+    config = replace(model.lm.config, stt_config=SttTiming(0.5, 1.0))
+    prefixed = replace(model, lm=SimpleNamespace(config=config))
     assert prefixed.silence_prefix_steps == 13
 
     stt = prefixed.speech_to_text()
@@ -229,7 +229,7 @@ def test_the_tokens_file_holds_every_step_of_each_file(files, model, speech, tmp
     np.testing.assert_array_equal(written["steps"], [len(t.steps) for t in api])
     assert written["prefix_steps"] == model.silence_prefix_steps
     lines = [json.loads(line) for line in done.stdout.splitlines()]
-    cfg = model.lm.cfg
+    config = model.lm.config
     for row, (transcription, line) in enumerate(zip(api, lines)):
         steps = len(transcription.steps)
         text_tokens = written["text_tokens"][row]
@@ -242,9 +242,9 @@ def test_the_tokens_file_holds_every_step_of_each_file(files, model, speech, tmp
         assert np.isnan(probs[steps:]).all() and probs.shape[-1] == 4
         timer = WordTimer(
             model.tokenizer,
-            audio_delay=cfg.stt_config.audio_delay_seconds,
-            silence_prefix=cfg.stt_config.audio_silence_prefix_seconds,
-            padding_id=cfg.existing_text_padding_id,
+            audio_delay=config.stt_config.audio_delay_seconds,
+            silence_prefix=config.stt_config.audio_silence_prefix_seconds,
+            padding_id=config.existing_text_padding_id,
         )
         events = [
             e for step, token in enumerate(text_tokens[:steps]) for e in timer.push(step, token)

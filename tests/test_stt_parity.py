@@ -25,7 +25,7 @@ def test_steps_match_pytorch_lmgen(variant):
     config = LmConfig.from_dict(json.loads((FIXTURES / f"config{variant}.json").read_text()))
     golden = np.load(FIXTURES / f"golden{variant}.npz")
     lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
-    assert lm.cfg.extra_heads_num_heads == 4
+    assert lm.config.extra_heads_num_heads == 4
     stepper = SttStepper(lm)
     texts, logits, heads = [], [], []
     for codes in golden["call_codes"]:

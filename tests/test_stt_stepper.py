@@ -62,22 +62,22 @@ def test_a_step_reads_the_delayed_codes_and_its_own_text_like_kyutais_lmgen():
     the text sampled at t - 1; its output is the text `max_delay - delays[0]` steps back."""
     delays = [1, 0, 0, 0, 0, 2, 2, 2, 2]
     lm = _model(delays)
-    cfg = lm.cfg
+    config = lm.config
     codes = np.random.default_rng(1).integers(0, 16, (1, STEPS, 8))
     texts, _ = _run(lm, codes)
     # The same model, unrolled by hand without a ring: greedy text from the full inputs.
     sampled, ring = [], lm.make_ring()
     for t in range(STEPS):
-        inputs = [cfg.text_card if t <= delays[0] else sampled[t - 1]]
+        inputs = [config.text_card if t <= delays[0] else sampled[t - 1]]
         inputs += [
-            cfg.card if t <= d else int(codes[0, t - d, k]) for k, d in enumerate(delays[1:])
+            config.card if t <= d else int(codes[0, t - d, k]) for k, d in enumerate(delays[1:])
         ]
         ring = ring.grown(t)
         _, logits = lm.step_text(mx.array(inputs, mx.int32)[None, :, None], ring)
         ring = ring.advanced()
         sampled.append(int(mx.argmax(logits[0]).item()))
-    lag = cfg.max_delay - delays[0]
-    assert texts[0, cfg.max_delay :].tolist() == sampled[cfg.max_delay - lag : STEPS - lag]
+    lag = config.max_delay - delays[0]
+    assert texts[0, config.max_delay :].tolist() == sampled[config.max_delay - lag : STEPS - lag]
 
 
 def test_a_model_with_a_depformer_is_refused():

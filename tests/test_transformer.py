@@ -17,7 +17,7 @@ CONFIGS = [
 
 def _windowed_reference(t: Transformer, x: mx.array) -> mx.array:
     """Full-sequence attention with an explicit window mask, no cache logic involved."""
-    config = t.cfg
+    config = t.config
     steps = x.shape[1]
     pos = mx.arange(steps)
     delta = pos[:, None] - pos[None, :]

@@ -72,11 +72,15 @@ def test_n_q_is_checked(lm):
 
 
 def test_mimi_on_its_first_codebooks_decodes_as_one_built_with_them():
-    cfg = MimiConfig.moshi()
+    config = MimiConfig.moshi()
     mx.random.seed(3)
-    full = Mimi(cfg, 8)
+    full = Mimi(config, 8)
     full.update(
-        {"quantizer": {"acoustic": {"codebooks": mx.random.normal((7, cfg.quantizer.bins, 256))}}}
+        {
+            "quantizer": {
+                "acoustic": {"codebooks": mx.random.normal((7, config.quantizer.bins, 256))}
+            }
+        }
     )
     fewer = full.with_codebooks(5)
     assert fewer.num_codebooks == 5 and full.with_codebooks(8) is full
@@ -102,7 +106,7 @@ def test_quantized_files_load_with_no_extra_option(lm, tmp_path, full_mimi_check
     from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 
     path = tmp_path / f"tts.q{bits}.safetensors"
-    quantize_checkpoint(FIXTURES / "weights.safetensors", path, bits, 32, config=lm.cfg)
+    quantize_checkpoint(FIXTURES / "weights.safetensors", path, bits, 32, config=lm.config)
     model = TtsModel.load(
         moshi_weight=path,
         mimi_weight=full_mimi_checkpoint,

@@ -62,7 +62,7 @@ def test_voice_keys_values_equal_the_whole_sources(lm, counts):
     tensor, mask = speaker_condition(rows)
     whole = lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
     joined = voice_keys_values(lm, rows)
-    assert len(joined) == len(whole) == lm.cfg.num_layers
+    assert len(joined) == len(whole) == lm.config.num_layers
     for pair, reference in zip(joined, whole):
         for ours, theirs in zip(pair, reference):
             assert ours.shape == theirs.shape
@@ -72,15 +72,15 @@ def test_voice_keys_values_equal_the_whole_sources(lm, counts):
 def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
     """Text logits (B, T, text_card) and audio logits (B, dep_q, T, card) (NaN where the
     reference masks them) of `lm` teacher-forced on the golden codes, step by step."""
-    cfg = lm.cfg
+    config = lm.config
     codes, steps = forced["codes"], forced["codes"].shape[-1]
     # The delayed sequence one step longer than the inputs: position t + 1 is what the
     # depformer reads beside the transformer's output at t.
     delayed = np.empty(codes.shape[:2] + (steps + 1,), np.int64)
-    for k, delay in enumerate(cfg.delays):
+    for k, delay in enumerate(config.delays):
         for t in range(steps + 1):
             source = t - 1 - delay
-            delayed[:, k, t] = cfg.start_tokens[k] if source < 0 else codes[:, k, source]
+            delayed[:, k, t] = config.start_tokens[k] if source < 0 else codes[:, k, source]
     np.testing.assert_array_equal(delayed[..., :steps], forced["input_sequence"])
     condition, tensors = _conditions(lm)
     cross = lm.cross_keys_values(tensors)
@@ -91,21 +91,21 @@ def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
         inputs = mx.array(delayed[:, :, t : t + 1], mx.int32)
         out, text = lm.step_text(inputs, ring, condition, cross)
         ring = ring.advanced()
-        previous = mx.array(delayed[:, : cfg.dep_q, t + 1], mx.int32)
+        previous = mx.array(delayed[:, : config.dep_q, t + 1], mx.int32)
         audio = depformer_logits(lm.depformer, out, previous)
         mx.eval(text, audio, ring.keys, ring.values)
         text_logits.append(np.array(text.astype(mx.float32)))
         audio_logits.append(np.array(audio.astype(mx.float32)))
     raw_audio = np.stack(audio_logits, axis=2)  # (B, dep_q, T, card), delayed
     audio = np.full_like(forced["audio_logits"], np.nan)
-    for q in range(cfg.dep_q):
-        delay = cfg.delays[q + 1]
+    for q in range(config.dep_q):
+        delay = config.delays[q + 1]
         audio[:, q, : steps - delay] = raw_audio[:, q, delay:]
     return np.stack(text_logits, axis=1), audio
 
 
 def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
-    assert forced["codes"].shape[-1] > 2 * lm.cfg.context
+    assert forced["codes"].shape[-1] > 2 * lm.config.context
     text, audio = _forced_logits(lm, forced)
     assert _relative(text, forced["text_logits"]) < 1e-4
     valid = ~np.isnan(forced["audio_logits"])
@@ -144,7 +144,7 @@ def test_greedy_generation_equals_the_reference_step_for_step(lm, run_name):
             logged[b].append([tokens.predicted[b], tokens.fed[b]])
             if tokens.frame is not None:
                 frames[b].append(np.array(tokens.frame[b]).tolist())
-    assert run.step_index == run_golden["steps"] > 3 * lm.cfg.context
+    assert run.step_index == run_golden["steps"] > 3 * lm.config.context
     for b, row in enumerate(run_golden["rows"]):
         assert logged[b] == row["logged_text_tokens"]
         assert frames[b] == row["frames"]
@@ -163,13 +163,13 @@ def test_a_quantized_tts_loads_strictly_and_tracks_the_float_model(
     from moshi_mlx.checkpoints.quantize import quantize_checkpoint
 
     output = tmp_path / f"tts.q{bits}.safetensors"
-    quantize_checkpoint(FIXTURES / "weights.safetensors", output, bits, 32, config=lm.cfg)
+    quantize_checkpoint(FIXTURES / "weights.safetensors", output, bits, 32, config=lm.config)
     with safe_open(str(output), "numpy") as file:
         names = set(file.keys())
     # Kyutai's MLX naming, every depformer slice listed; the two-stream text table quantized.
     slice_7 = "depformer.slices.7.transformer.layers.1.gating.linear_in.scales"
     assert {"text_emb.scales", slice_7} <= names
-    quantized = load_lm(output, lm.cfg, dtype=mx.float32)
+    quantized = load_lm(output, lm.config, dtype=mx.float32)
     assert quantized.text_emb.quantization == (32, bits, "affine")
     slices = quantized.depformer.slices
     assert slices[5].transformer is slices[4].transformer  # one copy per weight set
@@ -194,7 +194,7 @@ def test_the_model_has_kyutais_mlx_names_and_loads_its_mlx_naming(lm, forced, tm
     ours = {name: tuple(p.shape) for name, p in tree_flatten(lm.parameters())}
     assert ours == kyutai
     mlx_named = tmp_path / "tts.safetensors"
-    quantize_checkpoint(FIXTURES / "weights.safetensors", mlx_named, 16, config=lm.cfg)
-    reloaded = load_lm(mlx_named, lm.cfg, dtype=mx.float32)
+    quantize_checkpoint(FIXTURES / "weights.safetensors", mlx_named, 16, config=lm.config)
+    reloaded = load_lm(mlx_named, lm.config, dtype=mx.float32)
     text, _ = _forced_logits(reloaded, forced)
     assert _relative(text, forced["text_logits"]) < 1e-4

@@ -40,7 +40,10 @@ def model(tiny_mimi_checkpoint) -> TtsModel:
 
 def _requests() -> list[TtsRequest]:
     voices = [VOICES["alice"], VOICES["bob"], VOICES["alice"]]
-    return [TtsRequest(text, (voice,), cfg) for text, voice, cfg in zip(TEXTS, voices, (2, 1.5, 2))]
+    return [
+        TtsRequest(text, (voice,), config)
+        for text, voice, config in zip(TEXTS, voices, (2, 1.5, 2))
+    ]
 
 
 def _alone(model: TtsModel, request: TtsRequest) -> list[tuple]:
@@ -117,7 +120,7 @@ def test_a_row_started_late_attends_as_a_stream_started_at_zero(model):
     its outputs equal the same inputs run alone from position 0 to float rounding."""
     lm = model.lm
     rng = np.random.default_rng(0)
-    dim, late, steps = lm.cfg.dim, 23, 30
+    dim, late, steps = lm.config.dim, 23, 30
     inputs = mx.array(rng.standard_normal((steps, 1, dim)).astype(np.float32))
     noise = mx.array(rng.standard_normal((late + steps, 2, dim)).astype(np.float32))
     voice = load_voice(VOICES["alice"], 16)
@@ -142,7 +145,7 @@ def test_a_row_started_late_attends_as_a_stream_started_at_zero(model):
         mx.eval(out, ring.state)
         if t >= late:
             batched.append(out[1:])
-    assert lm.cfg.context < steps
+    assert lm.config.context < steps
     difference = np.abs(np.array(mx.stack(batched)) - np.array(mx.stack(alone))).max()
     print(f"largest difference {difference:.2e}")
     assert difference < 1e-5

@@ -58,7 +58,7 @@ def _greedy_stream(lm: Lm, user_codes: np.ndarray) -> tuple[mx.array, mx.array]:
 
 
 def _logits(lm: Lm, inputs: mx.array, sampled: mx.array) -> dict[str, np.ndarray]:
-    text, audio = teacher_forced_logits(lm, inputs, sampled[:, : lm.cfg.moshi_codebooks])
+    text, audio = teacher_forced_logits(lm, inputs, sampled[:, : lm.config.moshi_codebooks])
     return {"text_logits": np.array(text), "audio_logits": np.array(audio)}
 
 

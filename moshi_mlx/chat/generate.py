@@ -91,7 +91,7 @@ class ChatStepFunction(StepFunction):
         self.audio_sampling = audio_sampling
         self.cfg_coef = cfg_coef
         self.guided = cfg_coef != 1.0
-        self.conditioned = bool(lm.cfg.conditioners)
+        self.conditioned = bool(lm.config.conditioners)
         self.compiled_sample_tokens = mx.compile(self.sample_tokens)
 
     def sample_tokens(
@@ -125,16 +125,16 @@ class ChatStepFunction(StepFunction):
         given: mx.array | None = None,
     ) -> tuple[mx.array, mx.array, mx.array, list[mx.array]]:
         """`sample_tokens`, also giving the (guided) text and each codebook's logits."""
-        cfg, guided, audio_sampling = self.lm.cfg, self.guided, self.audio_sampling
+        config, guided, audio_sampling = self.lm.config, self.guided, self.audio_sampling
         key, text_key, audio_key = mx.random.split(key, 3)
         if guided:
             text_logits = self._guide(text_logits)
         text = self.text_sampling.sample(text_logits, text_key)
         # Every codebook's noise in one draw, split once: (B, card) each.
-        noises = [None] * cfg.moshi_codebooks
+        noises = [None] * config.moshi_codebooks
         if audio_sampling.draws:
-            shape = (text_logits.shape[0], cfg.moshi_codebooks * cfg.card)
-            noises = mx.split(gumbel_noise(shape, audio_key), cfg.moshi_codebooks, axis=-1)
+            shape = (text_logits.shape[0], config.moshi_codebooks * config.card)
+            noises = mx.split(gumbel_noise(shape, audio_key), config.moshi_codebooks, axis=-1)
         forced = None
         if given is not None:
             text = mx.where(given[0], given_tokens[0], text)
@@ -162,10 +162,12 @@ class ChatStepFunction(StepFunction):
         model's condition (B, dim), B = 2 with guidance) -> the next state, the text token,
         Moshi's codes (valid once the delays are filled), the step's inputs and sampled
         tokens (and a conditioned model's text and audio logits)."""
-        cfg, delayed, t = self.lm.cfg, self.delayed_tokens, state.position
-        moshi_rows = slice(0, 1 + cfg.moshi_codebooks)  # the text, then Moshi's codebooks
+        config, delayed, t = self.lm.config, self.delayed_tokens, state.position
+        moshi_rows = slice(0, 1 + config.moshi_codebooks)  # the text, then Moshi's codebooks
         user_rows = slice(moshi_rows.stop, None)
-        tokens = delayed.write_delayed(state.tokens, t + cfg.user_input_lag, user_codes, user_rows)
+        tokens = delayed.write_delayed(
+            state.tokens, t + config.user_input_lag, user_codes, user_rows
+        )
         inputs = delayed.inputs(tokens, t)
 
         kv = self.kv_ring(state)
@@ -178,7 +180,7 @@ class ChatStepFunction(StepFunction):
         if self.conditioned:
             generated, key, text, audio = self._sample(temporal_out, text_logits, key)
             guided_text, guided_audio = text[0], mx.concatenate(audio)
-        elif cfg.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
+        elif config.prompted:  # only a prompt gives tokens ahead: Moshi's step keeps its graph
             generated, key = self.sample_tokens(
                 temporal_out,
                 text_logits,
@@ -202,10 +204,10 @@ class ChatStepFunction(StepFunction):
 def fresh_state(lm: Lm, kv_quantization: KVQuantization | None = None, batch: int = 1) -> GenState:
     """The state of a conversation that starts from nothing (Moshi's; `batch` 2: Hibiki's
     guided and null rows)."""
-    delayed = DelayedTokens.of(lm.cfg)
+    delayed = DelayedTokens.of(lm.config)
     return GenState(
         tokens=delayed.empty(),
-        given=mx.zeros((1 + lm.cfg.moshi_codebooks, delayed.width), mx.bool_),
+        given=mx.zeros((1 + lm.config.moshi_codebooks, delayed.width), mx.bool_),
         ring=lm.make_ring(batch, kv_quantization),
         step_index=0,
     )
@@ -248,7 +250,7 @@ class ChatStepper(Stepper):
         if start is not None and start.ring.quantization != kv_quantization:
             raise MoshiError("the prompt's KV cache is not quantized as this stepper's")
         self.start = start
-        self.cfg_coef = default_cfg_coef(lm.cfg) if cfg_coef is None else float(cfg_coef)
+        self.cfg_coef = default_cfg_coef(lm.config) if cfg_coef is None else float(cfg_coef)
         self._condition = condition_rows(lm, self.cfg_coef, condition)
         choice = (
             text_sampling or TEXT_SAMPLING,
@@ -274,7 +276,7 @@ class ChatStepper(Stepper):
         if not isinstance(user_codes, mx.array):
             user_codes = mx.array(np.asarray(user_codes).astype(np.int32))
         codes = user_codes.reshape(-1)
-        expected = self.lm.cfg.num_user_codebooks
+        expected = self.lm.config.num_user_codebooks
         if codes.shape != (expected,):
             raise MoshiError(
                 f"ChatStepper.step expects {expected} user codes, got shape {user_codes.shape}"
@@ -311,16 +313,16 @@ class ChatStepper(Stepper):
         return self.graph(*self._inputs(user_codes), compiled=compiled)
 
 
-def default_cfg_coef(cfg: LmConfig) -> float:
+def default_cfg_coef(config: LmConfig) -> float:
     """The guidance a checkpoint runs with: its `lm_gen_config.cfg_coef`, else 1.0 (none)."""
-    coef = cfg.lm_gen_config.cfg_coef
+    coef = config.lm_gen_config.cfg_coef
     return 1.0 if coef is None else coef
 
 
 def condition_rows(lm: Lm, cfg_coef: float, condition: Mapping[str, str] | None) -> mx.array | None:
     """A conditioned model's condition vectors (B, dim): the guided row, then with guidance
     the null row; None for a model without conditioners."""
-    if not lm.cfg.conditioners:
+    if not lm.config.conditioners:
         if cfg_coef != 1.0 or condition is not None:
             raise MoshiError("this model takes no condition, so no guidance (cfg_coef 1)")
         return None

@@ -97,11 +97,11 @@ class MoshiModel:
         self.kv_quantization = kv_quantization  # how conversations store their KV cache
         self.files = files
         self.codec_backend = codec_backend
-        check_codec_fits(lm.cfg)
+        check_codec_fits(lm.config)
         self._codec = codec
         self.tokenizer = tokenizer
         self.prompts = None  # PersonaPlex: its voice and role prompts (`persona.prompts`)
-        if lm.cfg.prompted:
+        if lm.config.prompted:
             self.prompts = Prompts(lm, self._codec, self.tokenizer, files, kv_quantization)
 
     @classmethod
@@ -218,9 +218,9 @@ def step_frame(
     Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
     with the codec's state (the step's inputs too); returns the step and Moshi's pcm. pcm None: Hibiki's
     end-of-input frame (every code = card) in place of encoded audio."""
-    cfg = generator.lm.cfg
+    config = generator.lm.config
     if pcm is None:
-        codes = mx.full((cfg.num_user_codebooks,), cfg.card, mx.int32)
+        codes = mx.full((config.num_user_codebooks,), config.card, mx.int32)
     else:
         codes = codec.encode_step(pcm)
     out = generator.step(codes)

@@ -138,18 +138,18 @@ def codec_codebooks(config: LmConfig) -> int:
     return max(config.moshi_codebooks, config.num_user_codebooks)
 
 
-def check_codec_fits(cfg: LmConfig) -> None:
+def check_codec_fits(config: LmConfig) -> None:
     """Raise `ConfigError` unless a chat LM's audio streams match Mimi's codebooks."""
-    if cfg.num_user_codebooks != cfg.moshi_codebooks:
+    if config.num_user_codebooks != config.moshi_codebooks:
         raise ConfigError(
-            f"the LM config has {cfg.moshi_codebooks} Moshi and {cfg.num_user_codebooks} user "
+            f"the LM config has {config.moshi_codebooks} Moshi and {config.num_user_codebooks} user "
             "codebooks; "
             "the codec needs the same number of both"
         )
     codec_card = MimiConfig.moshi().quantizer.bins
-    if cfg.card != codec_card:
+    if config.card != codec_card:
         raise ConfigError(
-            f"the LM config has {cfg.card} audio tokens per codebook but Mimi has "
+            f"the LM config has {config.card} audio tokens per codebook but Mimi has "
             f"{codec_card}: the LM weights or ",
             Setting("lm_config"),
             " do not belong to Moshi",

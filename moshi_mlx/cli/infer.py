@@ -132,15 +132,15 @@ def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
     check_audio_name(output)
 
 
-def step_tokens(steps: Sequence[StepResult], cfg: LmConfig) -> dict[str, np.ndarray]:
+def step_tokens(steps: Sequence[StepResult], config: LmConfig) -> dict[str, np.ndarray]:
     """The `--tokens` arrays of a conversation's steps (see its help)."""
-    silent = np.full(cfg.moshi_codebooks, NO_TOKEN, np.int32)
+    silent = np.full(config.moshi_codebooks, NO_TOKEN, np.int32)
     codes = [silent if s.moshi_codes is None else s.moshi_codes for s in steps]
     return {
         "text_tokens": np.array([s.text_token for s in steps], np.int32),
-        "audio_codes": np.array(codes, np.int32).reshape(-1, cfg.moshi_codebooks).T,
+        "audio_codes": np.array(codes, np.int32).reshape(-1, config.moshi_codebooks).T,
         "input_tokens": np.array([s.input_tokens for s in steps], np.int32)
-        .reshape(-1, cfg.num_codebooks)
+        .reshape(-1, config.num_codebooks)
         .T,
     }
 
@@ -181,8 +181,8 @@ def _run(argv: Sequence[str] | None) -> int:
     )
     started = time.monotonic()
     with conversation:
-        if model.lm.cfg.model_type == "hibiki":
-            lag = model.lm.cfg.max_delay
+        if model.lm.config.model_type == "hibiki":
+            lag = model.lm.config.max_delay
             moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_step=show)
         else:
             moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_step=show)
@@ -192,7 +192,7 @@ def _run(argv: Sequence[str] | None) -> int:
     with written_atomically(output) as partial:
         write_audio(partial, moshi_pcm, model.sample_rate)
     if tokens is not None:
-        write_tokens(tokens, step_tokens(steps, model.lm.cfg))
+        write_tokens(tokens, step_tokens(steps, model.lm.config))
     seconds = len(moshi_pcm) / model.sample_rate
     print(
         f"wrote {output}: {seconds:.2f} s of audio in {elapsed:.1f} s "

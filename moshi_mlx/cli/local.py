@@ -209,7 +209,7 @@ class LiveSession:
             self.loop.stop_event.set()
             return
         self._conversation = conversation
-        self._model_name = model.lm.cfg.model_name
+        self._model_name = model.lm.config.model_name
         self._ready.set()
         with wired_memory(model.memory):  # Apple GPUs: keep the model resident while talking
             self.loop.run()

@@ -38,7 +38,7 @@ class Lm(nn.Module):
 
     def __init__(self, config: LmConfig, full_depformer: bool = False):
         super().__init__()
-        self.cfg = config
+        self.config = config
         # id text_card: the start token
         self.text_emb = make_embedding(
             config.text_card + 1, config.dim, demux=config.demux_second_stream
@@ -64,14 +64,14 @@ class Lm(nn.Module):
         """The condition vector (B, dim) that `step_text` adds to each input, for each batch
         row's values (conditioner name -> value, e.g. Hibiki's {"description": "very_good"};
         None: absent)."""
-        if not self.cfg.fuser.sum:
+        if not self.config.fuser.sum:
             raise ConfigError("this model takes no conditions")
         return self.condition_provider.sum(conditions)
 
     def cross_keys_values(self, tensors: Mapping[str, tuple[mx.array, mx.array]]) -> list[CrossKV]:
         """Each temporal layer's cross-attention keys and values for the cross conditions
         (name -> (tensor (B, T, dim), mask (B, T) bool), e.g. the TTS's "speaker_wavs")."""
-        if not self.cfg.cross_attention:
+        if not self.config.cross_attention:
             raise ConfigError("this model takes no cross-attended conditions")
         source = self.condition_provider.cross_source(tensors)
         return self.transformer.cross_keys_values(source.astype(self.out_norm.weight.dtype))
@@ -82,7 +82,7 @@ class Lm(nn.Module):
         # The keys' dtype is what the first projection yields (built lazily, never evaluated).
         probe = self.transformer.layers[0].self_attn.in_proj(self.text_emb(mx.array([0])))
         if quantization is not None:
-            quantization.check_head_dim(self.transformer.cfg.head_dim)
+            quantization.check_head_dim(self.transformer.config.head_dim)
         return self.transformer.make_ring(batch, probe.dtype, quantization)
 
     def embed(self, tokens: mx.array) -> mx.array:
@@ -115,7 +115,7 @@ class Lm(nn.Module):
         `step_text`s leave it (lazily; T must be less than the context, the ring's capacity
         is grown to fit)."""
         steps = embeddings.shape[1]
-        if steps >= self.transformer.cfg.context:
+        if steps >= self.transformer.config.context:
             raise ValueError(f"a prefill of {steps} positions exceeds the context")
         ring = ring.grown(steps)
         ring = ring.replaced(ring.keys, ring.values, ring.position)  # its own buffer lists

@@ -187,7 +187,7 @@ class Mimi(nn.Module):
                 f"num_codebooks must be between {config.quantizer.semantic_codebooks} and {total}, "
                 f"got {num_codebooks}"
             )
-        self.cfg = config
+        self.config = config
         self.num_codebooks = num_codebooks
         dim = config.seanet.dimension
         stride = config.downsample_stride
@@ -201,11 +201,11 @@ class Mimi(nn.Module):
 
     @property
     def frame_size(self) -> int:
-        return self.cfg.frame_size
+        return self.config.frame_size
 
     @property
     def sample_rate(self) -> int:
-        return self.cfg.sample_rate
+        return self.config.sample_rate
 
     def with_codebooks(self, num_codebooks: int) -> Mimi:
         """This codec on its first `num_codebooks` codebooks (Kyutai's `set_num_codebooks`),
@@ -214,8 +214,8 @@ class Mimi(nn.Module):
             return self
         if num_codebooks > self.num_codebooks:
             raise ConfigError(f"this Mimi has {self.num_codebooks} codebooks, not {num_codebooks}")
-        view = Mimi(self.cfg, num_codebooks)  # checks the semantic codebooks are kept
-        acoustic = num_codebooks - self.cfg.quantizer.semantic_codebooks
+        view = Mimi(self.config, num_codebooks)  # checks the semantic codebooks are kept
+        acoustic = num_codebooks - self.config.quantizer.semantic_codebooks
         weights = [
             (name, array[:acoustic] if name == "quantizer.acoustic.codebooks" else array)
             for name, array in tree_flatten(self.parameters())

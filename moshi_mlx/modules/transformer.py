@@ -100,19 +100,19 @@ class LayerScale(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
-        self.head_dim = cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
-        self.use_rope = cfg.positional_embedding != "none"
-        self.interleaved = cfg.rope_interleaved
-        self.max_period = cfg.max_period
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.use_rope = config.positional_embedding != "none"
+        self.interleaved = config.rope_interleaved
+        self.max_period = config.max_period
         # Rows: the queries, then the keys and the values of the num_kv_heads heads.
-        kv_dim = 2 * cfg.num_kv_heads * cfg.head_dim
-        self.in_proj = Linear(cfg.d_model, cfg.d_model + kv_dim, bias=False)
-        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
+        kv_dim = 2 * config.num_kv_heads * config.head_dim
+        self.in_proj = Linear(config.d_model, config.d_model + kv_dim, bias=False)
+        self.out_proj = Linear(config.d_model, config.d_model, bias=False)
 
     def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
         return mx.fast.rope(
@@ -264,13 +264,13 @@ class CrossAttention(nn.Module):
     """Attention of each position to a fixed source sequence: queries from the first third of
     `in_proj`, keys and values from the rest (Kyutai's packed layout)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.d_model = cfg.d_model
-        self.scale = cfg.head_dim**-0.5
-        self.in_proj = Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.out_proj = Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.num_heads = config.num_heads
+        self.d_model = config.d_model
+        self.scale = config.head_dim**-0.5
+        self.in_proj = Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.out_proj = Linear(config.d_model, config.d_model, bias=False)
         # Not a parameter: the query rows of `in_proj` as a step reads them, made once
         # (`transpose_weight`): transposed, or a quantized one's `quantized_rows`.
         self.query_weight: StepWeight | None = None
@@ -331,28 +331,28 @@ class GatedFeedForward(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
-        if cfg.norm == "rms_norm":
-            self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-            self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if config.norm == "rms_norm":
+            self.norm1 = RMSNorm(config.d_model, config.norm_eps)
+            self.norm2 = RMSNorm(config.d_model, config.norm_eps)
         else:
-            self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-            self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.self_attn = Attention(cfg)
-        self.gated = cfg.gated
-        if cfg.gated:
-            self.gating = GatedFeedForward(cfg.d_model, cfg.ffn_hidden)
+            self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+            self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.self_attn = Attention(config)
+        self.gated = config.gated
+        if config.gated:
+            self.gating = GatedFeedForward(config.d_model, config.ffn_hidden)
         else:
-            self.linear1 = Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
-            self.linear2 = Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
-        self.has_layer_scale = cfg.layer_scale is not None
-        if cfg.layer_scale is not None:
-            self.layer_scale_1 = LayerScale(cfg.d_model, cfg.layer_scale)
-            self.layer_scale_2 = LayerScale(cfg.d_model, cfg.layer_scale)
-        if cfg.cross_attention:  # always a LayerNorm, as in Kyutai's reference
-            self.norm_cross = nn.LayerNorm(cfg.d_model, eps=1e-5)
-            self.cross_attention = CrossAttention(cfg)
+            self.linear1 = Linear(config.d_model, config.ffn_hidden, bias=False)
+            self.linear2 = Linear(config.ffn_hidden, config.d_model, bias=False)
+        self.has_layer_scale = config.layer_scale is not None
+        if config.layer_scale is not None:
+            self.layer_scale_1 = LayerScale(config.d_model, config.layer_scale)
+            self.layer_scale_2 = LayerScale(config.d_model, config.layer_scale)
+        if config.cross_attention:  # always a LayerNorm, as in Kyutai's reference
+            self.norm_cross = nn.LayerNorm(config.d_model, eps=1e-5)
+            self.cross_attention = CrossAttention(config)
 
     def _feed_forward(self, x: mx.array) -> mx.array:
         if self.gated:
@@ -408,23 +408,23 @@ class Transformer(nn.Module):
     `LayerCache` per layer (mlx-lm's protocol: Mimi's `KVCache`s, a `KVRing`'s or a
     `StepKV`'s `layers()`)."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.cfg = cfg
-        self.layers = [TransformerLayer(cfg) for _ in range(cfg.num_layers)]
+        self.config = config
+        self.layers = [TransformerLayer(config) for _ in range(config.num_layers)]
 
     def make_caches(self) -> list[KVCache]:
         """Fresh streaming state: one `KVCache` per layer (Mimi's)."""
-        return [KVCache(self.cfg.context) for _ in self.layers]
+        return [KVCache(self.config.context) for _ in self.layers]
 
     def make_ring(
         self, batch: int, dtype: mx.Dtype, quantization: KVQuantization | None = None
     ) -> KVRing:
         """Fresh streaming state for compiled steps; `dtype` is the activations' (and
         keys') dtype."""
-        cfg = self.cfg
-        shape = (batch, cfg.num_kv_heads, cfg.head_dim)
-        return KVRing.empty(cfg.num_layers, shape, dtype, cfg.context, quantization)
+        config = self.config
+        shape = (batch, config.num_kv_heads, config.head_dim)
+        return KVRing.empty(config.num_layers, shape, dtype, config.context, quantization)
 
     def cross_keys_values(self, source: mx.array) -> list[CrossKV]:
         """Each layer's cross-attention keys and values of a source sequence (B, S, D)."""
@@ -440,18 +440,18 @@ class Transformer(nn.Module):
         layer i attending through `caches[i]` under the mask the first cache makes (mlx-lm's
         `make_mask`). One position is RoPE'd with the step's `rope_tables` (at the first
         cache's offset), shared by every layer."""
-        cfg, first = self.cfg, caches[0]
+        config, first = self.config, caches[0]
         mask = first.make_mask(1 if x.ndim == 2 else x.shape[1])
         rope = None
-        if x.ndim == 2 and cfg.positional_embedding != "none":
+        if x.ndim == 2 and config.positional_embedding != "none":
             rope = rope_tables(
                 first.offset,
-                cfg.head_dim,
-                cfg.max_period,
+                config.head_dim,
+                config.max_period,
                 first.dtype,
-                cfg.head_dim**-0.5,
-                cfg.rope_interleaved,
-                None if cfg.kv_repeat == 1 else (cfg.num_heads, cfg.num_kv_heads),
+                config.head_dim**-0.5,
+                config.rope_interleaved,
+                None if config.kv_repeat == 1 else (config.num_heads, config.num_kv_heads),
             )
         dtype = x.dtype
         widened = self.layers[0].widened

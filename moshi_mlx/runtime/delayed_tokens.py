@@ -19,10 +19,10 @@ from moshi_mlx.models.config import LmConfig
 UNGENERATED = -2  # a token slot not written yet
 
 
-def delayed_tokens_width(cfg: LmConfig) -> int:
+def delayed_tokens_width(config: LmConfig) -> int:
     """Columns of a generator's delayed tokens: from the oldest column a step reads (its output,
     `max_delay` back) to the furthest it writes (a user frame, lag and delay ahead)."""
-    return cfg.max_delay + 2 + cfg.user_input_lag
+    return config.max_delay + 2 + config.user_input_lag
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,13 @@ class DelayedTokens:
     width: int
 
     @classmethod
-    def of(cls, cfg: LmConfig) -> DelayedTokens:
-        """The delayed tokens of `cfg`'s streams, `delayed_tokens_width(cfg)` columns wide."""
+    def of(cls, config: LmConfig) -> DelayedTokens:
+        """The delayed tokens of `config`'s streams, `delayed_tokens_width(config)` columns wide."""
         return cls(
-            delays=mx.array(cfg.delays, mx.int32),
-            start_tokens=mx.array(cfg.start_tokens, mx.int32),
-            max_delay=cfg.max_delay,
-            width=delayed_tokens_width(cfg),
+            delays=mx.array(config.delays, mx.int32),
+            start_tokens=mx.array(config.start_tokens, mx.int32),
+            max_delay=config.max_delay,
+            width=delayed_tokens_width(config),
         )
 
     def empty(self, *batch: int) -> mx.array:

@@ -231,8 +231,10 @@ def fit_advice(plan: MemoryPlan, config: LmConfig) -> list[tuple[str | Setting, 
     dtype = plan.dtype
 
     def with_kv(kv: KVQuantization | None, context: int | None = None) -> MemoryPlan:
-        cfg = config if context is None else replace(config, context=context)
-        return replace(plan, kv_cache=kv_cache_bytes(cfg, dtype, kv), kv=kv, context=cfg.context)
+        sized = config if context is None else replace(config, context=context)
+        return replace(
+            plan, kv_cache=kv_cache_bytes(sized, dtype, kv), kv=kv, context=sized.context
+        )
 
     def longest_context(candidate: MemoryPlan) -> int:
         empty = kv_cache_bytes(config, dtype, candidate.kv, positions=0)

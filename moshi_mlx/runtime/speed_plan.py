@@ -99,7 +99,7 @@ def frame_bytes(lm: Lm, n_q: int | None = None, full_context: bool = True) -> tu
     """(weight bytes, other bytes) one frame reads with the first `n_q` codebooks generated
     (None: all): weights as `lm` holds them; others the KV cache (at full context when
     `full_context`) and the voices' cross-attention keys and values (one voice slot each)."""
-    config = lm.cfg
+    config = lm.config
     n_q = config.dep_q if n_q is None else n_q
     tables = [lm.text_emb, *lm.audio_embs]
     weights = _nbytes(lm) - sum(_nbytes(t) for t in tables) + sum(_row_bytes(t) for t in tables)
@@ -121,7 +121,7 @@ def frame_bytes(lm: Lm, n_q: int | None = None, full_context: bool = True) -> tu
 
 def frame_ops(lm: Lm, n_q: int | None = None) -> int:
     """The compiled step's operations per frame with `n_q` codebooks (None: all)."""
-    config = lm.cfg
+    config = lm.config
     n_q = config.dep_q if n_q is None else n_q
     layers = config.num_layers + n_q * config.depformer_num_layers
     return OPS_PER_LAYER * layers + OPS_PER_SAMPLE * (1 + n_q)
@@ -178,7 +178,7 @@ def plan_speed(lm: Lm, chip: str | None = None, n_q: int | None = None) -> Speed
     machine's, `chip_name`), with the fewest changes that would make it real time: 8 bits
     alone, then 24, 16 or 8 codebooks without and with 8 bits."""
     chip = chip_name() if chip is None else chip
-    n_q = lm.cfg.dep_q if n_q is None else n_q
+    n_q = lm.config.dep_q if n_q is None else n_q
     plan = _plan(lm, chip, n_q, None)
     if plan.real_time_factor is None or plan.real_time_factor >= 1:
         return plan

@@ -37,7 +37,7 @@ class StepFunction:
     def __init__(self, lm: Lm, kv_quantization: KVQuantization | None = None):
         self.lm = lm
         self.kv_quantization = kv_quantization  # None: keys and values in the compute dtype
-        self.delayed_tokens = DelayedTokens.of(lm.cfg)
+        self.delayed_tokens = DelayedTokens.of(lm.config)
         mx.eval(transpose_weights(lm))  # no weight transposes in the traced steps
         self.compiled: Callable[..., StepOutput] = mx.compile(self.step)
 
@@ -60,7 +60,7 @@ class StepFunction:
 
     def kv_ring(self, state: StepState) -> KVRing:
         """The temporal transformer's `KVRing` of `state`."""
-        return state.ring(self.lm.cfg.attention_window, self.kv_quantization)
+        return state.ring(self.lm.config.attention_window, self.kv_quantization)
 
 
 class Stepper:
@@ -86,7 +86,7 @@ class Stepper:
     @property
     def ready(self) -> bool:
         """Whether the last step gave out a frame (the delays are filled)."""
-        return self.step_index > self.lm.cfg.max_delay
+        return self.step_index > self.lm.config.max_delay
 
     def reserve(self, positions: int) -> None:
         """Give the KV ring room for `positions` steps now (at most the context), so that no

@@ -81,7 +81,7 @@ class SttBatch:
         self._stepper = SttStepper(
             model.lm, rows, text_sampling, compiled_steps=model.compiled_steps
         )
-        timing = model.lm.cfg.stt_config
+        timing = model.lm.config.stt_config
         seconds = timing.audio_delay_seconds + FLUSH_EXTRA_SECONDS
         self.flush_steps = int(np.ceil(seconds / FRAME_SECONDS))  # as `SpeechToText`'s
         # Steps between a frame's audio and the words it yields (as `SpeechToText`'s).
@@ -137,7 +137,7 @@ class SttBatch:
         if not self._busy:
             return []
         silence = np.zeros(FRAME_SIZE, np.float32)
-        codes = [mx.zeros(self.model.lm.cfg.n_q, mx.int32)] * self.rows
+        codes = [mx.zeros(self.model.lm.config.n_q, mx.int32)] * self.rows
         for row, busy in self._busy.items():
             fed = busy.frames.popleft() if busy.frames and not busy.prefix_left else silence
             codes[row] = busy.encoder.encode_frames(fed[None])[0]
@@ -156,7 +156,7 @@ class SttBatch:
         busy = self._busy[row]
         index = busy.step
         busy.step += 1
-        if busy.step > self.model.lm.cfg.max_delay:
+        if busy.step > self.model.lm.config.max_delay:
             step = busy.reader.read(index, token, heads)
         else:
             step = SttStep(index)

@@ -38,7 +38,7 @@ class SttStepFunction(StepFunction):
         """The state (delayed tokens (B, K, width), random key, KV ring) and the audio codes
         (B, n_q) -> the next state, the text tokens out (B,), the step's inputs (B, K), the
         text logits (B, text_card) and the heads' probabilities (B, heads, classes)."""
-        lm, cfg, delayed, t = self.lm, self.lm.cfg, self.delayed_tokens, state.position
+        lm, config, delayed, t = self.lm, self.lm.config, self.delayed_tokens, state.position
         tokens = delayed.write_delayed(state.tokens, t, codes, slice(1, None))
         if state.starts is None:
             inputs = delayed.inputs(tokens, t)  # (B, K)
@@ -55,7 +55,7 @@ class SttStepFunction(StepFunction):
         out = delayed.frame_out(tokens, t, slice(0, 1))[:, 0]
         heads = (
             lm.head_probabilities(temporal_out)
-            if cfg.extra_heads_num_heads
+            if config.extra_heads_num_heads
             else mx.zeros((codes.shape[0], 0, 0), mx.float32)
         )
         next_state = StepState.of(tokens, key, kv.advanced())
@@ -84,7 +84,7 @@ class SttStepper(Stepper):
         seed: int = 0,
         compiled_steps: ModelMemo[SttStepFunction] | None = None,
     ):
-        if lm.cfg.dep_q:
+        if lm.config.dep_q:
             raise MoshiError("SttStepper runs models without a depformer (dep_q 0)")
         self.batch = batch
         self.seed = seed
@@ -101,7 +101,7 @@ class SttStepper(Stepper):
 
     def _codes(self, codes: np.ndarray | mx.array) -> mx.array:
         codes = mx.array(codes).astype(mx.int32) if not isinstance(codes, mx.array) else codes
-        expected = (self.batch, self.lm.cfg.n_q)
+        expected = (self.batch, self.lm.config.n_q)
         if codes.shape != expected:
             raise MoshiError(f"expected audio codes of shape {expected}, got {codes.shape}")
         return codes.astype(mx.int32)

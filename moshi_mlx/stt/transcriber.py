@@ -82,7 +82,7 @@ class SttModel:
     @classmethod
     def from_parts(cls, parts: LoadedParts) -> SttModel:
         """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
-        if parts.lm.cfg.stt_config is None:
+        if parts.lm.config.stt_config is None:
             raise ConfigError(
                 f"{parts.files.lm_config} is not a speech-to-text config (no stt_config)"
             )
@@ -92,12 +92,12 @@ class SttModel:
     def has_pause_heads(self) -> bool:
         """Whether the model says when a speaker is done (its voice-activity heads: the
         ends of turns); kyutai/stt-2.6b-en has none."""
-        return self.lm.cfg.extra_heads_num_heads > TURN_HEAD
+        return self.lm.config.extra_heads_num_heads > TURN_HEAD
 
     @property
     def silence_prefix_steps(self) -> int:
         """Steps of silence a transcription starts with (the config's silence prefix)."""
-        return math.ceil(self.lm.cfg.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
+        return math.ceil(self.lm.config.stt_config.audio_silence_prefix_seconds / FRAME_SECONDS)
 
     def speech_to_text(
         self, streams: int = 1, text_sampling: Sampling | None = None
@@ -132,13 +132,13 @@ class StreamReader:
     """One stream's text tokens into its steps: text pieces, timed words, ends of turn."""
 
     def __init__(self, model: SttModel):
-        timing = model.lm.cfg.stt_config
+        timing = model.lm.config.stt_config
         self.timing = timing
         self.timer = WordTimer(
             model.tokenizer,
             audio_delay=timing.audio_delay_seconds,
             silence_prefix=timing.audio_silence_prefix_seconds,
-            padding_id=model.lm.cfg.existing_text_padding_id,
+            padding_id=model.lm.config.existing_text_padding_id,
         )
         self._decoder = TextDecoder(model.tokenizer)
         self._turns = _TurnDetector()
@@ -162,10 +162,10 @@ class SpeechToText:
     sample_rate = SAMPLE_RATE
 
     def __init__(self, model: SttModel, streams: int = 1, text_sampling: Sampling | None = None):
-        cfg = model.lm.cfg
+        config = model.lm.config
         self.model = model
         self.streams = streams
-        self.timing = cfg.stt_config
+        self.timing = config.stt_config
         # Steps between a frame's audio and the words it yields (Kyutai's asr_delay_in_tokens).
         self.delay_steps = math.ceil(self.timing.audio_delay_seconds / FRAME_SECONDS)
         self._stepper = SttStepper(

@@ -183,10 +183,10 @@ def write_random_mimi_checkpoint(
     (`MIMI_CONFIG_KEY`), so that the loaders build that model from the file alone."""
     from safetensors.numpy import save_file
 
-    cfg = config or MimiConfig.moshi()
+    config = config or MimiConfig.moshi()
     rng = np.random.default_rng(seed)
     tensors = {}
-    for entry in mimi_tensor_table(cfg):
+    for entry in mimi_tensor_table(config):
         tensor = _random_tensor(entry, rng)
         if entry.layout == "embedding_sum":  # codebook = embedding_sum / cluster_usage
             usage = tensors[entry.name.replace("embedding_sum", "cluster_usage")]
@@ -195,8 +195,8 @@ def write_random_mimi_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = None
-    if cfg != MimiConfig.moshi():
-        metadata = {MIMI_CONFIG_KEY: json.dumps(mimi_config_dict(cfg))}
+    if config != MimiConfig.moshi():
+        metadata = {MIMI_CONFIG_KEY: json.dumps(mimi_config_dict(config))}
     save_file(tensors, str(path), metadata=metadata)
     return path
 

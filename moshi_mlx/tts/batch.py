@@ -115,7 +115,7 @@ class TtsBatch:
         row = self._busy.free_row()
         model, lm = self.model, self.model.lm
         cross = model.voice_keys_values([request.voices])
-        condition = lm.condition([condition_values(lm.cfg, request.cfg_coef)])
+        condition = lm.condition([condition_values(lm.config, request.cfg_coef)])
         self._write_row(row, condition, cross)
         feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
         self._busy[row] = _TtsRow(feed, model.mimi.make_state())
@@ -197,7 +197,7 @@ class TtsBatch:
         """Mimi's decoding (lazy) of each busy row's frame of the step just queued (frame
         (rows, 1 + dep_q)), for the rows whose audio has started: row -> (pcm, the frame's
         index in the row's audio)."""
-        model, max_delay = self.model, self.model.lm.cfg.max_delay
+        model, max_delay = self.model, self.model.lm.config.max_delay
         decoded = {}
         for row in self.busy_rows:
             busy = self._busy[row]
@@ -211,7 +211,7 @@ class TtsBatch:
     def _row_outputs(
         self, predicted: list[int], frames: np.ndarray, decoded: dict[int, tuple[mx.array, int]]
     ) -> list[TtsRowOutput]:
-        model, max_delay = self.model, self.model.lm.cfg.max_delay
+        model, max_delay = self.model, self.model.lm.config.max_delay
         codebooks = model.codebooks
         results = []
         for row in self.busy_rows:

@@ -58,7 +58,7 @@ class TtsStepFunction(StepFunction):
         self.text_sampling = text_sampling
         self.audio_sampling = audio_sampling
         self.padding_bonus = padding_bonus
-        self.n_q = lm.cfg.dep_q if n_q is None else n_q
+        self.n_q = lm.config.dep_q if n_q is None else n_q
         # Codebook k is -1 before this step.
         self.audio_start = self.delayed_tokens.delays[1:] + delay_steps
 
@@ -74,7 +74,7 @@ class TtsStepFunction(StepFunction):
         """The state (delayed tokens (B, K, width), random key, KV ring, the rows' starts), the
         conditions and the text tokens to feed per outcome (B,) -> the next state, the
         predicted text tokens (B,), the frame out (B, K) and the step's inputs (B, K)."""
-        cfg, delayed, t = self.lm.cfg, self.delayed_tokens, state.position
+        config, delayed, t = self.lm.config, self.delayed_tokens, state.position
         batch = state.tokens.shape[0]
         kv = self.kv_ring(state)
         if state.starts is None:
@@ -95,10 +95,10 @@ class TtsStepFunction(StepFunction):
         if depformer:
             audio_sampling = self.audio_sampling
             # Every codebook's noise in one draw, split once: (B, card) each.
-            noises = [None] * cfg.dep_q
+            noises = [None] * config.dep_q
             if audio_sampling.draws:
-                noise = gumbel_noise((batch, cfg.dep_q * cfg.card), audio_key)
-                noises = mx.split(noise, cfg.dep_q, axis=-1)
+                noise = gumbel_noise((batch, config.dep_q * config.card), audio_key)
+                noises = mx.split(noise, config.dep_q, axis=-1)
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
                 return audio_sampling.sample_column(logits, noises[k])
@@ -106,11 +106,11 @@ class TtsStepFunction(StepFunction):
             audio = self.lm.depformer.sample_step(
                 temporal_out, text, sample_audio, codebooks=self.n_q
             )
-            if self.n_q < cfg.dep_q:  # the codebooks not generated are fed as "no token"
-                skipped = mx.full((batch, cfg.dep_q - self.n_q), ZERO_TOKEN, mx.int32)
+            if self.n_q < config.dep_q:  # the codebooks not generated are fed as "no token"
+                skipped = mx.full((batch, config.dep_q - self.n_q), ZERO_TOKEN, mx.int32)
                 audio = mx.concatenate([audio, skipped], axis=1)
         else:
-            audio = mx.full((batch, cfg.dep_q), ZERO_TOKEN, mx.int32)
+            audio = mx.full((batch, config.dep_q), ZERO_TOKEN, mx.int32)
         audio = mx.where(steps < self.audio_start, ZERO_TOKEN, audio)
         column = mx.concatenate([text[:, None], audio], axis=1)  # (B, K)
         tokens = delayed.write_column(state.tokens, t + 1, column)

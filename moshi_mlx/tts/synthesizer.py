@@ -108,7 +108,7 @@ class TtsModel:
     voice_cache: VoiceCache = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        dep_q = self.lm.cfg.dep_q
+        dep_q = self.lm.config.dep_q
         if self.n_q is not None and not 1 <= self.n_q <= dep_q:
             raise TtsError(f"this model generates 1 to {dep_q} audio codebooks, not {self.n_q}")
         object.__setattr__(self, "compiled_steps", ModelMemo(self.lm, STEP_FUNCTIONS_KEPT))
@@ -117,7 +117,7 @@ class TtsModel:
     @property
     def codebooks(self) -> int:
         """The audio codebooks generated and decoded: `n_q`, or all."""
-        return self.lm.cfg.dep_q if self.n_q is None else self.n_q
+        return self.lm.config.dep_q if self.n_q is None else self.n_q
 
     @cached_property
     def mimi(self) -> Mimi:
@@ -160,7 +160,7 @@ class TtsModel:
 
     @property
     def config(self) -> LmConfig:
-        return self.lm.cfg
+        return self.lm.config
 
     @property
     def delay_steps(self) -> int:
@@ -359,7 +359,7 @@ class TtsRun:
         self.model = model
         lm = model.lm
         cross = model.voice_keys_values([request.voices for request in requests])
-        condition = lm.condition([condition_values(lm.cfg, r.cfg_coef) for r in requests])
+        condition = lm.condition([condition_values(lm.config, r.cfg_coef) for r in requests])
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(
             lm,
@@ -376,8 +376,8 @@ class TtsRun:
         self.schedules = [model.schedule() for _ in requests]
         self.prefixes = AudioPrefixes(
             [r.prefix for r in requests],
-            model.lm.cfg.dep_q,
-            np.array(model.lm.cfg.delays[1:]) + model.delay_steps,
+            model.lm.config.dep_q,
+            np.array(model.lm.config.delays[1:]) + model.delay_steps,
         )
         self._mimi_state = None  # made at the first frame decoded
         self._first_audio = model.delay_steps  # the first frame Mimi can decode
@@ -423,7 +423,7 @@ class TtsRun:
         audio ended), and the step's tokens. The LM step and Mimi's decoding of its frame are
         queued together and waited for once."""
         t, out = self._queue_step()
-        frame_index = t - self.model.lm.cfg.max_delay  # the audio time of the step's frame
+        frame_index = t - self.model.lm.config.max_delay  # the audio time of the step's frame
         if not self.stepper.ready or frame_index < self._first_audio:
             return TtsStep([None] * len(self.schedules), self._commit(t, out))
         codes = out.frame[:, 1 : 1 + self.model.codebooks, None].astype(mx.uint32)

@@ -196,7 +196,7 @@ def voice_keys_values(
     tensor, mask = speaker_condition(rows, frames)
     total = tensor.shape[1]
     filled = max(len(voices) for voices in rows) * (total // MAX_SPEAKERS)
-    if filled == total or tuple(lm.cfg.fuser.cross) != (VOICE_TENSOR,):
+    if filled == total or tuple(lm.config.fuser.cross) != (VOICE_TENSOR,):
         return lm.cross_keys_values({VOICE_TENSOR: (tensor, mask)})
 
     def empty_keys_values() -> list[CrossKV]:
@@ -261,7 +261,7 @@ class VoiceCache:
         """The voice's file (or embedding) and what it is kept by."""
         if isinstance(voice, VoiceEmbedding):
             return voice, ("embedding", voice.key)
-        path = resolve_voice(voice, self.lm.cfg, self.voice_repo)
+        path = resolve_voice(voice, self.lm.config, self.voice_repo)
         return path, voice_file_identity(path)
 
     def embedding(self, voice: Voice) -> mx.array:

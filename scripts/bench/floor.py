@@ -118,7 +118,7 @@ def step_floor(lm: Lm, step_ms: float) -> dict:
     """Where a loaded model's step bytes are on this machine: weights and KV cache (at full
     context) read per step (`speed_plan.frame_bytes`), this machine's bandwidth, the floor
     they imply and the step's ratio to it (`step_ms` over the floor)."""
-    weights, kv = frame_bytes(lm, lm.cfg.moshi_codebooks or None)
+    weights, kv = frame_bytes(lm, lm.config.moshi_codebooks or None)
     gbs = machine_bandwidth() / 1e9
     floor_ms = (weights + kv) / gbs / 1e6
     return {

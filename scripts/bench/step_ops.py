@@ -28,24 +28,24 @@ StepGraph = Callable[[], object]  # a stepper's next step, lazily
 def moshi_step(lm: Lm) -> tuple[object, StepGraph]:
     """A fresh `ChatStepper` (default sampling) and its next step on zero user codes."""
     gen = ChatStepper(lm, seed=0)
-    codes = np.zeros((lm.cfg.n_q - lm.cfg.moshi_codebooks,), np.int32)
+    codes = np.zeros((lm.config.n_q - lm.config.moshi_codebooks,), np.int32)
     return gen, lambda: gen.step_graph(codes)
 
 
 def stt_step(lm: Lm) -> tuple[object, StepGraph]:
     """A fresh `SttStepper` of one stream and its next step on zero audio codes."""
     stepper = SttStepper(lm)
-    codes = np.zeros((1, lm.cfg.n_q), np.int32)
+    codes = np.zeros((1, lm.config.n_q), np.int32)
     return stepper, lambda: stepper.step_graph(codes)
 
 
 def tts_frame(lm: Lm, full: bool = True) -> tuple[TtsStepper, StepGraph]:
     """A fresh `TtsStepper` on zero conditions and voices and its next frame: with the
     depformer (`full`), or the temporal step and text alone (the first `delay_steps` frames)."""
-    cfg = lm.cfg
+    config = lm.config
     dtype = lm.out_norm.weight.dtype
-    condition = mx.zeros((1, cfg.dim), dtype)
-    cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, cfg.dim), dtype))
+    condition = mx.zeros((1, config.dim), dtype)
+    cross = lm.transformer.cross_keys_values(mx.zeros((1, TTS_VOICE_FRAMES, config.dim), dtype))
     mx.eval(condition, cross)
     stepper = TtsStepper(lm, condition, cross, delay_steps=0)
     choices = (mx.array([0], mx.int32), mx.array([3], mx.int32))
@@ -60,9 +60,9 @@ def tts_frame(lm: Lm, full: bool = True) -> tuple[TtsStepper, StepGraph]:
 def step_for(lm: Lm) -> Step:
     """The step a model runs: the TTS frame (cross-attention), Moshi's (a depformer), else
     the STT's."""
-    if lm.cfg.cross_attention:
+    if lm.config.cross_attention:
         return tts_frame
-    return moshi_step if lm.cfg.dep_q else stt_step
+    return moshi_step if lm.config.dep_q else stt_step
 
 
 Step = Callable[[Lm], tuple[object, StepGraph]]  # `moshi_step`, `stt_step`, `tts_frame`

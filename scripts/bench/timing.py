@@ -41,10 +41,10 @@ def compiled_temporal_step(lm: Lm):
     """The temporal transformer with the text head over a `KVRing`, compiled as in a step:
     (tokens (1, K, 1), ring keys, values, position) -> (out, text logits, next keys, values,
     position)."""
-    cfg = lm.cfg
+    config = lm.config
 
     def temporal_step(tokens: mx.array, keys: list, values: list, position: mx.array):
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         out, text_logits = lm.step_text(tokens, ring)
         ring = ring.advanced()
         return out, text_logits, ring.keys, ring.values, ring.position

@@ -38,7 +38,7 @@ class VoicePrompt:
 
 def max_role_tokens(lm: Lm, voice: VoicePrompt) -> int:
     """How many role tokens fit in the context with this voice (the prompt must fit)."""
-    return lm.cfg.attention_window - voice.frames - 2 * SILENCE_FRAMES
+    return lm.config.attention_window - voice.frames - 2 * SILENCE_FRAMES
 
 
 def prompt_state(
@@ -49,7 +49,7 @@ def prompt_state(
 ) -> GenState:
     """The state a conversation starts from after `voice` and the role's tokens (wrapped in
     `<system>` tags already), lazily: evaluate it (`mx.eval(state.ring.keys, ...)`) once."""
-    config = lm.cfg
+    config = lm.config
     room = max_role_tokens(lm, voice)
     if len(role_tokens) > room:
         raise ConfigError(

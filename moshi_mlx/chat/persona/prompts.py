@@ -83,7 +83,7 @@ class Prompts:
         (default `DEFAULT_ROLE`; `@file` reads a file), evaluated."""
         source = self.source(voice)
         tokens = role_tokens(read_role(role if role is not None else DEFAULT_ROLE), self.tokenizer)
-        config, dtype = self.lm.cfg, self.lm.text_emb.weight.dtype
+        config, dtype = self.lm.config, self.lm.text_emb.weight.dtype
         key = prompt_key(
             lm=self._fingerprint(self.files.moshi),
             codec=self._fingerprint(self.files.mimi),

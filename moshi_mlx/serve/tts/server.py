@@ -204,11 +204,11 @@ class _TtsHandler:
             if "top_k" in query:
                 top_k = int(_bounded(query["top_k"], 1, 10_000))
                 text, audio = Sampling(text.temp, top_k), Sampling(audio.temp, top_k)
-            cfg = _bounded(query["cfg_alpha"], 0.0, 10.0) if "cfg_alpha" in query else None
+            config = _bounded(query["cfg_alpha"], 0.0, 10.0) if "cfg_alpha" in query else None
             seed = int(_bounded(query["seed"], 0, MAX_SEED)) if "seed" in query else None
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
-        cfg_coef = cfg if cfg is not None else DEFAULT_CFG_COEF
+        cfg_coef = config if config is not None else DEFAULT_CFG_COEF
         return SessionOptions(path, cfg_coef, (text, audio), seed)
 
 

@@ -52,7 +52,7 @@ def bench_kv_caches(
     def generator(bits: int | None) -> ChatStepper:
         quantization = KVQuantization.of(bits) if bits else None
         gen = ChatStepper(lm, seed=seed, kv_quantization=quantization)
-        gen.reserve(lm.cfg.attention_window)
+        gen.reserve(lm.config.attention_window)
         return gen
 
     def timed_step(gen: ChatStepper, codes: np.ndarray) -> float:

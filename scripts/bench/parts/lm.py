@@ -47,7 +47,7 @@ def _split_times(lm: Lm, total: int, seed: int) -> dict[str, list]:
     sync): the temporal transformer with the text head (compiled over a `KVRing`, as in a
     step), then `ChatStepper.sample_tokens` (text sampling and the depformer's 8 slices with audio
     sampling, compiled as in a step)."""
-    cfg = lm.cfg
+    config = lm.config
     gen = ChatStepper(lm, seed=seed)
     compiled_temporal = compiled_temporal_step(lm)
     ring = lm.make_ring()
@@ -56,7 +56,7 @@ def _split_times(lm: Lm, total: int, seed: int) -> dict[str, list]:
     temporal, depformer = [], []
     for index in range(total):
         tokens = np.concatenate(
-            [rng.integers(0, cfg.text_card, 1), rng.integers(0, cfg.card, cfg.n_q)]
+            [rng.integers(0, config.text_card, 1), rng.integers(0, config.card, config.n_q)]
         )
         tokens = mx.array(tokens.astype(np.int32))[None, :, None]
         ring = ring.grown(index)
@@ -65,7 +65,7 @@ def _split_times(lm: Lm, total: int, seed: int) -> dict[str, list]:
         out, text_logits, keys, values, position = compiled_temporal(
             tokens, ring.keys, ring.values, ring.position
         )
-        ring = KVRing(keys, values, position, cfg.context)
+        ring = KVRing(keys, values, position, config.context)
         mx.eval(out, text_logits, keys, values, position)
         t1 = time.perf_counter()
         generated, key = gen.sample_tokens(out, text_logits, key)
@@ -76,18 +76,18 @@ def _split_times(lm: Lm, total: int, seed: int) -> dict[str, list]:
 
 
 def _sampling_times(
-    cfg: LmConfig, text_sampling: Sampling, audio_sampling: Sampling, total: int
+    config: LmConfig, text_sampling: Sampling, audio_sampling: Sampling, total: int
 ) -> list[float]:
     """The text sampler and the 8 audio samplers alone, on logits of the real shapes."""
     times = []
-    keys = mx.random.split(mx.random.key(1), 1 + cfg.dep_q)
+    keys = mx.random.split(mx.random.key(1), 1 + config.dep_q)
     for _ in range(total):
-        text_logits = mx.random.normal((1, cfg.text_card)).astype(mx.bfloat16)
-        audio_logits = mx.random.normal((cfg.dep_q, 1, cfg.card)).astype(mx.bfloat16)
+        text_logits = mx.random.normal((1, config.text_card)).astype(mx.bfloat16)
+        audio_logits = mx.random.normal((config.dep_q, 1, config.card)).astype(mx.bfloat16)
         mx.eval(text_logits, audio_logits)
         t0 = time.perf_counter()
         tokens = [text_sampling.sample(text_logits, keys[0])]
-        tokens += [audio_sampling.sample(audio_logits[k], keys[1 + k]) for k in range(cfg.dep_q)]
+        tokens += [audio_sampling.sample(audio_logits[k], keys[1 + k]) for k in range(config.dep_q)]
         mx.eval(tokens)
         times.append(time.perf_counter() - t0)
     return times
@@ -101,7 +101,8 @@ def _step_anatomy(lm: Lm, total: int, seed: int) -> dict:
     last step's state), and compiled in each GPU's form (`step_ops.gpu_form_ops`)."""
     gen = ChatStepper(lm, seed=seed)
     user = [
-        mx.array(codes) for codes in user_codes(lm.cfg.card, total, seed, lm.cfg.num_user_codebooks)
+        mx.array(codes)
+        for codes in user_codes(lm.config.card, total, seed, lm.config.num_user_codebooks)
     ]
     mx.eval(user)
     host, wait, syncs = [], [], []

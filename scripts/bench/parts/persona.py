@@ -53,7 +53,7 @@ def personaplex_config(config: LmConfig) -> LmConfig:
     return replace(config, dep_q=config.n_q, user_codebooks=user, generator="personaplex")
 
 
-def persona_prompt(cfg: LmConfig, runs: int, seed: int) -> tuple[VoicePrompt, list[int]]:
+def persona_prompt(config: LmConfig, runs: int, seed: int) -> tuple[VoicePrompt, list[int]]:
     """A prompt of `runs` steps shaped as PersonaPlex's: a voice of random Mimi codes, 0.5 s
     of silence, about one role token per 15 frames, 0.5 s of silence (for 300 runs: a voice
     of 270 frames and 19 role tokens)."""
@@ -62,8 +62,8 @@ def persona_prompt(cfg: LmConfig, runs: int, seed: int) -> tuple[VoicePrompt, li
         raise ValueError(f"a prompt takes at least {2 * SILENCE_FRAMES} runs")
     role = free // 15
     rng = np.random.default_rng(seed)
-    codes = rng.integers(0, cfg.card, size=(free - role, cfg.moshi_codebooks))
-    return VoicePrompt(codes=codes), rng.integers(0, cfg.text_card, role).tolist()
+    codes = rng.integers(0, config.card, size=(free - role, config.moshi_codebooks))
+    return VoicePrompt(codes=codes), rng.integers(0, config.text_card, role).tolist()
 
 
 def _evaluated(state: GenState) -> GenState:
@@ -85,8 +85,8 @@ def _timed_prompt_state(
     if prefilled is None:
         state = _evaluated(prompt_state(lm, voice, role))
         return time.perf_counter() - started, state
-    cfg = lm.cfg
-    plan = plan_prompt(cfg, prompt_frames(voice.codes, role), delayed_tokens_width(cfg))
+    config = lm.config
+    plan = plan_prompt(config, prompt_frames(voice.codes, role), delayed_tokens_width(config))
     embeddings = lm.embed(mx.array(plan.inputs[:prefilled].T[None], mx.int32))
     ring = lm.prefill(embeddings, lm.make_ring())
     mx.eval(ring.keys, ring.values, ring.position)
@@ -204,9 +204,11 @@ def bench_persona(
     fresh_memory()
     lm, moshi_lm, load_s = _persona_and_moshi(weights, shape, dtype)
     fresh_memory()
-    cfg = lm.cfg
-    voice, role = persona_prompt(cfg, prompt_steps, seed)
-    inputs = plan_prompt(cfg, prompt_frames(voice.codes, role), delayed_tokens_width(cfg)).inputs
+    config = lm.config
+    voice, role = persona_prompt(config, prompt_steps, seed)
+    inputs = plan_prompt(
+        config, prompt_frames(voice.codes, role), delayed_tokens_width(config)
+    ).inputs
     runs = len(inputs)
 
     # Prompt phase: one batched prefill, and the step-by-step replay it replaces.
@@ -228,7 +230,7 @@ def bench_persona(
         "personaplex": ChatStepper(lm, seed=seed, start=state, compiled_steps=compiled_steps),
         "moshi": ChatStepper(moshi_lm, seed=seed, start=moshi_start),
     }
-    user = user_codes(cfg.card, warmup + steps, seed)
+    user = user_codes(config.card, warmup + steps, seed)
     step_s = {name: t[warmup:] for name, t in _alternated_steps(gens, user).items()}
     graph_ops = {
         name: {

@@ -296,8 +296,8 @@ class KVRing(BaseState):
     @cached_property
     def visible(self) -> mx.array:
         """(slots,) bool: the slots a query at `position` attends to, itself included; for a
-        quantized ring the packed slots of positions older than the recent ring's, then the
-        recent ring's written slots."""
+        quantized ring the packed slots of positions older than the recent window's, then the
+        recent window's written slots."""
         slots = mx.arange(self.capacity)
         written = slots < mx.minimum(self.position + 1, self.capacity)
         ages = (self.position - slots) % self.context  # how far back each slot's position is
@@ -357,7 +357,7 @@ class KVRing(BaseState):
             mx.slice_update(part, value, start, axes=(2,))
             for part, value in zip(buffer[:3], self.quantization.quantize(new))
         ]
-        # The recent ring keeps the newest positions, position p at slot p % slots.
+        # The recent window keeps the newest positions, position p at slot p % slots.
         slots, steps = buffer[3].shape[2], new.shape[2]
         if steps < slots:
             recent = mx.slice_update(buffer[3], new, start, axes=(2,))
@@ -384,7 +384,7 @@ class KVRing(BaseState):
         pad = [(0, 0), (0, 0), (0, capacity - self.capacity), (0, 0)]
 
         def grow(buffer: Buffer) -> Buffer:
-            if isinstance(buffer, tuple):  # the packed slots grow, the recent ring stays
+            if isinstance(buffer, tuple):  # the packed slots grow, the recent window stays
                 return (*(mx.pad(part, pad) for part in buffer[:3]), buffer[3])
             return mx.pad(buffer, pad)
 

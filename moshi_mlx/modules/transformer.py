@@ -190,7 +190,7 @@ class Attention(nn.Module):
 def fused_kernels() -> bool:
     """Whether MLX runs `mx.fast`'s attention as one kernel (on a GPU: Metal, CUDA), not as
     the operations it decomposes it into (its CPU backend: the queries' scaling, the keys'
-    transpose, two products and a softmax): the one place the model picks a form per backend."""
+    transpose, two products and a softmax): attention picks its form by it."""
     return mx.default_device() == mx.gpu
 
 

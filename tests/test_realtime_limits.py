@@ -66,6 +66,9 @@ def test_bad_events_get_errors_and_the_session_goes_on(address):
         ({"type": "session.update", "session": {"type": "realtime", "audio": {
             "output": {"voice": "nobody"}}}}, None),
         ({"type": "conversation.item.delete", "item_id": "x"}, "unsupported_event"),
+        ({"type": "response.create", "response": {"metadata": {"k": 5}}}, "invalid_value"),
+        ({"type": "response.create", "response": {"metadata": {f"k{i}": "v" for i in range(17)}}},
+         "invalid_value"),
     ]  # fmt: skip
 
     async def body():

@@ -117,9 +117,13 @@ def test_a_text_turn_with_no_mic_audio(address, parts):
             )
             added = events.all[await events.wait("conversation.item.added")]["item"]
             assert added["content"][0]["text"] == "Where is Paris?"
-            await connection.response.create()
+            # the request's metadata comes back on its response (LiveKit's plugin matches
+            # its generate_reply to response.created by it)
+            await connection.response.create(response={"metadata": {"client_event_id": "r1"}})
+            created = events.all[await events.wait("response.created")]["response"]
             done = events.all[await events.wait("response.done")]["response"]
             assert done["status"] == "completed"
+            assert created["metadata"] == done["metadata"] == {"client_event_id": "r1"}
             assert parts.llm.prompts[-1][-1] == {"role": "user", "content": "Where is Paris?"}
 
     run(body())
@@ -338,8 +342,9 @@ def test_moshi_full_duplex_is_one_long_response(address, parts):
             await asyncio.sleep(0.3)  # heard, not answered: silenced
             assert parts.duplexes[-1].frames == 9
             assert sum(e["type"] == "response.output_audio.delta" for e in events.all) == 6
-            await connection.response.create()
+            await connection.response.create(response={"metadata": {"client_event_id": "r2"}})
             again = await events.wait("response.created", at + 1)
+            assert events.all[again]["response"]["metadata"] == {"client_event_id": "r2"}
             await connection.input_audio_buffer.append(audio=pcm16([QUIET]))
             await events.wait("response.output_audio.delta", again)
             await connection.input_audio_buffer.commit()

@@ -18,12 +18,17 @@ from moshi_mlx.runtime.model_thread import FRAME_SECONDS
 class Answer:
     """The response in progress, spoken (`spoken`: audio with its transcript) or written (text
     only); `emit` takes the server's events. `reason` is why it would end cancelled now
-    ("turn_detected" unless the client cancels it)."""
+    ("turn_detected" unless the client cancels it); `metadata` is its `response.create`'s."""
 
     def __init__(
-        self, emit: Callable[[dict[str, Any]], None], config: SessionConfig, spoken: bool = True
+        self,
+        emit: Callable[[dict[str, Any]], None],
+        config: SessionConfig,
+        spoken: bool = True,
+        metadata: dict[str, str] | None = None,
     ):
         self.spoken = spoken
+        self.metadata = metadata
         self.text = ""  # a written answer's text so far
         self.id = events.new_id("resp")
         self.item_id = events.new_id("item")
@@ -127,4 +132,5 @@ class Answer:
             config.output_format.as_dict(),
             reason,
             ["audio"] if self.spoken else ["text"],
+            self.metadata,
         )

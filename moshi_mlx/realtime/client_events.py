@@ -1,6 +1,7 @@
 """What every kind of Realtime session does with a client event before its own handler: pick
 the handler by type (`dispatch`: an unknown type or a refused event becomes an `error` event),
-and read an `input_audio_buffer.append`'s audio (`appended_audio`)."""
+read an `input_audio_buffer.append`'s audio (`appended_audio`) and a `response.create`'s
+`metadata` (`response_metadata`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from moshi_mlx.realtime.formats import AudioFormat
 
 # Bytes of audio one `input_audio_buffer.append` may carry (base64 decoded).
 MAX_APPEND_BYTES = 4 * 1024 * 1024
+
+# A response's metadata, as OpenAI bounds it: pairs, key and value lengths.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 
 Handler = Callable[[Any, dict], Awaitable[None]]
 
@@ -55,3 +59,29 @@ def appended_audio(message: dict[str, Any], audio_format: AudioFormat) -> np.nda
     if len(data) % audio_format.bytes_per_sample:
         raise SessionError(f"{audio_format.type} audio must hold whole samples", "audio")
     return audio_format.decode(data)
+
+
+def response_metadata(options: dict[str, Any]) -> dict[str, str] | None:
+    """A `response.create`'s `response.metadata` (string pairs the response objects echo, as
+    clients such as LiveKit's match their request to `response.created` by it), or None;
+    SessionError if it is not an object of string pairs within the bounds above."""
+    metadata = options.get("metadata")
+    if metadata is None:
+        return None
+    param = "response.metadata"
+    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_PAIRS:
+        raise SessionError(
+            f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs", param
+        )
+    for key, value in metadata.items():
+        if (
+            not isinstance(value, str)
+            or len(key) > MAX_METADATA_KEY
+            or len(value) > MAX_METADATA_VALUE
+        ):
+            raise SessionError(
+                f"metadata keys (at most {MAX_METADATA_KEY} characters) must map to strings "
+                f"(at most {MAX_METADATA_VALUE})",
+                param,
+            )
+    return dict(metadata)

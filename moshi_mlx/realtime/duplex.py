@@ -36,7 +36,7 @@ import numpy as np
 from moshi_mlx.errors import MoshiError, one_line
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
-from moshi_mlx.realtime.client_events import appended_audio, dispatch
+from moshi_mlx.realtime.client_events import appended_audio, dispatch, response_metadata
 from moshi_mlx.realtime.config import SessionConfig, SessionError
 from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.session import DroppedAudio
@@ -77,6 +77,7 @@ class DuplexRealtimeSession:
         self._reader: asyncio.Task | None = None
         self._response: Answer | None = None
         self._silenced = False
+        self._metadata: dict[str, str] | None = None  # the requested response's, until it starts
         self._started = False
         self._transcript: list[str] = []
         self.on_frame: Callable[[np.ndarray], None] | None = None
@@ -121,7 +122,11 @@ class DuplexRealtimeSession:
         self._cutter.clear()
         self._emit(events.event("input_audio_buffer.cleared"))
 
-    async def _response_create(self, _message: dict) -> None:
+    async def _response_create(self, message: dict) -> None:
+        options = message.get("response") or {}
+        if not isinstance(options, dict):
+            raise SessionError("response must be an object", "response")
+        metadata = response_metadata(options)
         if self._response is not None:
             raise SessionError(
                 "Moshi's response is in progress; cancel it first",
@@ -129,6 +134,7 @@ class DuplexRealtimeSession:
                 "conversation_already_has_active_response",
             )
         self._silenced = False
+        self._metadata = metadata
         if self._duplex is None:
             self._open()
         elif self._started:
@@ -220,7 +226,8 @@ class DuplexRealtimeSession:
             )
 
     def _begin_response(self) -> None:
-        self._response = Answer(self._emit, self.config)
+        self._response = Answer(self._emit, self.config, metadata=self._metadata)
+        self._metadata = None
         self._transcript = []
         item = self._response.begin()
         self._emit(events.event("conversation.item.added", item=item, previous_item_id=None))

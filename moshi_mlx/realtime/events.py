@@ -60,8 +60,9 @@ def response(
     audio_format: dict,
     reason: str | None = None,
     modalities: list[str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A `realtime.response` object; `reason` for a cancelled one."""
+    """A `realtime.response` object; `reason` for a cancelled one, `metadata` the client's."""
     details = None
     if status != "in_progress":
         details = {"type": status, "reason": reason, "error": None}
@@ -75,7 +76,7 @@ def response(
         "output_modalities": modalities or ["audio"],
         "audio": {"output": {"format": audio_format, "voice": voice}},
         "max_output_tokens": "inf",
-        "metadata": None,
+        "metadata": metadata,
         "usage": None,
     }
 

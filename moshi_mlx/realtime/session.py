@@ -47,7 +47,7 @@ from moshi_mlx.assistant.turns import (
 )
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
-from moshi_mlx.realtime.client_events import appended_audio, dispatch
+from moshi_mlx.realtime.client_events import appended_audio, dispatch, response_metadata
 from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError, output_modalities
 from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
@@ -132,6 +132,9 @@ class RealtimeSession:
         self._user_words: list[tuple[str, float]] = []
         self._user_end = 0.0
         self._response: Answer | None = None
+        self._metadata: dict[str, str] | None = (
+            None  # response.create's, while it starts the answer
+        )
         self._pump_timer: asyncio.TimerHandle | None = None
         self.assistant: Assistant | None = None
         # Each frame of the answer as it goes out (float32 24 kHz), for an in-process app.
@@ -277,6 +280,7 @@ class RealtimeSession:
         instructions = options.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise SessionError("response.instructions must be a string", "response.instructions")
+        metadata = response_metadata(options)
         if not self.speaks:
             raise SessionError("a transcription session does not answer", "type")
         if self._response is not None:
@@ -290,10 +294,12 @@ class RealtimeSession:
         if modalities is not None:
             speaks = "audio" in output_modalities(modalities, "response.output_modalities")
         self.assistant.speak_answers = speaks
+        self._metadata = metadata
         try:
             started = self.assistant.respond(instructions)
         finally:
             self.assistant.speak_answers = self.config.speaks
+            self._metadata = None
         if not started:
             raise SessionError(
                 "the user's turn is being transcribed; the answer follows it",
@@ -418,7 +424,8 @@ class RealtimeSession:
 
     # --- the answer ---
     def _start_response(self) -> None:
-        self._response = Answer(self._emit, self.config, self.assistant.answer_speaks)
+        spoken = self.assistant.answer_speaks
+        self._response = Answer(self._emit, self.config, spoken, self._metadata)
         item = self._response.begin()
         self._add_item(item, done=False)
         self._response.begin_part()

@@ -40,7 +40,7 @@ def live_websocket(limits: Limits, **options) -> web.WebSocketResponse:
 
 
 class SilenceWatchdog:
-    """`expired()` returns once `heard()` was not called for `timeout` seconds."""
+    """`ended()` returns once `heard()` was not called for `timeout` seconds."""
 
     def __init__(self, timeout: float):
         self.timeout = timeout
@@ -49,9 +49,13 @@ class SilenceWatchdog:
     def heard(self) -> None:
         self._last = time.monotonic()
 
-    async def expired(self) -> None:
+    async def ended(self) -> str:
+        """Wait, from now, until nothing is heard for `timeout` seconds; returns the reason
+        that ends the session, for the client."""
+        self.heard()
         while (left := self._last + self.timeout - time.monotonic()) > 0:
             await asyncio.sleep(left)
+        return f"no audio from the client for {self.timeout:g} s"
 
 
 def stop_on_sigterm() -> None:

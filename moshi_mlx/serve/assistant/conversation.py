@@ -168,8 +168,4 @@ class AssistantConnection:
 
     async def _watch_silence(self) -> None:
         """End a conversation whose client sends no audio."""
-        self._silence.heard()
-        await self._silence.expired()
-        raise ConversationEnded(
-            f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
-        )
+        raise ConversationEnded(await self._silence.ended())

@@ -244,11 +244,7 @@ class _Conversation:
     async def _watch(self) -> None:
         """End a conversation whose client sends no audio (from the handshake on)."""
         await self._conversing.wait()
-        self._silence.heard()
-        await self._silence.expired()
-        raise ConversationEnded(
-            f"no audio from the client for {self._limits.client_silence_timeout:g} s"
-        )
+        raise ConversationEnded(await self._silence.ended())
 
     async def _report_lag(self) -> None:
         """Tell the client about dropped mic audio, at most once a second."""

@@ -259,11 +259,7 @@ class _SttConnection:
     async def _watch_silence(self) -> None:
         """End a stream whose client sends no audio while nothing is left to transcribe."""
         await self._streaming.wait()
-        self._silence.heard()
-        await self._silence.expired()
-        raise _StreamEnded(
-            f"no audio from the client for {self._config.limits.client_silence_timeout:g} s"
-        )
+        raise _StreamEnded(await self._silence.ended())
 
     async def _watch_stall(self) -> None:
         await self._stalled.wait()

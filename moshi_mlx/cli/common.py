@@ -351,16 +351,24 @@ def sampling_from_args(args: argparse.Namespace) -> tuple[Sampling, Sampling]:
     return Sampling(args.text_temp, args.text_top_k), Sampling(args.temp, args.top_k)
 
 
+def file_options(args: argparse.Namespace) -> dict[str, object]:
+    """The flags that name a model's files, codec and compute dtype, as load options by name
+    (`moshi_mlx.runtime.loading.LoadOptions`' fields)."""
+    return {
+        "moshi_weight": args.moshi_weight,
+        "mimi_weight": args.mimi_weight,
+        "tokenizer": args.tokenizer,
+        "lm_config": args.lm_config,
+        "codec_backend": args.codec,
+        "dtype": args.dtype,
+    }
+
+
 def load_options(args: argparse.Namespace) -> LoadOptions:
     """The weight and memory flags as the options of the one load path."""
     return LoadOptions(
         quantize=args.quantize,
-        moshi_weight=args.moshi_weight,
-        mimi_weight=args.mimi_weight,
-        tokenizer=args.tokenizer,
-        lm_config=args.lm_config,
-        codec_backend=args.codec,
-        dtype=args.dtype,
+        **file_options(args),
         context=args.context,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,

@@ -35,6 +35,7 @@ from moshi_mlx.cli.common import (
     add_model_args,
     add_persona_args,
     check_persona_args,
+    file_options,
     invoked_as,
     limits_from_args,
     load_model,
@@ -339,15 +340,7 @@ def _chat_service(args: argparse.Namespace, thread: ModelThread) -> ChatService:
 def _load_stt(args: argparse.Namespace, preset: Preset) -> SttModel:
     if preset.weights_of != "stt":
         return SttModel.load(args.stt)
-    return SttModel.load(
-        args.stt,
-        moshi_weight=args.moshi_weight,
-        mimi_weight=args.mimi_weight,
-        tokenizer=args.tokenizer,
-        lm_config=args.lm_config,
-        codec_backend=args.codec,
-        dtype=args.dtype,
-    )
+    return SttModel.load(args.stt, **file_options(args))
 
 
 async def _load(args: argparse.Namespace, preset: Preset, context: ServeContext) -> None:

@@ -33,6 +33,7 @@ from moshi_mlx.cli.common import (
     add_alias,
     add_sampling_args,
     add_weight_args,
+    file_options,
     invoked_as,
     positive_int,
     progress_bar,
@@ -127,15 +128,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _load(args: argparse.Namespace) -> SttModel:
-    return SttModel.load(
-        args.hf_repo,
-        moshi_weight=args.moshi_weight,
-        mimi_weight=args.mimi_weight,
-        tokenizer=args.tokenizer,
-        lm_config=args.lm_config,
-        codec_backend=args.codec,
-        dtype=args.dtype,
-    )
+    return SttModel.load(args.hf_repo, **file_options(args))
 
 
 def _sampling(args: argparse.Namespace) -> Sampling:

@@ -476,6 +476,9 @@ def test_gpu_suite_on_tiny_shapes(tmp_path):
         for key, value in entry["summary"].items():
             if isinstance(value, float):
                 assert math.isfinite(value) and value > 0, (name, key)
+    realtime = figures["realtime_latency"]["summary"]
+    assert realtime["moshi_shape"] == "tiny" and realtime["moshi_round_trip_ms_median"] > 0
+    assert 0 < realtime["speech_stopped_ms_median"] < realtime["first_audio_delta_ms_median"]
     step = figures["moshi_7b_q4_step"]["summary"]
     assert 0 < step["host_ms_p50"] <= step["step_ms_p95"] and step["syncs_per_step"] == 1.0
     stt = figures["stt_batch_8_vs_1"]["summary"]

@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
         default=["lm", "mimi", "pipeline", "echo"],
         help="ops,lm,mimi,pipeline,echo,web,kv,kv-fidelity,persona,stt,tts,assistant,realtime "
         "(ops: a step's operations as this backend, CUDA and Metal build it, untimed; stt: "
-        "shapes stt-*; assistant, realtime: their own tiny models)",
+        "shapes stt-*; assistant: its own tiny models; realtime: its own tiny cascade, Moshi of "
+        "the first shape and quant)",
     )
     parser.add_argument(
         "--streams", type=int, default=8, help="stt, tts: streams (requests) in one batch"

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .cli import parse_args
 from .runner import machine, run
 from .tables import final_table
@@ -83,6 +85,20 @@ def _frame(cases: list[dict]) -> dict:
     for key in ("syncs_per_frame", "real_time_factor", "first_audio_ms", "peak_memory_gb"):
         figures[key] = ours[key]
     return figures
+
+
+def _realtime(cases: list[dict]) -> dict:
+    """/v1/realtime: speech end -> speech_stopped and -> first audio delta (tiny cascade), the
+    socket and event layer per delta, and Moshi's mic frame -> reply frame through the socket."""
+    case = cases[0]
+    turns = case["ours"]["turns"]
+    return {
+        "speech_stopped_ms_median": float(np.median([t["speech_stopped"] for t in turns])),
+        "first_audio_delta_ms_median": float(np.median([t["first_audio_delta"] for t in turns])),
+        "socket_ms_median": case["ours"]["socket_ms_median"],
+        "duplex_layer_ms_median": case["duplex_layer"]["round_trip_ms_median"],
+        **{f"moshi_{key}": value for key, value in case["moshi"].items()},
+    }
 
 
 def _stt_batch(cases: list[dict]) -> dict:
@@ -162,6 +178,12 @@ GPU_SUITE = (
         "--parts pipeline --shapes 7b --quant q4 --codec mlx --frames 100 --warmup 10",
         "--parts pipeline --shapes tiny --quant q4 --codec mlx --frames 3 --warmup 1",
         _frame,
+    ),
+    Figure(
+        "realtime_latency",
+        "--parts realtime --shapes 7b --quant q4 --turns 3",
+        "--parts realtime --shapes tiny --quant bf16 --turns 1",
+        _realtime,
     ),
     Figure(
         "personaplex_prefill_300",

@@ -14,8 +14,9 @@ audio out); the first frame's way from the TTS step that made it to the client (
 encoding, JSON, socket). For every audio delta: the time from the session's emit to the
 client's receipt (JSON and socket).
 
-Moshi's full duplex end to end (`MOSHI_FRAMES` frames): the tiny random Moshi (shape `tiny`,
-the full-size random Mimi through rustymimi) behind the same connection, a `DuplexSession` on
+Moshi's full duplex end to end (`MOSHI_FRAMES` frames): a random Moshi of the first of
+`--shapes` in the first of `--quant` (by default `tiny` in bf16; the GPU suite: `7b` q4), the
+full-size random Mimi through rustymimi) behind the same connection, a `DuplexSession` on
 the model thread; the client sends one mic frame at a time and times it to the reply frame it
 produced, and each frame's model step is timed inside: the difference is what the socket, the
 events and the thread hops add to a frame.
@@ -66,7 +67,6 @@ from .assistant import (
 
 ECHO_FRAMES = 200
 MOSHI_FRAMES = 30
-MOSHI_SHAPE = "tiny"
 
 
 class _EchoDuplex:
@@ -293,7 +293,7 @@ def bench_realtime(folder: Path, turns: int) -> dict:
     return result
 
 
-def _load_moshi(folder: Path):
+def _load_moshi(folder: Path, shape: str, quant: str):
     from bench_stats import LM_SHAPES
 
     from moshi_mlx.chat.model import MoshiModel
@@ -302,10 +302,10 @@ def _load_moshi(folder: Path):
     from ..weights import TTS_TOKENIZER, lm_weights, mimi_weights, tts_weights
 
     return MoshiModel.load(
-        moshi_weight=lm_weights(folder, MOSHI_SHAPE, "bf16"),
+        moshi_weight=lm_weights(folder, shape, quant),
         mimi_weight=mimi_weights(folder),
         tokenizer=tts_weights(folder, "tts-tiny", voices=1) / TTS_TOKENIZER,
-        lm_config=LmConfig.from_dict(LM_SHAPES[MOSHI_SHAPE]),
+        lm_config=LmConfig.from_dict(LM_SHAPES[shape]),
         codec_backend="rustymimi",
     )
 
@@ -385,14 +385,15 @@ async def _moshi_round_trips(thread, model, frames: int) -> tuple[list[float], l
     return trips, steps
 
 
-def bench_moshi(folder: Path, frames: int = MOSHI_FRAMES) -> dict:
-    """Moshi's mic frame -> reply frame through the socket (ms), one frame at a time, less
-    that frame's model step: what the socket, the events and the thread hops add."""
+def bench_moshi(folder: Path, shape: str, quant: str, frames: int = MOSHI_FRAMES) -> dict:
+    """Moshi's (`shape`, `quant`) mic frame -> reply frame through the socket (ms), one frame
+    at a time, less that frame's model step: what the socket, the events and the thread hops
+    add."""
     thread = ModelThread("bench-realtime-moshi")
     thread.start()
     held: dict = {}
     try:
-        model = held["model"] = thread.call_soon(lambda: _load_moshi(folder)).result()
+        model = held["model"] = thread.call_soon(lambda: _load_moshi(folder, shape, quant)).result()
         trips, steps = asyncio.run(_moshi_round_trips(thread, model, frames + 5))
     finally:
         thread.call_soon(lambda: _drop(held)).result()
@@ -400,7 +401,8 @@ def bench_moshi(folder: Path, frames: int = MOSHI_FRAMES) -> dict:
     trips_ms = 1000 * np.array(trips[5:])  # 5 warm-up frames
     added_ms = trips_ms - 1000 * np.array(steps[5 : len(trips)])
     return {
-        "shape": MOSHI_SHAPE,
+        "shape": shape,
+        "quant": quant,
         "frames": len(trips_ms),
         "step_ms_median": float(np.median(1000 * np.array(steps[5:]))),
         "round_trip_ms_median": float(np.median(trips_ms)),
@@ -426,7 +428,7 @@ def cases(args: argparse.Namespace, folder: Path) -> Iterator[dict]:
         "shape": "stt-tiny+tts-tiny+llm-tiny",
         "ours": bench_realtime(folder, args.turns),
         "duplex_layer": bench_duplex_layer(),
-        "moshi": bench_moshi(folder),
+        "moshi": bench_moshi(folder, args.shapes[0], args.quant[0]),
     }
 
 

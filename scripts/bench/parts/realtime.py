@@ -98,16 +98,12 @@ class _Reply:
         self.pcm, self.text = pcm, text
 
 
-async def _echo_round_trips(frames: int) -> list[float]:
-    """Seconds from each mic frame sent to its reply delta received, one frame at a time."""
+async def _serve_route(make_session) -> tuple[web.AppRunner, str]:
+    """`/v1/realtime`'s connection over `make_session(emit)` on loopback: (runner, ws url)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
         await ws.prepare(request)
-
-        async def make_session(emit):
-            return DuplexRealtimeSession(_EchoDuplex, SessionConfig(model="echo"), emit)
-
         await RealtimeConnection(ws, make_session, Limits()).run()
         return ws
 
@@ -116,24 +112,39 @@ async def _echo_round_trips(frames: int) -> list[float]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"ws://127.0.0.1:{runner.addresses[0][1]}/v1/realtime"
-    pcm = (0.1 * np.random.default_rng(2).standard_normal(FRAME_SIZE)).astype(np.float32)
-    data = base64.b64encode((pcm * 32767).astype("<i2").tobytes()).decode()
-    append = json.dumps({"type": "input_audio_buffer.append", "audio": data})
+    return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/v1/realtime"
+
+
+async def _frame_round_trips(url: str, frames: int, seed: int) -> list[float]:
+    """Seconds from each mic frame sent (a JSON append) to its reply delta received, one frame
+    at a time."""
+    rng = np.random.default_rng(seed)
     trips = []
+    async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
+        for _ in range(frames):
+            pcm = (0.1 * rng.standard_normal(FRAME_SIZE)).astype(np.float32)
+            data = base64.b64encode((pcm * 32767).astype("<i2").tobytes()).decode()
+            start = time.perf_counter()
+            await ws.send_str(json.dumps({"type": "input_audio_buffer.append", "audio": data}))
+            while json.loads((await ws.receive(timeout=60)).data)["type"] != (
+                "response.output_audio.delta"
+            ):
+                pass
+            trips.append(time.perf_counter() - start)
+    return trips
+
+
+async def _echo_round_trips(frames: int) -> list[float]:
+    """Seconds from each mic frame sent to its reply delta received, one frame at a time."""
+
+    async def make_session(emit):
+        return DuplexRealtimeSession(_EchoDuplex, SessionConfig(model="echo"), emit)
+
+    runner, url = await _serve_route(make_session)
     try:
-        async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
-            for _ in range(frames):
-                start = time.perf_counter()
-                await ws.send_str(append)
-                while json.loads((await ws.receive()).data)["type"] != (
-                    "response.output_audio.delta"
-                ):
-                    pass
-                trips.append(time.perf_counter() - start)
+        return await _frame_round_trips(url, frames, seed=2)
     finally:
         await runner.cleanup()
-    return trips
 
 
 class _FirstFrames:
@@ -164,34 +175,20 @@ class _FirstFrames:
 async def _serve(thread: ModelThread, parts: SessionParts, sessions: list, emitted: dict):
     """The route's connection and session on loopback: (runner, ws url)."""
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
-        await ws.prepare(request)
+    async def make_session(emit):
+        def stamped(event: dict) -> None:
+            if event["type"] == "response.output_audio.delta":
+                emitted[event["event_id"]] = time.monotonic()
+            emit(event)
 
-        async def make_session(emit):
-            def stamped(event: dict) -> None:
-                if event["type"] == "response.output_audio.delta":
-                    emitted[event["event_id"]] = time.monotonic()
-                emit(event)
+        rules = TurnRules(ignore_start=0.0)
+        sampling = ReplySampling(temperature=0.0, top_p=1.0, max_tokens=MAX_TOKENS)
+        config = SessionConfig(model="tiny", instructions=SYSTEM)
+        session = RealtimeSession(thread, parts, config, stamped, rules, sampling)
+        sessions.append(session)
+        return session
 
-            rules = TurnRules(ignore_start=0.0)
-            sampling = ReplySampling(temperature=0.0, top_p=1.0, max_tokens=MAX_TOKENS)
-            config = SessionConfig(model="tiny", instructions=SYSTEM)
-            session = RealtimeSession(thread, parts, config, stamped, rules, sampling)
-            sessions.append(session)
-            return session
-
-        await RealtimeConnection(ws, make_session, Limits()).run()
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/v1/realtime", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"ws://127.0.0.1:{port}/v1/realtime"
+    return await _serve_route(make_session)
 
 
 async def _converse(url: str, turns: int, frame_seconds: float, received: dict) -> list[dict]:
@@ -350,39 +347,14 @@ async def _moshi_round_trips(thread, model, frames: int) -> tuple[list[float], l
     def open_duplex(_voice, _role):
         return DuplexSession(thread, timed, seed=1, max_lag_frames=frames + 10)
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES)
-        await ws.prepare(request)
+    async def make_session(emit):
+        return DuplexRealtimeSession(open_duplex, SessionConfig(model="moshi"), emit)
 
-        async def make_session(emit):
-            return DuplexRealtimeSession(open_duplex, SessionConfig(model="moshi"), emit)
-
-        await RealtimeConnection(ws, make_session, Limits()).run()
-        return ws
-
-    app = web.Application()
-    app.router.add_get("/v1/realtime", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"ws://127.0.0.1:{runner.addresses[0][1]}/v1/realtime"
-    rng = np.random.default_rng(4)
-    trips = []
+    runner, url = await _serve_route(make_session)
     try:
-        async with aiohttp.ClientSession() as client, client.ws_connect(url) as ws:
-            for _ in range(frames):
-                pcm = (0.1 * rng.standard_normal(FRAME_SIZE)).astype(np.float32)
-                data = base64.b64encode((pcm * 32767).astype("<i2").tobytes()).decode()
-                start = time.perf_counter()
-                await ws.send_str(json.dumps({"type": "input_audio_buffer.append", "audio": data}))
-                while json.loads((await ws.receive(timeout=60)).data)["type"] != (
-                    "response.output_audio.delta"
-                ):
-                    pass
-                trips.append(time.perf_counter() - start)
+        return await _frame_round_trips(url, frames, seed=4), steps
     finally:
         await runner.cleanup()
-    return trips, steps
 
 
 def bench_moshi(folder: Path, shape: str, quant: str, frames: int = MOSHI_FRAMES) -> dict:

@@ -10,15 +10,14 @@ import base64
 import contextlib
 import json
 import logging
-import threading
 import typing
 from types import SimpleNamespace
 
 import numpy as np
 import openai
-from aiohttp import web
 from assistant_fakes import FrameSpeech, ScriptedStt
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from served_app import served, with_routes
 
 from moshi_mlx.assistant import TurnRules
 from moshi_mlx.errors import MoshiError
@@ -27,7 +26,7 @@ from moshi_mlx.realtime import SessionError, SessionParts
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.realtime import server
 from moshi_mlx.serve.realtime.server import RealtimeOptions
 
@@ -148,26 +147,12 @@ def serving(parts: Parts, api_keys: frozenset[str] = frozenset()):
     context = ServeContext(thread, EventTally(logging.getLogger("test")), api_keys=api_keys)
     context.model_names = dict(MODELS)
     options = RealtimeOptions(rules=TurnRules(ignore_start=0.0))
-    loop = asyncio.new_event_loop()
-    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-    loop_thread.start()
-
-    async def start():
-        guard = ConnectionGuard(context.limits, context.tally)
-        app = web.Application(middlewares=[guard.middleware])
-        server.add_routes(app, context, options, parts.make)
-        runner = guard.app_runner(app, access_log=None)
-        await runner.setup()
-        await guard.site(runner, "127.0.0.1", 0).start()
-        return runner
-
-    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
-        yield f"127.0.0.1:{runner.addresses[0][1]}"
+        with served(
+            context, with_routes(server.add_routes, context, options, parts.make)
+        ) as address:
+            yield address
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
         thread.stop()
 
 
@@ -215,6 +200,14 @@ class Events:
         if found() is None:
             raise AssertionError(f"the connection failed: {self.failure!r} after {self.all[-3:]}")
         return found()
+
+    async def event(self, kind: str, after: int = 0, **fields) -> dict:
+        """The first event of `kind` (with `fields`) from `after` on, once it came."""
+        return self.all[await self.wait(kind, after, **fields)]
+
+    def of(self, kind: str, start: int = 0, end: int | None = None) -> list[dict]:
+        """The events of `kind` among `all[start:end]`."""
+        return [event for event in self.all[start:end] if event["type"] == kind]
 
     def kinds(self, start: int = 0, end: int | None = None) -> list[str]:
         return [event["type"] for event in self.all[start:end]]

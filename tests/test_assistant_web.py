@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,9 +19,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import sphn
-from aiohttp import web
 from assistant_fakes import FRAMES_PER_WORD, FrameSpeech, ScriptedStt
 from chromium import Chromium, chromium_binary
+from served_app import served, start_guarded, with_routes
 
 from moshi_mlx.assistant import TurnRules
 from moshi_mlx.llm import TextPiece
@@ -32,7 +31,7 @@ from moshi_mlx.serve.assistant import server
 from moshi_mlx.serve.assistant.conversation import AssistantConfig, ConversationParts
 from moshi_mlx.serve.chat.protocol import Kind
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 
 _TIME = np.arange(FRAME_SIZE) / SAMPLE_RATE
 LOUD = (0.3 * np.sin(2 * np.pi * 440 * _TIME)).astype(np.float32)
@@ -73,26 +72,12 @@ def serving(hears: bool = True):
             ScriptedStt(hears, LOUD_RMS), ScriptedLlm(), lambda: FrameSpeech(ANSWER)
         )
 
-    loop = asyncio.new_event_loop()
-    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-    loop_thread.start()
-
-    async def start():
-        guard = ConnectionGuard(context.limits, context.tally)
-        app = web.Application(middlewares=[guard.middleware])
-        server.add_routes(app, context, config, make_parts)
-        runner = guard.app_runner(app, access_log=None)
-        await runner.setup()
-        await guard.site(runner, "127.0.0.1", 0).start()
-        return runner
-
-    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
-        yield f"127.0.0.1:{runner.addresses[0][1]}"
+        with served(
+            context, with_routes(server.add_routes, context, config, make_parts)
+        ) as address:
+            yield address
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
         thread.stop()
 
 
@@ -327,11 +312,7 @@ def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_chec
     context.model_names.update(stt="tiny-stt", tts="tiny-tts", llm="tiny-llm")
 
     async def main():
-        guard = ConnectionGuard(context.limits, context.tally)
-        runner = guard.app_runner(create_app(context, guard), access_log=None)
-        await runner.setup()
-        await guard.site(runner, "127.0.0.1", 0).start()
-        address = f"127.0.0.1:{runner.addresses[0][1]}"
+        runner, address = await start_guarded(context, lambda guard: create_app(context, guard))
         try:
             async with (
                 aiohttp.ClientSession() as session,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import numpy as np
 import openai
 import pytest
 from realtime_helpers import (
@@ -41,8 +42,23 @@ async def speak(connection, loud: int = 5, quiet: int = 15) -> None:
     await connection.input_audio_buffer.append(audio=pcm16([LOUD] * loud + [QUIET] * quiet))
 
 
+async def ask(connection, text: str) -> None:
+    """A user's text message, added to the conversation."""
+    await connection.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+
+
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 60))
+
+
+@pytest.fixture
+def long_answer(parts):
+    """The LLM answers `LONG_ANSWER` (40 words) during the test."""
+    parts.words = LONG_ANSWER
+    yield
+    parts.words = ANSWER
 
 
 def test_a_spoken_turn_with_server_vad(address, parts):
@@ -58,7 +74,7 @@ def test_a_spoken_turn_with_server_vad(address, parts):
                     },
                 }
             )
-            updated = events.all[await events.wait("session.updated")]["session"]
+            updated = (await events.event("session.updated"))["session"]
             assert updated["instructions"] == "Be brief." and updated["model"] == MODELS["llm"]
             assert updated["audio"]["input"]["turn_detection"]["eagerness"] == "high"
             await speak(connection)
@@ -67,9 +83,7 @@ def test_a_spoken_turn_with_server_vad(address, parts):
             item = events.all[started]["item_id"]
             assert events.all[stopped]["item_id"] == item
             done = await events.wait("response.done")
-            completed = events.all[
-                await events.wait("conversation.item.input_audio_transcription.completed")
-            ]
+            completed = await events.event("conversation.item.input_audio_transcription.completed")
             assert completed["item_id"] == item and completed["transcript"] == "u0 u1 u2 u3 u4"
             response = events.all[done]["response"]
             assert response["status"] == "completed", response
@@ -91,12 +105,12 @@ def test_a_spoken_turn_with_server_vad(address, parts):
                 "response.done",
             ]
             assert [kinds.index(k) for k in order] == sorted(kinds.index(k) for k in order)
-            deltas = [e for e in events.all[stopped:done] if e["type"].endswith("audio.delta")]
+            deltas = events.of("response.output_audio.delta", stopped, done)
             assert len(deltas) == 3 * 3  # three words, three frames each
             audio = base64.b64decode(deltas[0]["delta"])
             assert len(audio) == 2 * 1920
             spoken = "".join(
-                e["delta"] for e in events.all if e["type"].endswith("transcript.delta")
+                e["delta"] for e in events.of("response.output_audio_transcript.delta")
             )
             assert spoken == transcript
             assert parts.llm.prompts[-1][0] == {"role": "system", "content": "Be brief."}
@@ -108,20 +122,14 @@ def test_a_spoken_turn_with_server_vad(address, parts):
 def test_a_text_turn_with_no_mic_audio(address, parts):
     async def body():
         async with connected(address) as (connection, events):
-            await connection.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Where is Paris?"}],
-                }
-            )
-            added = events.all[await events.wait("conversation.item.added")]["item"]
+            await ask(connection, "Where is Paris?")
+            added = (await events.event("conversation.item.added"))["item"]
             assert added["content"][0]["text"] == "Where is Paris?"
             # the request's metadata comes back on its response (LiveKit's plugin matches
             # its generate_reply to response.created by it)
             await connection.response.create(response={"metadata": {"client_event_id": "r1"}})
-            created = events.all[await events.wait("response.created")]["response"]
-            done = events.all[await events.wait("response.done")]["response"]
+            created = (await events.event("response.created"))["response"]
+            done = (await events.event("response.done"))["response"]
             assert done["status"] == "completed"
             assert created["metadata"] == done["metadata"] == {"client_event_id": "r1"}
             assert parts.llm.prompts[-1][-1] == {"role": "user", "content": "Where is Paris?"}
@@ -141,61 +149,42 @@ def test_a_manual_commit_then_a_response(address, parts):
             assert "input_audio_buffer.speech_stopped" not in events.kinds()
             await connection.input_audio_buffer.commit()
             committed = await events.wait("input_audio_buffer.committed")
-            text = events.all[
-                await events.wait("conversation.item.input_audio_transcription.completed")
-            ]["transcript"]
+            text = (await events.event("conversation.item.input_audio_transcription.completed"))[
+                "transcript"
+            ]
             assert text == "u0 u1 u2 u3"
             await asyncio.sleep(0.3)
             assert "response.created" not in events.kinds(committed)  # none until asked
             await connection.response.create()
             await events.wait("response.done", committed)
             await connection.input_audio_buffer.commit()  # nothing appended since
-            error = events.all[await events.wait("error", committed)]["error"]
+            error = (await events.event("error", committed))["error"]
             assert error["code"] == "input_audio_buffer_commit_empty"
 
     run(body())
 
 
-def test_cancel_ends_the_response_cancelled(address, parts):
-    parts.words = LONG_ANSWER
-
+def test_cancel_ends_the_response_cancelled(address, long_answer):
     async def body():
         async with connected(address) as (connection, events):
-            await connection.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Count."}],
-                }
-            )
+            await ask(connection, "Count.")
             await connection.response.create()
             await events.wait("response.output_audio.delta")
             await connection.response.cancel()
-            done = events.all[await events.wait("response.done")]["response"]
+            done = (await events.event("response.done"))["response"]
             assert done["status"] == "cancelled"
             assert done["status_details"]["reason"] == "client_cancelled"
             await connection.response.cancel()  # none runs now
-            error = events.all[await events.wait("error")]["error"]
+            error = (await events.event("error"))["error"]
             assert error["code"] == "response_cancel_not_active"
 
-    try:
-        run(body())
-    finally:
-        parts.words = ANSWER
+    run(body())
 
 
-def test_a_barge_in_cancels_the_answer_within_a_frame(address, parts):
-    parts.words = LONG_ANSWER
-
+def test_a_barge_in_cancels_the_answer_within_a_frame(address, long_answer):
     async def body():
         async with connected(address) as (connection, events):
-            await connection.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Talk."}],
-                }
-            )
+            await ask(connection, "Talk.")
             await connection.response.create()
             first = await events.wait("response.output_audio.delta")
             await asyncio.sleep(0.5)
@@ -206,22 +195,16 @@ def test_a_barge_in_cancels_the_answer_within_a_frame(address, parts):
             response = events.all[done]["response"]
             assert response["status"] == "cancelled"
             assert response["status_details"]["reason"] == "turn_detected"
-            truncated = events.all[await events.wait("conversation.item.truncated", first)]
+            truncated = await events.event("conversation.item.truncated", first)
             assert truncated["item_id"] == response["output"][0]["id"]
             assert 0 < truncated["audio_end_ms"] < 40 * 3 * 80
-            deltas_after = [
-                e for e in events.all[done:] if e["type"] == "response.output_audio.delta"
-            ]
-            assert not deltas_after
+            assert not events.of("response.output_audio.delta", done)
             heard = response["output"][0]["content"][0]["transcript"]
             assert heard and LONG_ANSWER[0] in heard and len(heard.split()) < 40
             # the user's turn goes on and is answered
             await events.wait("response.created", done + 1)
 
-    try:
-        run(body())
-    finally:
-        parts.words = ANSWER
+    run(body())
 
 
 def test_a_transcription_session_with_word_timings(address):
@@ -242,20 +225,16 @@ def test_a_transcription_session_with_word_timings(address):
             completed = events.all[first]
             assert completed["transcript"] == "u0 u1 u2"
             assert completed["item_id"] == events.all[delta]["item_id"]
-            segments = [
-                e for e in events.all if e["type"].endswith("input_audio_transcription.segment")
-            ]
+            segments = events.of("conversation.item.input_audio_transcription.segment")
             assert [s["text"] for s in segments] == ["u0", "u1", "u2"]
             assert all(s["start"] <= s["end"] for s in segments)
             await speak(connection, loud=2, quiet=10)  # a second turn, a second item
-            second = events.all[
-                await events.wait(
-                    "conversation.item.input_audio_transcription.completed", first + 1
-                )
-            ]
+            second = await events.event(
+                "conversation.item.input_audio_transcription.completed", first + 1
+            )
             assert second["item_id"] != completed["item_id"]
             await connection.response.create()
-            error = events.all[await events.wait("error")]["error"]
+            error = (await events.event("error"))["error"]
             assert "transcription" in error["message"]
             assert "response.created" not in events.kinds()
 
@@ -276,13 +255,11 @@ def test_telephony_audio_is_resampled_both_ways(address):
             )
             await events.wait("session.updated")
             frames = [LOUD] * 4 + [QUIET] * 15
-            import numpy as np
-
             data = base64.b64encode(pcmu.encode(np.concatenate(frames))).decode()
             await connection.input_audio_buffer.append(audio=data)
             completed = await events.wait("conversation.item.input_audio_transcription.completed")
             assert events.all[completed]["transcript"].startswith("u0 u1 u2")
-            delta = events.all[await events.wait("response.output_audio.delta")]
+            delta = await events.event("response.output_audio.delta")
             assert len(base64.b64decode(delta["delta"])) == 640  # 80 ms at 8 kHz, a byte each
 
     run(body())
@@ -315,25 +292,18 @@ def test_moshi_full_duplex_is_one_long_response(address, parts):
             )  # fmt: skip
             await events.wait("session.updated")
             await connection.input_audio_buffer.append(audio=pcm16([QUIET] * 6))
-            response = events.all[await events.wait("response.created")]["response"]
+            response = (await events.event("response.created"))["response"]
             deltas = 0
             while deltas < 6:
                 at = await events.wait("response.output_audio.delta")
-                deltas = sum(e["type"] == "response.output_audio.delta" for e in events.all)
+                deltas = len(events.of("response.output_audio.delta"))
             assert parts.duplexes[-1].persona == ("NATF2", "You teach maths.")
-            assert all(
-                e["response_id"] == response["id"]
-                for e in events.all
-                if e["type"] == "response.output_audio.delta"
-            )
-            words = [
-                e["delta"]
-                for e in events.all
-                if e["type"] == "response.output_audio_transcript.delta"
-            ]
+            deltas = events.of("response.output_audio.delta")
+            assert all(e["response_id"] == response["id"] for e in deltas)
+            words = [e["delta"] for e in events.of("response.output_audio_transcript.delta")]
             assert words == ["m0 ", "m1 "]
             await connection.response.cancel()
-            done = events.all[await events.wait("response.done", at)]["response"]
+            done = (await events.event("response.done", at))["response"]
             assert (
                 done["status"] == "cancelled"
                 and done["output"][0]["content"][0]["transcript"] == "m0 m1 "
@@ -341,14 +311,14 @@ def test_moshi_full_duplex_is_one_long_response(address, parts):
             await connection.input_audio_buffer.append(audio=pcm16([QUIET] * 3))
             await asyncio.sleep(0.3)  # heard, not answered: silenced
             assert parts.duplexes[-1].frames == 9
-            assert sum(e["type"] == "response.output_audio.delta" for e in events.all) == 6
+            assert len(events.of("response.output_audio.delta")) == 6
             await connection.response.create(response={"metadata": {"client_event_id": "r2"}})
             again = await events.wait("response.created", at + 1)
             assert events.all[again]["response"]["metadata"] == {"client_event_id": "r2"}
             await connection.input_audio_buffer.append(audio=pcm16([QUIET]))
             await events.wait("response.output_audio.delta", again)
             await connection.input_audio_buffer.commit()
-            error = events.all[await events.wait("error", again)]["error"]
+            error = (await events.event("error", again))["error"]
             assert error["code"] == "unsupported_event"
 
     run(body())
@@ -358,7 +328,7 @@ def test_a_first_response_greets_under_its_own_instructions(address, parts):
     async def body():
         async with connected(address) as (connection, events):
             await connection.response.create(response={"instructions": "Greet the user."})
-            done = events.all[await events.wait("response.done")]["response"]
+            done = (await events.event("response.done"))["response"]
             assert done["status"] == "completed"
             prompt = parts.llm.prompts[-1]
             assert prompt[0] == {"role": "system", "content": "Greet the user."}
@@ -378,24 +348,19 @@ def test_a_text_only_session_writes_its_answers(address, parts):
                 session={"type": "realtime", "output_modalities": ["text"]}
             )
             await events.wait("session.updated")
-            await connection.conversation.item.create(
-                item={"type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": "Say hello!"}]}
-            )  # fmt: skip
+            await ask(connection, "Say hello!")
             await connection.response.create()
-            done = events.all[await events.wait("response.done")]["response"]
+            done = (await events.event("response.done"))["response"]
             assert done["status"] == "completed" and done["output_modalities"] == ["text"]
-            text = "".join(
-                e["delta"] for e in events.all if e["type"] == "response.output_text.delta"
-            )
+            text = "".join(e["delta"] for e in events.of("response.output_text.delta"))
             assert text == "Paris is **lovely**. "  # as the LLM wrote it
-            written = events.all[await events.wait("response.output_text.done")]["text"]
+            written = (await events.event("response.output_text.done"))["text"]
             assert written == text and done["output"][0]["content"][0]["text"] == text
-            assert not [e for e in events.all if e["type"] == "response.output_audio.delta"]
+            assert not events.of("response.output_audio.delta")
             await connection.response.create(response={"output_modalities": ["audio"]})
-            spoken = events.all[await events.wait("response.done", events.all.index(
-                next(e for e in events.all if e["type"] == "response.done")) + 1)]["response"]  # fmt: skip
+            first_done = await events.wait("response.done")
+            spoken = (await events.event("response.done", first_done + 1))["response"]
             assert spoken["output_modalities"] == ["audio"]
-            assert [e for e in events.all if e["type"] == "response.output_audio.delta"]
+            assert events.of("response.output_audio.delta")
 
     run(body())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -16,12 +15,13 @@ import mlx.core as mx
 import msgpack
 import numpy as np
 import pytest
+from served_app import served
 
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.stt import protocol as stt_protocol
 from moshi_mlx.serve.tts import protocol
@@ -39,22 +39,8 @@ def server(full_mimi_checkpoint):
     thread.start()
     model = thread.call_soon(lambda: load_tiny_tts(full_mimi_checkpoint)).result(120)
     context = ServeContext(thread, EventTally(log), tts=model, api_keys=frozenset({"secret"}))
-    loop = asyncio.new_event_loop()
-    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-    loop_thread.start()
-
-    async def start():
-        guard = ConnectionGuard(context.limits, context.tally)
-        runner = guard.app_runner(create_app(context, guard), access_log=None)
-        await runner.setup()
-        await guard.site(runner, "127.0.0.1", 0).start()
-        return runner
-
-    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield f"127.0.0.1:{runner.addresses[0][1]}", context
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    loop_thread.join(10)
+    with served(context, lambda guard: create_app(context, guard)) as address:
+        yield address, context
     thread.stop()
 
 

@@ -19,8 +19,9 @@ from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.prefix import is_recording, recording_codes
+from moshi_mlx.tts.prefix import recording_codes, split_recording
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+from moshi_mlx.tts.voices import DEFAULT_VOICE, is_recording
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 GOLDEN = Path(__file__).parent / "fixtures" / "tts_clone" / "golden.json"
@@ -75,3 +76,20 @@ def test_a_recording_gives_its_codes_less_two_frames_and_is_checked():
     with pytest.raises(AudioError, match="lasts 31.0 s; a voice to clone is at most 30 s"):
         recording_codes(mimi, np.zeros(31 * 24_000, np.float32))
     assert is_recording("speech.WAV") and not is_recording("alice.safetensors")
+
+
+def test_a_voice_is_a_recording_when_its_audio_file_exists(tmp_path):
+    """`split_recording`: an audio file that exists (a relative one in the folder given) is
+    the recording; a voice named like one that is no file is a voice's name (Kyutai's end in
+    .wav); the default voice when no other is given; two recordings are refused."""
+    (tmp_path / "speech.wav").write_bytes(b"RIFF")
+    (tmp_path / "other.flac").write_bytes(b"fLaC")
+    name = "expresso/ex03-ex01_happy_001_channel1_334s.wav"
+    assert split_recording([name]) == ((name,), None)
+    assert split_recording(["speech.wav"], tmp_path) == ((DEFAULT_VOICE,), tmp_path / "speech.wav")
+    assert split_recording(["a.safetensors", str(tmp_path / "speech.wav")]) == (
+        ("a.safetensors",),
+        tmp_path / "speech.wav",
+    )
+    with pytest.raises(TtsError, match="one recording to clone a voice from, not 2"):
+        split_recording(["speech.wav", "other.flac"], tmp_path)

@@ -191,6 +191,55 @@ def test_a_bad_jsonl_batch_is_refused_in_one_line(env, tmp_path, case):
     assert not (tmp_path / "folder").exists() and not (tmp_path / "x.wav").exists()
 
 
+def _sine(path: Path, seconds: float = 2.0) -> Path:
+    """A recording to clone a voice from: a sine at 24 kHz."""
+    t = np.arange(int(seconds * 24_000)) / 24_000
+    sf.write(str(path), (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24_000)
+    return path
+
+
+def test_a_jsonl_line_whose_voice_is_a_recording_clones_it(env, tmp_path):
+    """A line's voice that is a recording (a path relative to the JSONL file's folder) is its
+    audio prefix: its steps feed "no input" text, while the other line's start at once."""
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    _sine(folder / "speech.wav")
+    requests = _jsonl(
+        folder / "requests.jsonl",
+        {"id": "cloned", "turns": [TEXT], "voices": [ALICE, "speech.wav"]},
+        {"id": "plain", "turns": [TEXT], "voices": [ALICE]},
+    )
+    tokens = tmp_path / "steps.npz"
+    batch = ("--jsonl", requests, "-o", tmp_path / "out", "--temp", 0, "--tokens", tokens)
+    _ok(_tts(env, *batch))
+    fed = np.load(tokens)["fed_text_tokens"]
+    prefix_frames = 25 - 2  # 2 s at 12.5 Hz, less the 2 frames dropped
+    assert (fed[0, :prefix_frames] == -1).all() and fed[0, prefix_frames] != -1
+    assert (fed[1, :prefix_frames] != -1).any()
+    _wav(tmp_path / "out" / "cloned.wav")
+
+
+def test_a_jsonl_lines_bad_recording_is_named_in_one_line(env, tmp_path):
+    (tmp_path / "noise.wav").write_text("not audio")
+    _sine(tmp_path / "long.wav", seconds=31.0)
+    good = {"id": "a", "turns": [TEXT], "voices": [ALICE]}
+    out = tmp_path / "out"
+    for voice, message in (
+        ("missing.wav", ":2: voice 'missing.wav' is no audio file here (a recording to clone)"),
+        ("noise.wav", f":2: cannot read {tmp_path / 'noise.wav'} as audio"),
+        ("long.wav", f":2: {tmp_path / 'long.wav'}: the recording lasts 31.0 s"),
+    ):
+        requests = _jsonl(
+            tmp_path / "r.jsonl", good, {"id": "b", "turns": [TEXT], "voices": [ALICE, voice]}
+        )
+        line = _error_line(_tts(env, "--jsonl", requests, "-o", out, "--force"))
+        assert line.startswith(f"error: {requests}") and message in line, line
+    two = {"id": "b", "turns": [TEXT], "voices": ["long.wav", "noise.wav"]}
+    line = _error_line(_tts(env, "--jsonl", _jsonl(tmp_path / "r.jsonl", two), "-o", out))
+    assert line.endswith(":1: one recording to clone a voice from, not 2")
+    assert not any(out.glob("*.wav"))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -345,9 +394,7 @@ def test_a_recording_as_voice_is_continued(env, tmp_path, full_mimi_checkpoint):
     from moshi_mlx.runtime.sampling import GREEDY
     from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
-    recording = tmp_path / "speech.wav"
-    t = np.arange(2 * 24_000) / 24_000
-    sf.write(str(recording), (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24_000)
+    recording = _sine(tmp_path / "speech.wav")
     tokens, out = tmp_path / "steps.npz", tmp_path / "cloned.wav"
     args = ("--voice", ALICE, "--voice", recording, "--temp", 0, "--tokens", tokens)
     done = _ok(_tts(env, TEXT, "-o", out, *args))

@@ -10,7 +10,8 @@ batch of requests in one batch.
 A JSONL line is Kyutai's `run_tts` request: {"turns": ["text", ...], "voices": ["name", ...],
 "id": "output name"} (optionally "cfg_coef"); every line runs in one batch and gives
 DIR/ID.wav and DIR/ID.json (the words and their start times), DIR being `-o` (default
-tts-outputs).
+tts-outputs). A voice may be a recording (.wav, .flac, ...; one per line, a relative path
+found beside the JSONL file) whose voice the line's speech continues, as `--voice` takes one.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from moshi_mlx.audio.devices import format_devices, import_sounddevice, open_failure, resolve_device
 from moshi_mlx.audio.frame_queue import FrameQueue
-from moshi_mlx.audio.wav import check_audio_name, write_audio
+from moshi_mlx.audio.wav import check_audio_name, read_audio, write_audio
 from moshi_mlx.checkpoints.spec import DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO
 from moshi_mlx.cli.common import (
     CliParser,
@@ -42,12 +44,12 @@ from moshi_mlx.cli.common import (
     run_cli,
 )
 from moshi_mlx.cli.tokens import check_tokens_output, write_tokens
-from moshi_mlx.errors import TtsError
+from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.speed_plan import SpeedPlan, plan_speed
-from moshi_mlx.tts.prefix import is_recording
+from moshi_mlx.tts.prefix import split_recording
 from moshi_mlx.tts.stepper import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
@@ -166,9 +168,23 @@ def _read_text(args: argparse.Namespace) -> str:
     return sys.stdin.read() if args.text == "-" else args.text
 
 
-def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
-    """(output name, request) of each line of a JSONL batch file."""
-    requests = []
+@dataclass(frozen=True)
+class _Line:
+    """A request of a JSONL batch file: its line's number, its output name, the request,
+    and the recording it clones a voice from (None: none) and its samples (24 kHz)."""
+
+    number: int
+    name: str
+    request: TtsRequest
+    recording: Path | None = None
+    pcm: np.ndarray | None = None
+
+
+def _read_jsonl(path: str) -> list[_Line]:
+    """The requests of a JSONL batch file, one per line; a voice that is a recording is
+    found beside the file (a relative path) and read here, so that a bad one stops the
+    batch before the model loads."""
+    requests: list[_Line] = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -188,12 +204,33 @@ def _read_jsonl(path: str) -> list[tuple[str, TtsRequest]]:
             raise TtsError(f"{path}:{number}: not a request ({type(exc).__name__}: {exc})")
         if not name or Path(name).name != name or name.startswith("."):
             raise TtsError(f"{path}:{number}: id {name!r} is not a plain file name")
-        if any(name == earlier for earlier, _ in requests):
+        if any(name == earlier.name for earlier in requests):
             raise TtsError(f"{path}:{number}: id {name!r} is given twice")
-        requests.append((name, TtsRequest(turns, tuple(voices), cfg_coef)))
+        try:
+            voices, recording = split_recording(voices, Path(path).parent)
+            pcm = None if recording is None else read_audio(recording, SAMPLE_RATE)
+        except (TtsError, AudioError) as exc:
+            raise TtsError(f"{path}:{number}: ", *exc.parts, parameter=exc.parameter) from None
+        request = TtsRequest(turns, voices, cfg_coef)
+        requests.append(_Line(number, name, request, recording, pcm))
     if not requests:
         raise TtsError(f"{path} holds no request")
     return requests
+
+
+def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
+    """The line's request, its voices checked (read, kept for the run) and the audio prefix
+    of the recording it clones, if any; errors name the line."""
+    try:
+        for voice in line.request.voices:
+            model.voice(voice)
+        if line.pcm is None:
+            return line.request
+        return replace(line.request, prefix=model.voice_prefix(line.pcm))
+    except AudioError as exc:
+        raise TtsError(f"{path}:{line.number}: {line.recording}: ", *exc.parts) from None
+    except TtsError as exc:
+        raise TtsError(f"{path}:{line.number}: ", *exc.parts, parameter=exc.parameter) from None
 
 
 def _load(args: argparse.Namespace) -> TtsModel:
@@ -236,10 +273,10 @@ def _words_json(speech: Speech) -> str:
 
 
 def _run_batch(args: argparse.Namespace) -> int:
-    named = _read_jsonl(args.jsonl)
+    lines = _read_jsonl(args.jsonl)
     folder = Path(args.output or JSONL_FOLDER)
     folder.mkdir(parents=True, exist_ok=True)
-    outputs = [(folder / f"{name}.wav", folder / f"{name}.json") for name, _ in named]
+    outputs = [(folder / f"{line.name}.wav", folder / f"{line.name}.json") for line in lines]
     for wav, words in outputs:
         for path in (wav, words):
             check_output(Path(args.jsonl), path, args.force, "JSONL file")
@@ -247,11 +284,11 @@ def _run_batch(args: argparse.Namespace) -> int:
     if tokens is not None:
         check_tokens_output(tokens, [Path(args.jsonl)], args.force, "JSONL file")
     model = _load(args)
+    requests = [_request(model, args.jsonl, line) for line in lines]
     start = time.monotonic()
     max_steps = int(args.max_seconds * SAMPLE_RATE / FRAME_SIZE)
     frame_seconds = FRAME_SIZE / SAMPLE_RATE
     with progress_bar(args.progress, unit="s", bar_format=SPEECH_BAR, leave=False) as bar:
-        requests = [r for _, r in named]
         speeches = model.synthesize(
             requests,
             seed=args.seed,
@@ -355,12 +392,9 @@ def _run_one(args: argparse.Namespace) -> int:
     tokens = Path(args.tokens) if args.tokens else None
     if tokens is not None:
         check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")
-    recordings = [v for v in args.voice or () if is_recording(v)]
-    if len(recordings) > 1:
-        raise TtsError(f"one recording to clone a voice from, not {len(recordings)}")
-    voices = tuple(v for v in args.voice or () if not is_recording(v)) or (DEFAULT_VOICE,)
+    voices, recording = split_recording(args.voice or ())
     model = _load(args)
-    prefix = model.voice_prefix(recordings[0]) if recordings else None
+    prefix = model.voice_prefix(recording) if recording is not None else None
     speaker = _Speaker(args.output_device) if args.play else None
     stream = model.stream(voices, args.cfg_coef, seed=args.seed, prefix=prefix, **_sampling(args))
     stream.push(text)

@@ -20,15 +20,34 @@ from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.models.mimi import Mimi
 from moshi_mlx.runtime.codec import SAMPLE_RATE
+from moshi_mlx.tts.voices import DEFAULT_VOICE, Voice, is_recording
 
 MAX_PREFIX_SECONDS = 30.0  # a voice is a few seconds; each second costs 12.5 steps first
 DROPPED_FRAMES = 2  # Kyutai's get_prefix drops the last 2 frames of the recording's codes
-AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif")
 
 
-def is_recording(voice: object) -> bool:
-    """Whether a voice given by name is a recording to clone (an audio file's name)."""
-    return isinstance(voice, (str, Path)) and Path(voice).suffix.lower() in AUDIO_SUFFIXES
+def split_recording(
+    voices: Sequence[Voice], folder: Path | None = None
+) -> tuple[tuple[Voice, ...], Path | None]:
+    """A request's voices as `TtsRequest.voices` takes them (the default voice when none is
+    left) and the recording among them whose voice it clones (None: none). A voice named like
+    an audio file (`is_recording`) is a recording when that file exists (a relative path: in
+    `folder`; None: the working folder), else a voice's name (Kyutai's end in .wav too).
+    `TtsError` (parameter "voice") for more than one recording."""
+    recordings, others = [], []
+    for voice in voices:
+        path = Path(voice).expanduser() if is_recording(voice) else None
+        if path is not None and folder is not None and not path.is_absolute():
+            path = folder / path
+        if path is not None and path.is_file():
+            recordings.append(path)
+        else:
+            others.append(voice)
+    if len(recordings) > 1:
+        raise TtsError(
+            f"one recording to clone a voice from, not {len(recordings)}", parameter="voice"
+        )
+    return tuple(others) or (DEFAULT_VOICE,), recordings[0] if recordings else None
 
 
 def recording_codes(mimi: Mimi, audio: str | Path | np.ndarray) -> np.ndarray:

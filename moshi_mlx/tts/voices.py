@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 DEFAULT_VOICE = "expresso/ex03-ex01_happy_001_channel1_334s.wav"
 MAX_SPEAKERS = 5
 VOICE_TENSOR = "speaker_wavs"
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif")
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +61,12 @@ class VoiceEmbedding:
 
 
 Voice = str | Path | VoiceEmbedding  # a name in the voice repo, a file, or an embedding
+
+
+def is_recording(voice: object) -> bool:
+    """Whether a voice given by name may be a recording to clone (an audio file's name; a
+    voice's name in the repo may end in .wav too, as `DEFAULT_VOICE`)."""
+    return isinstance(voice, (str, Path)) and Path(voice).suffix.lower() in AUDIO_SUFFIXES
 
 
 def voice_file_name(voice: str, config: LmConfig) -> str:
@@ -95,6 +102,9 @@ def resolve_voice(
                 "; or give a voice (.safetensors file)",
                 parameter="voice",
             ) from None
+        if is_recording(voice):  # a recording to clone, not found: say so first
+            what = f"voice {voice!r} is no audio file here (a recording to clone), nor a voice: "
+            raise TtsError(what, *exc.parts, parameter="voice") from None
         raise TtsError(f"voice {voice!r}: ", *exc.parts, parameter="voice") from None
 
 

@@ -187,11 +187,15 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, steps, -1))
 
 
-def fused_kernels() -> bool:
-    """Whether MLX runs `mx.fast`'s attention as one kernel (on a GPU: Metal, CUDA), not as
-    the operations it decomposes it into (its CPU backend: the queries' scaling, the keys'
-    transpose, two products and a softmax): attention picks its form by it."""
-    return mx.default_device() == mx.gpu
+def fused_attention(array_mask: bool) -> bool:
+    """Whether MLX runs `mx.fast`'s attention of one query as one kernel rather than as the
+    operations it decomposes it into (the queries' scaling, the keys' transpose, two
+    products, the mask's `where` and a softmax): on a GPU, and under an array mask
+    (`array_mask`) only on Metal, whose vector kernel takes one (MLX 0.32's CUDA kernels take
+    none). Attention picks its form by it."""
+    if mx.default_device() != mx.gpu:
+        return False
+    return not array_mask or mx.metal.is_available()
 
 
 def scaled_dot_product_attention(
@@ -204,12 +208,13 @@ def scaled_dot_product_attention(
 ) -> mx.array:
     """Attention over what a cache returned: packed through its quantization's attention
     when the buffers are a quantized ring's, else MLX's fused attention. `scale` None: the
-    queries come scaled, and where the backend decomposes attention (`fused_kernels`) it is
+    queries come scaled, and where MLX would decompose attention (`fused_attention`) it is
     MLX's decomposition less the scaling, the same operations on the same values. Grouped
-    queries (more heads than the keys) attend there as `rep` rows of one key head each."""
+    queries (more heads than the keys) attend there as `rep` rows of one key head each; on a
+    GPU they keep MLX's own attention."""
     heads, kv_heads = queries.shape[1], (keys[0] if isinstance(keys, tuple) else keys).shape[1]
-    fused = scale is not None or fused_kernels()
-    if heads != kv_heads and (isinstance(keys, tuple) or not fused):
+    quantized, on_gpu = isinstance(keys, tuple), fused_attention(array_mask=False)
+    if heads != kv_heads and (quantized or (scale is None and not on_gpu)):
         batch, _, steps, head_dim = queries.shape
         rep = heads // kv_heads
         grouped = queries.reshape(batch, kv_heads, rep * steps, head_dim)
@@ -217,13 +222,14 @@ def scaled_dot_product_attention(
             mask = mx.tile(mask, (rep, 1))
         out = scaled_dot_product_attention(grouped, keys, values, cache, scale, mask)
         return out.reshape(batch, heads, steps, head_dim)
-    if scale is None and not fused_kernels() and not isinstance(keys, tuple):
+    array_mask = isinstance(mask, mx.array) and heads == kv_heads
+    if scale is None and not quantized and not fused_attention(array_mask):
         scores = queries @ keys.swapaxes(-1, -2)
         if mask is not None:
             scores = mx.where(mask, scores, mx.finfo(scores.dtype).min)
         return mx.softmax(scores, axis=-1, precise=True) @ values
     scale = 1.0 if scale is None else scale
-    if isinstance(keys, tuple):
+    if quantized:
         return cache.quantization.attention(queries, keys, values, scale, mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 

@@ -4,7 +4,7 @@ operations here.
 MLX builds `mx.fast`'s norms, RoPE and attention, and the (de)quantization of packed rows, as
 one kernel each on a GPU, and as the operations it decomposes them into on its CPU backend
 (MLX 0.32, `mlx/fast.cpp`, `mlx/ops.cpp`); our model picks its own attention form per backend
-(`transformer.fused_kernels`). While `kernel_form(form)` is active, a step traced anew
+(`transformer.fused_attention`). While `kernel_form(form)` is active, a step traced anew
 (a stepper made inside it, never stepped: its values are placeholders) is built as `form`'s
 GPU builds it: each kernel one `Depends` node over the kernel's inputs and a tag array named
 after the kernel, which `timing.ops_by_primitive` counts under that name.
@@ -125,7 +125,8 @@ def kernel_form(form: str) -> Iterator[dict[str, mx.array]]:
         yield {}
         return
     kernels = _Kernels(form)
-    patches = [mock.patch.object(transformer, "fused_kernels", lambda: True)]
+    fused = (lambda array_mask: True) if form == "metal" else (lambda array_mask: not array_mask)
+    patches = [mock.patch.object(transformer, "fused_attention", fused)]
     patches += [mock.patch.object(mx.fast, name, getattr(kernels, name)) for name in kernels.fast]
     patches += [
         mock.patch.object(mx, name, getattr(kernels, name)) for name in ("dequantize", "quantize")

@@ -222,8 +222,8 @@ def scaled_dot_product_attention(
             mask = mx.tile(mask, (rep, 1))
         out = scaled_dot_product_attention(grouped, keys, values, cache, scale, mask)
         return out.reshape(batch, heads, steps, head_dim)
-    one_position = mask is None and keys.shape[2] == 1 == queries.shape[2]
-    if heads == kv_heads and not quantized and one_position:
+    one_position = not quantized and mask is None and keys.shape[2] == 1 == queries.shape[2]
+    if heads == kv_heads and one_position:
         return values  # one query, one position (a depformer's first): weight exactly 1
     array_mask = isinstance(mask, mx.array) and heads == kv_heads
     if scale is None and not quantized and not fused_attention(array_mask):

@@ -2,13 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import soundfile as sf
+from cli_checks import error_line, run_python
 from tiny_moshi import cached_tiny_moshi, tiny_config, weight_flags
 
 HIDE_PORTAUDIO = (
@@ -48,20 +47,8 @@ def wav(tmp_path):
 
 def _fails(env, *args, module="moshi_mlx infer"):
     """Run the CLI; assert it failed cleanly and return its one-line error."""
-    command = [sys.executable, "-m", *module.split()] if module else [sys.executable]
-    done = subprocess.run(
-        [*command, *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
+    command = ["-m", *module.split()] if module else []
+    return error_line(run_python(env, *command, *args))
 
 
 def test_corrupt_wav(env, tmp_path):

@@ -10,6 +10,7 @@ from math import ceil
 import mlx.core as mx
 import numpy as np
 import pytest
+from closeness import norm_relative
 from conftest import needs_rustymimi
 
 from moshi_mlx.audio.wav import read_audio
@@ -18,10 +19,6 @@ from moshi_mlx.errors import AudioError, MoshiError, WeightsError
 from moshi_mlx.runtime.codec import BatchEncoder, Codec, MlxCodec, RustyMimiCodec, load_codec
 
 FRAME = 1920
-
-
-def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
 
 
 def _round_trip(codec: Codec, pcm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +143,7 @@ def test_mlx_matches_rustymimi(codecs, mimi_signal):
     # Decode identical codes with both.
     codecs["rustymimi"].reset()
     rust_pcm = np.concatenate([np.array(codecs["rustymimi"].decode_step(c)) for c in ours_codes.T])
-    error = _relative_error(ours_pcm, rust_pcm)
+    error = norm_relative(ours_pcm, rust_pcm)
     print(f"decoded pcm relative error vs rustymimi: {error:.2e}")
     assert error < 1e-4
 

@@ -6,6 +6,7 @@ check the attention window once the KV ring wraps.
 
 import mlx.core as mx
 import numpy as np
+from closeness import max_relative
 
 from moshi_mlx.chat.generate import ChatStepper
 from moshi_mlx.chat.teacher_forcing import teacher_forced_logits
@@ -13,10 +14,6 @@ from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.sampling import GREEDY
 
 MAX_RELATIVE_ERROR = 1e-4
-
-
-def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    return float(np.abs(ours - reference).max() / np.abs(reference).max())
 
 
 def test_fixture_config_is_the_tiny_preset(golden_lm):
@@ -30,8 +27,8 @@ def test_teacher_forced_logits_step_by_step(golden_lm):
     text_logits, dep_logits = teacher_forced_logits(
         lm, mx.array(tokens.T.astype(np.int32)), mx.array(dep_prev.T.astype(np.int32))
     )
-    assert _relative_error(np.array(text_logits), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
-    assert _relative_error(np.array(dep_logits), golden["tf_dep_logits"]) < MAX_RELATIVE_ERROR
+    assert max_relative(np.array(text_logits), golden["tf_text_logits"]) < MAX_RELATIVE_ERROR
+    assert max_relative(np.array(dep_logits), golden["tf_dep_logits"]) < MAX_RELATIVE_ERROR
 
 
 def test_teacher_forced_text_logits_after_a_prefill(golden_lm):
@@ -47,7 +44,7 @@ def test_teacher_forced_text_logits_after_a_prefill(golden_lm):
         logits.append(np.array(lm.step_text(tokens[:, :, t : t + 1], ring)[1][0]))
         ring = ring.advanced()
     reference = golden["tf_text_logits"][prefix:]
-    assert _relative_error(np.stack(logits), reference) < MAX_RELATIVE_ERROR
+    assert max_relative(np.stack(logits), reference) < MAX_RELATIVE_ERROR
 
 
 def test_greedy_stream_matches_reference_exactly(golden_lm):

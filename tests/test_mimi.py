@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from closeness import norm_relative
 from conftest import MIMI_FIXTURES
 
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -14,10 +15,6 @@ from moshi_mlx.errors import AudioError, ConfigError
 from moshi_mlx.models.mimi import Mimi, MimiConfig, MimiState
 
 FRAME = 1920
-
-
-def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +40,7 @@ def test_latent_matches_reference(golden):
     mimi, ref = golden
     latent = np.array(mimi.encode_latent(mx.array(ref["pcm"])))
     assert latent.shape == ref["latent"].shape == (1, 32, 8)  # 14440 samples -> 8 frames
-    assert _relative_error(latent, ref["latent"]) < 1e-4
+    assert norm_relative(latent, ref["latent"]) < 1e-4
 
 
 def test_codes_match_reference(golden):
@@ -63,7 +60,7 @@ def test_decoded_pcm_matches_reference(golden, codes_key, pcm_key):
     mimi, ref = golden
     pcm = np.array(mimi.decode(mx.array(ref[codes_key])))
     assert pcm.shape == ref[pcm_key].shape == (1, 1, 8 * FRAME)
-    assert _relative_error(pcm, ref[pcm_key]) < 1e-4
+    assert norm_relative(pcm, ref[pcm_key]) < 1e-4
 
 
 def _stream(
@@ -94,7 +91,7 @@ def test_streaming_equals_batch_with_odd_length(tiny_mimi, mimi_signal):
     padded = np.pad(pcm, [(0, 0), (0, 0), (0, 7 * FRAME - samples)])
     stream_codes, stream_pcm = _stream(tiny_mimi, padded)
     np.testing.assert_array_equal(stream_codes, codes)
-    assert _relative_error(stream_pcm, decoded) < 1e-5
+    assert norm_relative(stream_pcm, decoded) < 1e-5
     assert len(np.unique(codes[:, 1:])) > 10  # the random codebooks are really used
 
 
@@ -135,7 +132,7 @@ def test_full_size_streaming_equals_batch(full_mimi_checkpoint, mimi_signal):
     decoded = np.array(mimi.decode(mx.array(codes)))
     stream_codes, stream_pcm = _stream(mimi, pcm)
     np.testing.assert_array_equal(stream_codes, codes)
-    assert _relative_error(stream_pcm, decoded) < 1e-5
+    assert norm_relative(stream_pcm, decoded) < 1e-5
     assert decoded.shape == (1, 1, 3 * FRAME)
 
 
@@ -155,4 +152,4 @@ def test_long_stream_past_the_attention_context(tiny_mimi, mimi_signal):
     stream_codes, stream_pcm = _stream(tiny_mimi, pcm)
     np.testing.assert_array_equal(stream_codes, codes)
     late = slice(126 * FRAME, None)
-    assert _relative_error(stream_pcm[..., late], decoded[..., late]) < 1e-5
+    assert norm_relative(stream_pcm[..., late], decoded[..., late]) < 1e-5

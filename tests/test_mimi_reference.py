@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from closeness import norm_relative
 from conftest import REFERENCE_PYTHON, needs_reference
 
 from moshi_mlx.checkpoints.mimi import load_mimi
@@ -20,10 +21,6 @@ from moshi_mlx.models.mimi import MimiConfig
 
 pytestmark = needs_reference
 SCRIPT = Path(__file__).parents[1] / "scripts" / "make_mimi_fixtures.py"
-
-
-def _relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    return float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +46,10 @@ def test_full_size_matches_pytorch(full_mimi_checkpoint, reference):
     mimi = load_mimi(full_mimi_checkpoint, num_codebooks=8)
     pcm = mx.array(ref["pcm"])
 
-    latent_error = _relative_error(np.array(mimi.encode_latent(pcm)), ref["latent"])
+    latent_error = norm_relative(np.array(mimi.encode_latent(pcm)), ref["latent"])
     codes = np.array(mimi.encode(pcm))
     agreement = float((codes == ref["codes"]).mean())
-    pcm_error = _relative_error(
+    pcm_error = norm_relative(
         np.array(mimi.decode(mx.array(ref["given_codes"]))), ref["decoded_given"]
     )
     print(
@@ -75,9 +72,9 @@ def test_beyond_the_attention_context_matches_pytorch(tmp_path):
     latent = np.array(mimi.encode_latent(mx.array(ref["pcm"])))
     assert latent.shape == (1, 32, 140)
     late = slice(126, 140)  # frames whose transformer steps no longer see the start
-    assert _relative_error(latent[..., late], ref["latent"][..., late]) < 1e-4
+    assert norm_relative(latent[..., late], ref["latent"][..., late]) < 1e-4
     decoded = np.array(mimi.decode(mx.array(ref["given_codes"])))
     samples = slice(126 * 1920, 140 * 1920)
-    assert _relative_error(decoded[..., samples], ref["decoded_given"][..., samples]) < 1e-4
+    assert norm_relative(decoded[..., samples], ref["decoded_given"][..., samples]) < 1e-4
     codes = np.array(mimi.encode(mx.array(ref["pcm"])))
     assert (codes == ref["codes"]).mean() >= 0.95

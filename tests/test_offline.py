@@ -8,7 +8,6 @@ import http.server
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from cli_checks import error_line, run_python
 
 from moshi_mlx.checkpoints.spec import DEFAULT_STT_REPO
 
@@ -43,30 +43,15 @@ def offline(tmp_path):
 
 def _run(env, *args, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, *map(str, args)],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_python(env, *args, cwd=cwd)
     return done, time.monotonic() - started
-
-
-def _one_line(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
 
 
 def test_stt_offline_fails_at_once_in_one_line_saying_what_to_do(offline, tmp_path):
     speech = tmp_path / "speech.wav"
     sf.write(speech, np.zeros(4800, np.float32), 24000)
     done, seconds = _run(offline, "-m", "moshi_mlx", "stt", speech)
-    line = _one_line(done)  # no retry lines of the hub client
+    line = error_line(done)  # no retry lines of the hub client
     assert seconds < 15, seconds  # 24 s of retries before
     assert f"cannot get config.json from the Hugging Face repo {DEFAULT_STT_REPO}" in line
     assert "the hub cannot be reached" in line and "not in the local cache" in line
@@ -76,7 +61,7 @@ def test_stt_offline_fails_at_once_in_one_line_saying_what_to_do(offline, tmp_pa
 def test_a_mistyped_folder_is_neither_a_folder_nor_reachable(offline, tmp_path):
     sf.write(tmp_path / "in.wav", np.zeros(4800, np.float32), 24000)
     done, _ = _run(offline, "-m", "moshi_mlx", "stt", "in.wav", "--hf-repo", "w/none", cwd=tmp_path)
-    line = _one_line(done)
+    line = error_line(done)
     assert "there is no folder w/none here, and the hub cannot be reached" in line
 
 
@@ -188,6 +173,6 @@ def test_a_mistyped_folder_that_the_hub_does_not_have_either_is_named_as_both(of
         )
     finally:
         server.shutdown()
-    line = _one_line(done)
+    line = error_line(done)
     assert "there is no folder w/none here, and there is no Hugging Face repo w/none" in line
     assert seconds < 15, seconds

@@ -8,6 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from closeness import max_relative
 from tiny_moshi import write_eight_step_file
 
 from moshi_mlx.chat.generate import ChatStepper
@@ -29,10 +30,6 @@ RELATIVE = 1e-4
 pytestmark = pytest.mark.skipif(
     not (FIXTURES / "golden16.npz").is_file(), reason="PersonaPlex fixtures not generated"
 )
-
-
-def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
-    return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +76,10 @@ def _check_audio_logits(audio: np.ndarray, golden: dict, prefix: str) -> None:
     distribution's log-sum-exp (which all the columns enter)."""
     kept = golden[f"{prefix}audio_logits"][: len(audio), : audio.shape[1]]
     columns = golden["audio_logit_columns"]
-    assert _relative(audio[:, :, columns], kept) <= RELATIVE
+    assert max_relative(audio[:, :, columns], kept) <= RELATIVE
     logsumexp = np.log(np.exp(audio.astype(np.float64)).sum(-1))
     theirs = golden[f"{prefix}audio_logsumexp"][: len(audio), : audio.shape[1]]
-    assert _relative(logsumexp, theirs) <= RELATIVE
+    assert max_relative(logsumexp, theirs) <= RELATIVE
 
 
 @pytest.mark.parametrize("steps_in_file", [16, 8])
@@ -101,7 +98,7 @@ def test_wav_voice_role_and_conversation_match_nvidia(steps_in_file, tiny_mimi, 
     tokens, text, audio = _conversation(lm, state, golden["user_codes"], steps)
     _check_tokens(tokens, golden["tokens"])
     n = min(TEACHER_STEPS, len(golden["text_logits"]))
-    assert _relative(text[:n], golden["text_logits"][:n]) <= RELATIVE
+    assert max_relative(text[:n], golden["text_logits"][:n]) <= RELATIVE
     _check_audio_logits(audio[:n], golden, "")
 
 
@@ -118,10 +115,10 @@ def test_a_voice_saved_by_nvidia_gives_the_state_of_its_wav(tiny_mimi):
     np.testing.assert_array_equal(np.array(from_pt.tokens), np.array(from_wav.tokens))
     np.testing.assert_array_equal(np.array(from_pt.given), np.array(from_wav.given))
     for ours, theirs in zip(from_pt.ring.keys, from_wav.ring.keys):
-        assert _relative(np.array(ours), np.array(theirs)) <= RELATIVE
+        assert max_relative(np.array(ours), np.array(theirs)) <= RELATIVE
     steps = len(golden["pt_tokens"])
     tokens, text, audio = _conversation(lm, from_pt, golden["user_codes"], steps)
     _check_tokens(tokens, golden["pt_tokens"])
     n = TEACHER_STEPS
-    assert _relative(text[:n], golden["pt_text_logits"][:n]) <= RELATIVE
+    assert max_relative(text[:n], golden["pt_text_logits"][:n]) <= RELATIVE
     _check_audio_logits(audio[:n], golden, "pt_")

@@ -8,12 +8,12 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from cli_checks import error_line, run_python
 from pulse import PulseServer, pulseaudio_missing_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,15 +51,8 @@ def _tts(env: dict[str, str], *args, stdin: str | None = None) -> subprocess.Com
         "--mimi-weight",
         env["TEST_MIMI"],
     ]
-    return subprocess.run(
-        [sys.executable, "-m", "moshi_mlx", "tts", *model, *map(str, args)],
-        cwd=ROOT,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    return run_python(
+        env, "-m", "moshi_mlx", "tts", *model, *args, cwd=ROOT, stdin=stdin, timeout=180
     )
 
 
@@ -67,15 +60,6 @@ def _ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return done
-
-
-def _error_line(done: subprocess.CompletedProcess) -> str:
-    """The one line of a refused command (exit 2, no traceback)."""
-    assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
-    return lines[0]
 
 
 def _wav(path: Path) -> np.ndarray:
@@ -124,7 +108,7 @@ def test_stdin_and_a_text_file_speak_as_the_argument(env, spoken, tmp_path):
 def test_an_existing_wav_is_kept_without_force(env, tmp_path):
     out = tmp_path / "taken.wav"
     out.write_bytes(b"keep me")
-    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE))
+    line = error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE))
     assert line == f"error: {out} already exists; pass --force to overwrite it"
     assert out.read_bytes() == b"keep me"
 
@@ -186,7 +170,7 @@ def test_a_bad_jsonl_batch_is_refused_in_one_line(env, tmp_path, case):
     lines, message = JSONL_ERRORS[case]
     requests = _jsonl(tmp_path / "requests.jsonl", *lines)
     out = tmp_path / "folder" / "out"
-    line = _error_line(_tts(env, "--jsonl", requests, "--out-folder", out))
+    line = error_line(_tts(env, "--jsonl", requests, "--out-folder", out))
     assert line.startswith(f"error: {requests}") and message in line
     assert not (tmp_path / "folder").exists() and not (tmp_path / "x.wav").exists()
 
@@ -251,19 +235,19 @@ def test_a_jsonl_lines_bad_recording_is_named_in_one_line(env, tmp_path):
     ],
 )
 def test_bad_arguments_are_refused(env, args, message):
-    assert message in _error_line(_tts(env, *args))
+    assert message in error_line(_tts(env, *args))
 
 
 def test_bad_texts_and_voices_are_refused_in_one_line(env, tmp_path):
     out = tmp_path / "out.wav"
-    assert _error_line(_tts(env, "  \n", "-o", out)) == "error: the text is empty"
+    assert error_line(_tts(env, "  \n", "-o", out)) == "error: the text is empty"
     missing = tmp_path / "missing.txt"
-    line = _error_line(_tts(env, "--text-file", missing, "-o", out))
+    line = error_line(_tts(env, "--text-file", missing, "-o", out))
     assert line.startswith(f"error: cannot read --text-file {missing}")
     voice = tmp_path / "nope.safetensors"
-    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", voice))
+    line = error_line(_tts(env, TEXT, "-o", out, "--voice", voice))
     assert line == f"error: voice file {voice} not found"
-    line = _error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE, "--cfg-coef", 2.2))
+    line = error_line(_tts(env, TEXT, "-o", out, "--voice", ALICE, "--cfg-coef", 2.2))
     assert "'2.2'" in line and "1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0" in line
     assert not out.exists()
 
@@ -380,10 +364,10 @@ def test_the_tokens_of_a_jsonl_batch_are_the_apis(env, tmp_path, full_mimi_check
     steps = written["fed_text_tokens"].shape[1]
     assert written["audio_codes"].shape == (2, model.config.dep_q, steps - model.config.max_delay)
     assert (written["audio_codes"][:, :, -1] >= 0).all()
-    line = _error_line(_tts(env, *batch, "--force", "--tokens", tmp_path / "steps.wav"))
+    line = error_line(_tts(env, *batch, "--force", "--tokens", tmp_path / "steps.wav"))
     assert ".npz" in line
     tokens.write_bytes(b"mine")
-    line = _error_line(_tts(env, *batch, "--out-folder", tmp_path / "again", "--tokens", tokens))
+    line = error_line(_tts(env, *batch, "--out-folder", tmp_path / "again", "--tokens", tokens))
     assert "--force" in line and tokens.read_bytes() == b"mine"
 
 
@@ -419,7 +403,7 @@ def test_a_recording_as_voice_is_continued(env, tmp_path, full_mimi_checkpoint):
     start = prefix_frames + 5
     np.testing.assert_array_equal(speech.fed_tokens[:start], fed[:start])
     assert "Traceback" not in done.stderr
-    two = _error_line(
+    two = error_line(
         _tts(env, TEXT, "-o", tmp_path / "x.wav", "--voice", recording, "--voice", recording)
     )
     assert two == "error: one recording to clone a voice from, not 2"

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from closeness import norm_relative
 
 from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.checkpoints.spec import config_in, lm_config_of
@@ -35,10 +36,6 @@ def forced():
     return dict(np.load(FIXTURES / "golden_forced.npz"))
 
 
-def _relative(ours: np.ndarray, theirs: np.ndarray) -> float:
-    return float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
-
-
 def _conditions(lm):
     voices = [[load_voice(VOICES[name], 16)] for name in ("alice", "bob")]
     tensor, mask = speaker_condition(voices)
@@ -49,8 +46,8 @@ def _conditions(lm):
 def test_the_conditions_equal_the_reference(lm, forced):
     condition, tensors = _conditions(lm)
     source = lm.condition_provider.cross_source(tensors)
-    assert _relative(np.array(condition), forced["sum_cond"][:, 0]) < 1e-6
-    assert _relative(np.array(source), forced["cross_src"]) < 1e-6
+    assert norm_relative(np.array(condition), forced["sum_cond"][:, 0]) < 1e-6
+    assert norm_relative(np.array(source), forced["cross_src"]) < 1e-6
 
 
 @pytest.mark.parametrize("counts", [(1,), (1, 1), (2, 1), (5,)])
@@ -107,10 +104,10 @@ def _forced_logits(lm, forced) -> tuple[np.ndarray, np.ndarray]:
 def test_teacher_forced_logits_past_the_context_equal_the_reference(lm, forced):
     assert forced["codes"].shape[-1] > 2 * lm.config.context
     text, audio = _forced_logits(lm, forced)
-    assert _relative(text, forced["text_logits"]) < 1e-4
+    assert norm_relative(text, forced["text_logits"]) < 1e-4
     valid = ~np.isnan(forced["audio_logits"])
     np.testing.assert_array_equal(valid, ~np.isnan(audio))
-    assert _relative(audio[valid], forced["audio_logits"][valid]) < 1e-4
+    assert norm_relative(audio[valid], forced["audio_logits"][valid]) < 1e-4
 
 
 def _model(lm) -> TtsModel:
@@ -176,8 +173,8 @@ def test_a_quantized_tts_loads_strictly_and_tracks_the_float_model(
     text, audio = _forced_logits(quantized, forced)
     valid = ~np.isnan(forced["audio_logits"])
     errors = (
-        _relative(text, forced["text_logits"]),
-        _relative(audio[valid], forced["audio_logits"][valid]),
+        norm_relative(text, forced["text_logits"]),
+        norm_relative(audio[valid], forced["audio_logits"][valid]),
     )
     print(f"q{bits} relative logit error: text {errors[0]:.4f}, audio {errors[1]:.4f}")
     assert max(errors) < tolerance, errors
@@ -197,4 +194,4 @@ def test_the_model_has_kyutais_mlx_names_and_loads_its_mlx_naming(lm, forced, tm
     quantize_checkpoint(FIXTURES / "weights.safetensors", mlx_named, 16, config=lm.config)
     reloaded = load_lm(mlx_named, lm.config, dtype=mx.float32)
     text, _ = _forced_logits(reloaded, forced)
-    assert _relative(text, forced["text_logits"]) < 1e-4
+    assert norm_relative(text, forced["text_logits"]) < 1e-4

@@ -206,16 +206,7 @@ def tiny_hibiki_config():
 def cached_tiny_hibiki(tmp_path_factory) -> dict[str, Path]:
     """A tiny random Hibiki (`tiny_hibiki_config`, bf16, MLX naming) and its config.json with
     `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
-    from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
-
-    root = tmp_path_factory.getbasetemp() / "tiny_hibiki"
-    files = cached_tiny_moshi(tmp_path_factory) | {
-        "moshi": root / "model.safetensors",
-        "lm_config": root / "config.json",
-    }
-    if not all(path.is_file() for path in files.values()):
-        write_random_lm_checkpoint(root, tiny_hibiki_config(), seed=4, write_config=True)
-    return files
+    return _cached_lm(tmp_path_factory, "tiny_hibiki", tiny_hibiki_config, seed=4)
 
 
 def tiny_hibiki_zero_config():
@@ -240,15 +231,21 @@ def tiny_hibiki_zero_config():
 def cached_tiny_hibiki_zero(tmp_path_factory) -> dict[str, Path]:
     """A tiny random Hibiki-Zero (`tiny_hibiki_zero_config`, bf16, MLX naming) and its
     config.json with `cached_tiny_moshi`'s Mimi and tokenizer, once per pytest session."""
+    return _cached_lm(tmp_path_factory, "tiny_hibiki_zero", tiny_hibiki_zero_config, seed=5)
+
+
+def _cached_lm(tmp_path_factory, folder: str, config, seed: int) -> dict[str, Path]:
+    """`cached_tiny_moshi`'s files with a random LM of `config()` (bf16, MLX naming) and its
+    config.json in `folder` of the session's temporary root, written once per session."""
     from moshi_mlx.testing.checkpoints import write_random_lm_checkpoint
 
-    root = tmp_path_factory.getbasetemp() / "tiny_hibiki_zero"
+    root = tmp_path_factory.getbasetemp() / folder
     files = cached_tiny_moshi(tmp_path_factory) | {
         "moshi": root / "model.safetensors",
         "lm_config": root / "config.json",
     }
     if not all(path.is_file() for path in files.values()):
-        write_random_lm_checkpoint(root, tiny_hibiki_zero_config(), seed=5, write_config=True)
+        write_random_lm_checkpoint(root, config(), seed=seed, write_config=True)
     return files
 
 

@@ -216,10 +216,10 @@ def test_a_jsonl_lines_bad_recording_is_named_in_one_line(env, tmp_path):
         requests = _jsonl(
             tmp_path / "r.jsonl", good, {"id": "b", "turns": [TEXT], "voices": [ALICE, voice]}
         )
-        line = _error_line(_tts(env, "--jsonl", requests, "-o", out, "--force"))
+        line = error_line(_tts(env, "--jsonl", requests, "-o", out, "--force"))
         assert line.startswith(f"error: {requests}") and message in line, line
     two = {"id": "b", "turns": [TEXT], "voices": ["long.wav", "noise.wav"]}
-    line = _error_line(_tts(env, "--jsonl", _jsonl(tmp_path / "r.jsonl", two), "-o", out))
+    line = error_line(_tts(env, "--jsonl", _jsonl(tmp_path / "r.jsonl", two), "-o", out))
     assert line.endswith(":1: one recording to clone a voice from, not 2")
     assert not any(out.glob("*.wav"))
 

@@ -9,7 +9,9 @@ from mlx.utils import tree_flatten
 from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.models.lm import Lm, LmConfig
-from moshi_mlx.testing.checkpoints import lazy_lm
+from moshi_mlx.modules.linear import transpose_weights
+from moshi_mlx.runtime.sampling import GREEDY
+from moshi_mlx.testing.checkpoints import lazy_lm, load_lm
 
 
 def _manifest(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -187,3 +189,31 @@ def test_depformer_slices_attend_to_the_earlier_slices_of_their_step():
     # ... but never the later ones: slice 2's logits do not depend on token 3.
     later = depformer_logits(lm.depformer, temporal, prev.at[0, 3].add(1))
     assert mx.allclose(logits[0, 2], later[0, 2]).item()
+
+
+def test_quantized_depformer_tables_dequantized_once_for_the_step(tiny_lm_checkpoints):
+    """`transpose_weights` dequantizes the depformer's quantized audio tables once (slice 0's
+    text table stays quantized): the slices' logits are the same, bit for bit; a replaced
+    table is looked up quantized again."""
+    lm = load_lm(tiny_lm_checkpoints["q4"])
+    depformer = lm.depformer
+    temporal = mx.random.normal((2, lm.config.dim), key=mx.random.key(0)).astype(mx.bfloat16)
+
+    def logits() -> mx.array:
+        captured = []
+
+        def sample(slice_logits: mx.array, k: int) -> mx.array:
+            captured.append(slice_logits)
+            return GREEDY.sample_column(slice_logits, None)
+
+        depformer.sample_step(temporal, mx.array([3, 7]), sample, text_sampled=True)
+        return mx.stack(captured)
+
+    before = logits()
+    mx.eval(transpose_weights(lm))
+    tables = [s.step_table for s in depformer.slices]
+    assert tables[0] is None
+    assert all(t.view.shape == (lm.config.card + 1, lm.config.depformer_dim) for t in tables[1:])
+    assert mx.array_equal(logits(), before).item()
+    depformer.slices[1].emb.weight = mx.array(depformer.slices[1].emb.weight)  # replaced
+    assert mx.array_equal(logits(), before).item()

@@ -24,7 +24,7 @@ from mlx import nn
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import StepKV
 from moshi_mlx.modules.linear import Linear
-from moshi_mlx.modules.step_tricks import lookup_column
+from moshi_mlx.modules.step_tricks import StepWeight, lookup_column, picked_rows
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -41,22 +41,47 @@ def zero_no_input(tokens: mx.array, embeddings: mx.array) -> mx.array:
     return mx.where((tokens == ZERO_TOKEN)[..., None], 0, embeddings)
 
 
-def embed(emb: nn.Module, tokens: mx.array) -> mx.array:
-    """Embedding lookup where `ZERO_TOKEN` gives a zero vector; tokens (...) -> (..., D)."""
-    return zero_no_input(tokens, emb(mx.maximum(tokens, 0)))
+def embed(emb: nn.Module | mx.array, tokens: mx.array) -> mx.array:
+    """Embedding lookup where `ZERO_TOKEN` gives a zero vector; tokens (...) -> (..., D).
+    `emb`: a table module, or its rows as vectors (`DepformerSlice.step_table`)."""
+    clamped = mx.maximum(tokens, 0)
+    return zero_no_input(tokens, emb[clamped] if isinstance(emb, mx.array) else emb(clamped))
 
 
 class DepformerSlice(nn.Module):
     def __init__(
-        self, emb: nn.Module, lm_dim: int, card: int, config: TransformerConfig, norm: bool = False
+        self,
+        emb: nn.Module,
+        lm_dim: int,
+        card: int,
+        config: TransformerConfig,
+        norm: bool = False,
+        dequantize_table: bool = False,
     ):
         super().__init__()
         self.emb = emb
+        # Whether a step reads a quantized plain `emb` dequantized (`transpose_weight`).
+        self.dequantize_table = dequantize_table
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.step_table: StepWeight | None = None
         self.linear_in = Linear(lm_dim, config.d_model, bias=False)
         self.transformer = Transformer(config)
         if norm:  # `depformer_norm` "layer_norm", as Kyutai's reference makes it
             self.norm = nn.LayerNorm(config.d_model, eps=1e-5)
         self.linear_out = Linear(config.d_model, card, bias=False)
+
+    def transpose_weight(self) -> mx.array | None:
+        """`transpose_weights`' hook: with `dequantize_table`, a quantized plain table (an
+        `nn.QuantizedEmbedding`: Moshi's audio codebooks, 4 MB each in bf16 at 7B) is
+        dequantized once for the step (`step_table`, the values its lookups give), so a
+        lookup is one gather, not three and a dequantization; the table, for the caller to
+        evaluate (None: other tables)."""
+        if not self.dequantize_table or not isinstance(self.emb, nn.QuantizedEmbedding):
+            return None
+        self.step_table = StepWeight.kept(
+            self.step_table, self.emb.weight, lambda _: picked_rows(self.emb, lambda part: part)
+        )
+        return self.step_table.view
 
     def _head(self, x: mx.array) -> mx.array:
         """The logits of the transformer's output x (..., d_model)."""
@@ -73,13 +98,15 @@ class DepformerSlice(nn.Module):
         prev_token (B,) or a column (B, 1) -> logits (B, card), through the step's `StepKV`.
         `sampled`: the previous token was sampled, so never `ZERO_TOKEN` (its embedding needs
         no test; a sampled column is looked up as one, `lookup_column`)."""
+        table = StepWeight.current(self.step_table, self.emb.get("weight"))
+        emb = self.emb if table is None else table
         if prev_token.ndim == 2:
             if sampled:
-                token = lookup_column(self.emb, prev_token)
+                token = lookup_column(emb, prev_token)
             else:
-                token = embed(self.emb, prev_token[:, 0])
+                token = embed(emb, prev_token[:, 0])
         else:
-            token = self.emb(prev_token) if sampled else embed(self.emb, prev_token)
+            token = embed(emb, prev_token) if not sampled else self.emb(prev_token)
         x = self.linear_in(temporal_out) + token
         return self._head(self.transformer(x, ring.layers()))
 
@@ -101,6 +128,7 @@ class Depformer(nn.Module):
                 config.card,
                 tcfg,
                 config.depformer_norm is not None,
+                dequantize_table=k > 0,  # the audio tables, not the text's (32k rows)
             )
             for k in range(config.moshi_codebooks if num_slices is None else num_slices)
         ]

@@ -147,12 +147,14 @@ def picked_rows(table: nn.Module, pick: Callable[[mx.array], mx.array]) -> mx.ar
     return dequantized(parts, quantization_of(table))
 
 
-def lookup_column(table: nn.Module, column: mx.array) -> mx.array:
+def lookup_column(table: nn.Module | mx.array, column: mx.array) -> mx.array:
     """The vectors (B, dim) of a column of tokens (B, 1) >= 0 (as `Sampling.sample_column`
     leaves them): of a table of one stream (an `nn.Embedding`, quantized or not, a
-    `TokenEmbedding` without demux) one gather along its rows per part (weight; a quantized
-    one's scales and biases), no slices or squeezes; of a two-stream one its lookup of the
-    tokens."""
+    `TokenEmbedding` without demux, or a table's rows as vectors) one gather along its rows
+    per part (weight; a quantized one's scales and biases), no slices or squeezes; of a
+    two-stream one its lookup of the tokens."""
+    if isinstance(table, mx.array):
+        return mx.take_along_axis(table, column, axis=0)
     if getattr(table, "demux", False):
         return table(column[:, 0])
     rows = picked_rows(table, lambda part: mx.take_along_axis(part, column, axis=0))

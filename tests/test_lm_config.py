@@ -197,3 +197,31 @@ def test_hibiki_zero_published_config_is_read_whole():
     ):
         with pytest.raises(ConfigError, match=message):
             LmConfig.from_dict(config.to_dict() | change)
+
+
+def test_tts_public_config_is_read_whole():
+    """kyutai/tts-0.75b-en-public (reconstructed: tests/fixtures/kyutai_configs): its own text
+    head, no conditions, 16 codebooks, guided by a null row."""
+    path = Path(__file__).parent / "fixtures/kyutai_configs/tts-0.75b-en-public.json"
+    config = LmConfig.from_dict(json.loads(path.read_text()))
+    assert (config.model_name, config.n_q, config.dep_q, config.text_vocab_out) == (
+        "Kyutai TTS",
+        16,
+        16,
+        5,
+    )
+    assert (config.conditioners, config.cross_attention, config.direct_guidance) == (
+        (),
+        False,
+        True,
+    )
+    assert LmConfig.from_dict(config.to_dict()) == config
+    assert LmConfig.from_dict(config.to_dict() | {"fuser": {"sum": [], "cross": []}}) == config
+    lm = Lm(config)  # lazily made: shapes only
+    assert lm.text_linear.weight.shape == (5, 1024)
+    unique = {id(v): v.size for _, v in tree_flatten(lm.parameters())}  # shared once
+    assert 0.7e9 < sum(unique.values()) < 0.85e9  # the model card's 0.75B
+    with pytest.raises(ConfigError, match="text_card_out must be a positive integer"):
+        LmConfig.from_dict(config.to_dict() | {"text_card_out": 0})
+    with pytest.raises(ConfigError, match="does not know: voices"):
+        LmConfig.from_dict(config.to_dict() | {"voices": 1})

@@ -29,6 +29,7 @@ from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE
 from moshi_mlx.errors import ConfigError, WeightsError
 
 TTS_FIXTURES = Path(__file__).parent / "fixtures" / "tts"
+TTS_075_FIXTURES = Path(__file__).parent / "fixtures" / "tts_075"
 
 
 def _repo_folder(folder: Path, files: dict[str, Path]) -> Path:
@@ -73,14 +74,15 @@ def _folder_of(kind: str, root: Path, tmp_path_factory) -> Path:
         files = cached_tiny_hibiki(tmp_path_factory)
     elif kind == "stt":
         files = cached_tiny_stt(tmp_path_factory)
-    else:
-        config = json.loads((TTS_FIXTURES / CONFIG_FILE).read_text())
+    else:  # "tts", "tts-0.75b": the fixtures' folder with a Mimi
+        fixtures = TTS_FIXTURES if kind == "tts" else TTS_075_FIXTURES
+        config = json.loads((fixtures / CONFIG_FILE).read_text())
         return _repo_folder(
             root,
             {
-                CONFIG_FILE: TTS_FIXTURES / CONFIG_FILE,
-                config["moshi_name"]: TTS_FIXTURES / "weights.safetensors",
-                config["tokenizer_name"]: TTS_FIXTURES / "tokenizer.model",
+                CONFIG_FILE: fixtures / CONFIG_FILE,
+                config["moshi_name"]: fixtures / "weights.safetensors",
+                config["tokenizer_name"]: fixtures / "tokenizer.model",
                 MIMI_FILE: moshi["mimi"],
             },
         )
@@ -97,6 +99,7 @@ KINDS = {
     "hibiki-zero": (moshi_mlx.MoshiModel, "bfloat16"),
     "stt": (moshi_mlx.SttModel, "bfloat16"),
     "tts": (moshi_mlx.TtsModel, "float16"),
+    "tts-0.75b": (moshi_mlx.TtsModel, "bfloat16"),
 }
 
 
@@ -107,7 +110,7 @@ def test_each_kind_loads_from_a_folder_laid_out_like_its_repo(
     monkeypatch.setenv(WEIGHTS_ENV, str(tmp_path / "no_weights"))
     folder = _folder_of(kind, tmp_path / "repo", tmp_path_factory)
     cls, dtype = KINDS[kind]
-    codec = "mlx" if kind == "tts" else fast_codec()
+    codec = "mlx" if kind.startswith("tts") else fast_codec()
     model = moshi_mlx.load(folder, dtype=dtype, codec_backend=codec)
     assert type(model) is cls
     assert model.files.moshi.parent == folder and model.files.repo == str(folder)

@@ -43,7 +43,6 @@ _FIXED_KEYS: dict[str, Any] = {
     "bias_ff": False,
     "bias_attn": False,
     "depformer_kv_repeat": 1,
-    "text_card_out": None,
     "depformer_gating": "silu",
     "lora_name": None,
     "mimi_config_name": None,
@@ -103,6 +102,9 @@ class LmConfig:
     # Depformer token embeddings of this rank, projected up to depformer_dim (Hibiki).
     depformer_low_rank_embeddings: int | None = None
     existing_text_padding_id: int = 3
+    # The text head's vocabulary when smaller than the input's (tts-0.75b-en-public: 5, the
+    # schedule's word and padding tokens and the speaker tokens); None: `text_card`.
+    text_card_out: int | None = None
     # Heads on the temporal transformer's output beside the text (STT's voice activity).
     extra_heads_num_heads: int = 0
     extra_heads_dim: int = 6
@@ -277,6 +279,8 @@ class LmConfig:
                 data[key] = value.to_dict()
         if self.kv_repeat == 1:
             del data["kv_repeat"]
+        if self.text_card_out is None:
+            del data["text_card_out"]
         if not self.cross_attention:
             del data["cross_attention"]
         if not self.demux_second_stream:
@@ -350,6 +354,8 @@ class LmConfig:
                 raise ConfigError(f"LM config {name} must be one of {_POSITIONAL}")
         if self.hidden_scale <= 0:
             raise ConfigError(f"LM config hidden_scale must be > 0, got {self.hidden_scale}")
+        if self.text_card_out is not None:
+            _check_positive_int("text_card_out", self.text_card_out)
         if not 0 <= self.existing_text_padding_id < self.text_card:
             raise ConfigError("LM config existing_text_padding_id must be a text token id")
         if self.extra_heads_num_heads:
@@ -422,6 +428,17 @@ class LmConfig:
         """Each stream's start token, fed while its delay runs: text, then every audio
         codebook; each is its stream's largest id (one past its vocabulary)."""
         return (self.text_card,) + (self.card,) * self.n_q
+
+    @property
+    def text_vocab_out(self) -> int:
+        """The text head's logits per step: `text_card_out`, else `text_card`."""
+        return self.text_card if self.text_card_out is None else self.text_card_out
+
+    @property
+    def direct_guidance(self) -> bool:
+        """Whether this TTS runs classifier-free guidance as a second, null batch row
+        (tts-0.75b-en-public), having no distilled guidance ("cfg") condition to take it."""
+        return self.model_type == "tts" and "cfg" not in self.fuser.sum
 
     @property
     def max_delay(self) -> int:

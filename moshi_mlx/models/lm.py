@@ -48,7 +48,7 @@ class Lm(nn.Module):
         self.stacked_audio: StackedTables | None = None
         self.transformer = Transformer(config.temporal_config())
         self.out_norm = RMSNorm(config.dim, NORM_EPS[config.norm])
-        self.text_linear = Linear(config.dim, config.text_card, bias=False)
+        self.text_linear = Linear(config.dim, config.text_vocab_out, bias=False)
         self.extra_heads = [
             Linear(config.dim, config.extra_heads_dim, bias=False)
             for _ in range(config.extra_heads_num_heads)
@@ -137,7 +137,7 @@ class Lm(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         """The temporal transformer on one position through a `KVRing`, in
         `mx.compile`-able form: tokens (B, n_q + 1, 1) -> the normed output (B, dim), which
-        conditions the depformer, and the text logits (B, text_card).
+        conditions the depformer, and the text logits (B, text_vocab_out).
         A conditioned model's `condition` (B, dim) is added to the input; a cross-attending
         one attends to `cross` (`cross_keys_values`).
         """

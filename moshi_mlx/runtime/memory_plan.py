@@ -126,8 +126,9 @@ def quantized_lm_weight_bytes(
 
 def guidance_rows(config: LmConfig) -> int:
     """Batch rows a conversation runs: 2 for a conditioned model (Hibiki), planned for its
-    classifier-free guidance (`ChatStepper`; with cfg_coef 1 it uses one), else 1."""
-    return 2 if config.conditioners else 1
+    classifier-free guidance (`ChatStepper`; with cfg_coef 1 it uses one), and for a TTS
+    guided by a null row (`LmConfig.direct_guidance`), else 1."""
+    return 2 if config.conditioners or config.direct_guidance else 1
 
 
 def kv_cache_bytes(
@@ -168,7 +169,7 @@ def codec_bytes(
 def activation_bytes(config: LmConfig) -> int:
     """One step's transient arrays: the logits of every stream, the depformer's one-step
     cache (of each of the `guidance_rows`), and a fixed overhead."""
-    logits = config.text_card + config.dep_q * config.card
+    logits = config.text_vocab_out + config.dep_q * config.card
     depformer = 2 * config.depformer_num_layers * config.dep_q * config.depformer_dim
     rows = guidance_rows(config)
     return 4 * rows * (logits + depformer) * mx.float32.size + _STEP_OVERHEAD_BYTES

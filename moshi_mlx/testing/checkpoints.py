@@ -246,7 +246,7 @@ def tts_pytorch_layout(config: dict) -> dict[str, tuple[tuple[int, ...], mx.Dtyp
     layout["out_norm.alpha"] = ((1, 1, dim), bf16)
     layout["text_emb.out1.weight"] = layout["text_emb.out2.weight"] = ((dim, dim), bf16)
     layout["text_emb.weight"] = ((vocab, dim), bf16)
-    layout["text_linear.weight"] = ((config["text_card"], dim), bf16)
+    layout["text_linear.weight"] = ((config.get("text_card_out") or config["text_card"], dim), bf16)
     for layer in range(config["num_layers"]):
         prefix = f"transformer.layers.{layer}"
         for attention in ("self_attn", "cross_attention"):

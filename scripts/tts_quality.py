@@ -45,12 +45,12 @@ from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
+from moshi_mlx.tts.conditions import condition_values
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
     Speech,
     TtsModel,
     TtsRequest,
-    condition_values,
 )
 from moshi_mlx.tts.voices import voice_keys_values
 

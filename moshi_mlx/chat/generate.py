@@ -47,7 +47,7 @@ from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.runtime.delayed_tokens import DelayedTokens
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
+from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
@@ -113,8 +113,7 @@ class ChatStepFunction(StepFunction):
 
     def _guide(self, logits: mx.array) -> mx.array:
         """Logits (2, N) of the guided and null rows -> the guided logits (1, N)."""
-        guided, null = logits[:1], logits[1:]
-        return null + (guided - null) * self.cfg_coef
+        return guided_logits(logits, self.cfg_coef)
 
     def _sample(
         self,

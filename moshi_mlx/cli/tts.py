@@ -54,11 +54,11 @@ from moshi_mlx.tts.stepper import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
     Speech,
-    TokenLog,
     TtsModel,
     TtsRequest,
     TtsStream,
 )
+from moshi_mlx.tts.token_log import TokenLog
 from moshi_mlx.tts.voices import DEFAULT_VOICE, MAX_SPEAKERS
 
 PLAY_BUFFER_FRAMES = 50  # 4 s of audio queued for the speakers at most

@@ -69,6 +69,14 @@ class Sampling:
 GREEDY = Sampling()
 
 
+def guided_logits(logits: mx.array, cfg_coef: float) -> mx.array:
+    """Classifier-free guidance as Kyutai's `LMGen` mixes it: logits (2B, V), the B
+    conditioned rows then their B null rows -> `null + (conditioned - null) * cfg_coef` (B, V)."""
+    rows = logits.shape[0] // 2
+    conditioned, null = logits[:rows], logits[rows:]
+    return null + (conditioned - null) * cfg_coef
+
+
 def gumbel_noise(shape: tuple[int, ...], key: mx.array) -> mx.array:
     """Standard Gumbel noise (float32) of `shape` from `key`."""
     return mx.random.gumbel(shape, key=key)

@@ -30,6 +30,7 @@ from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import MimiState
 from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.sampling import Sampling
+from moshi_mlx.tts.conditions import condition_values
 from moshi_mlx.tts.machine import TextSchedule
 from moshi_mlx.tts.stepper import TtsStepper
 from moshi_mlx.tts.synthesizer import (
@@ -37,7 +38,6 @@ from moshi_mlx.tts.synthesizer import (
     SKIPPED_FRAMES,
     TtsModel,
     TtsRequest,
-    condition_values,
 )
 from moshi_mlx.tts.text_feed import TextFeed
 

@@ -28,12 +28,13 @@ from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import Sampling, gumbel_noise
+from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
 NEW_WORD, PAD = 0, 3  # the text tokens the TTS predicts: a word starts next, or nothing
 STEP_FUNCTIONS_KEPT = 1  # one sampling at a time: traces are cheap to redo
+NO_PREFIX = -(2**30)  # `masked_until` of a stream without a prefix: its null row's audio is fed
 # Kyutai's TTS (its config's lm_gen_config): one temperature, 0.6, for text and audio;
 # `LMGen`'s top-k 25 and 250.
 TEXT_SAMPLING = Sampling(temp=0.6, top_k=25)
@@ -42,8 +43,16 @@ AUDIO_SAMPLING = Sampling(temp=0.6, top_k=250)
 
 class TtsStepFunction(StepFunction):
     """The TTS's step for one model, sampling of the text and the audio, padding bonus (added
-    to the padding logit: > 0 speaks slower), audio lag and number of codebooks `n_q` (None:
-    all). Its variant `depformer` runs the depformer or not (the first `delay_steps`)."""
+    to the padding logit: > 0 speaks slower), audio lag, number of codebooks `n_q` (None:
+    all) and classifier-free guidance `cfg_coef` (1: none). Its variant `depformer` runs the
+    depformer or not (the first `delay_steps`).
+
+    With guidance (tts-0.75b-en-public, as Kyutai's `LMGen` with `cfg_is_masked_until` and
+    `cfg_is_no_text`): each of the B streams has a null row, B more rows of the temporal
+    transformer, fed the stream's inputs with its text "no input" and its audio "no input"
+    until the row's `masked_until` (its prefix's frames plus `delay_steps`) plus the
+    codebook's delay; the text is sampled from the streams' own logits, each codebook from
+    `null + (logits - null) * cfg_coef`, and both rows feed the sample to the next slice."""
 
     def __init__(
         self,
@@ -53,12 +62,14 @@ class TtsStepFunction(StepFunction):
         padding_bonus: float,
         delay_steps: int,
         n_q: int | None = None,
+        cfg_coef: float = 1.0,
     ):
         super().__init__(lm)
         self.text_sampling = text_sampling
         self.audio_sampling = audio_sampling
         self.padding_bonus = padding_bonus
         self.n_q = lm.config.dep_q if n_q is None else n_q
+        self.cfg_coef = cfg_coef  # != 1: guided by a null row per stream (`_with_null_rows`)
         # Codebook k is -1 before this step.
         self.audio_start = self.delayed_tokens.delays[1:] + delay_steps
 
@@ -69,11 +80,13 @@ class TtsStepFunction(StepFunction):
         cross: list[CrossKV],
         if_word: mx.array,
         otherwise: mx.array,
+        masked_until: mx.array | None = None,
         depformer: bool = True,
     ) -> StepOutput:
         """The state (delayed tokens (B, K, width), random key, KV ring, the rows' starts), the
-        conditions and the text tokens to feed per outcome (B,) -> the next state, the
-        predicted text tokens (B,), the frame out (B, K) and the step's inputs (B, K)."""
+        conditions, the text tokens to feed per outcome (B,) and with guidance the null rows'
+        `masked_until` (B,) -> the next state, the predicted text tokens (B,), the frame out
+        (B, K) and the step's inputs (B, K)."""
         config, delayed, t = self.lm.config, self.delayed_tokens, state.position
         batch = state.tokens.shape[0]
         kv = self.kv_ring(state)
@@ -84,7 +97,11 @@ class TtsStepFunction(StepFunction):
             steps = (t - state.starts)[:, None]  # (B, 1): each row's own step
             current = delayed.column(state.tokens, t)
             inputs = mx.where(steps <= delayed.delays, delayed.start_tokens, current)
-        temporal_out, text_logits = self.lm.step_text(inputs[..., None], kv, condition, cross)
+        guided = self.cfg_coef != 1.0
+        rows = self._with_null_rows(inputs, steps, masked_until) if guided else inputs
+        temporal_out, text_logits = self.lm.step_text(rows[..., None], kv, condition, cross)
+        if guided:  # the text is not guided: the streams' own logits
+            text_logits = text_logits[:batch]
         key, text_key, audio_key = mx.random.split(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
         if self.padding_bonus:
@@ -103,9 +120,18 @@ class TtsStepFunction(StepFunction):
             def sample_audio(logits: mx.array, k: int) -> mx.array:
                 return audio_sampling.sample_column(logits, noises[k])
 
-            audio = self.lm.depformer.sample_step(
-                temporal_out, text, sample_audio, codebooks=self.n_q
-            )
+            def sample_guided(logits: mx.array, k: int) -> mx.array:
+                token = sample_audio(guided_logits(logits, self.cfg_coef), k)
+                return mx.concatenate([token, token])  # the next slice's input, both rows
+
+            if guided:
+                audio = self.lm.depformer.sample_step(
+                    temporal_out, mx.concatenate([text, text]), sample_guided, codebooks=self.n_q
+                )[:batch]
+            else:
+                audio = self.lm.depformer.sample_step(
+                    temporal_out, text, sample_audio, codebooks=self.n_q
+                )
             if self.n_q < config.dep_q:  # the codebooks not generated are fed as "no token"
                 skipped = mx.full((batch, config.dep_q - self.n_q), ZERO_TOKEN, mx.int32)
                 audio = mx.concatenate([audio, skipped], axis=1)
@@ -116,6 +142,18 @@ class TtsStepFunction(StepFunction):
         tokens = delayed.write_column(state.tokens, t + 1, column)
         frame = delayed.frame_out(tokens, t)
         return StepOutput(StepState.of(tokens, key, kv.advanced()), predicted, frame, inputs)
+
+    def _with_null_rows(
+        self, inputs: mx.array, steps: mx.array, masked_until: mx.array
+    ) -> mx.array:
+        """The streams' inputs (B, K), then their null rows': "no input" where the stream's
+        start tokens are over and, for the text, always; for codebook k, until step
+        `masked_until + delays[k]` (Kyutai's `cfg_is_masked_until`, `cfg_is_no_text`)."""
+        delays = self.delayed_tokens.delays
+        started = steps > delays
+        masked = (steps <= delays + masked_until[:, None]) | (mx.arange(delays.shape[0]) == 0)
+        null = mx.where(masked & started, ZERO_TOKEN, inputs)
+        return mx.concatenate([inputs, null])
 
 
 class TtsStepper(Stepper):
@@ -133,15 +171,20 @@ class TtsStepper(Stepper):
             steppers given it (None: this stepper compiles its own).
         n_q: the codebooks generated (the first n_q; the others stay -1; None: all).
         padding_bonus: added to the padding logit (> 0: slower speech).
+        masked_until: with guidance (`cfg_coef` != 1), per stream the step its null row's
+            audio stops being masked before the codebooks' delays (`TtsStepFunction`).
+        cfg_coef: classifier-free guidance by a null row per stream (1: none; for a model
+            without a distilled "cfg" condition, `LmConfig.direct_guidance`).
 
-    `condition` and `cross` may be replaced between steps (a batch whose rows change).
+    `condition` and `cross` (None: a model without them) may be replaced between steps (a
+    batch whose rows change). The streams are `condition`'s rows, else `masked_until`'s, else 1.
     """
 
     def __init__(
         self,
         lm: Lm,
-        condition: mx.array,
-        cross: list[CrossKV],
+        condition: mx.array | None,
+        cross: list[CrossKV] | None,
         delay_steps: int,
         text_sampling: Sampling | None = None,
         audio_sampling: Sampling | None = None,
@@ -149,6 +192,8 @@ class TtsStepper(Stepper):
         compiled_steps: ModelMemo[TtsStepFunction] | None = None,
         n_q: int | None = None,
         padding_bonus: float = 0.0,
+        masked_until: list[int] | None = None,
+        cfg_coef: float = 1.0,
     ):
         self.condition = condition
         self.cross = cross
@@ -157,12 +202,20 @@ class TtsStepper(Stepper):
             text_sampling or TEXT_SAMPLING,
             audio_sampling or AUDIO_SAMPLING,
         )
-        choice = (text_sampling, audio_sampling, padding_bonus, delay_steps, n_q)
+        choice = (text_sampling, audio_sampling, padding_bonus, delay_steps, n_q, cfg_coef)
         function = TtsStepFunction.shared(lm, compiled_steps, choice, STEP_FUNCTIONS_KEPT)
-        tokens = function.delayed_tokens.empty(condition.shape[0])
-        super().__init__(
-            function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(tokens.shape[0]))
+        streams = (
+            condition.shape[0]
+            if condition is not None
+            else (1 if masked_until is None else len(masked_until))
         )
+        self.masked_until = None
+        if cfg_coef != 1.0:
+            until = [NO_PREFIX] * streams if masked_until is None else masked_until
+            self.masked_until = mx.array(until, mx.int32)
+        tokens = function.delayed_tokens.empty(streams)
+        rows = streams * (1 if cfg_coef == 1.0 else 2)
+        super().__init__(function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(rows)))
 
     def step(
         self,
@@ -186,6 +239,7 @@ class TtsStepper(Stepper):
             self.cross,
             mx.array(if_word, mx.int32),
             mx.array(otherwise, mx.int32),
+            self.masked_until,
             depformer=depformer,
         )
         if forced is None:

@@ -43,10 +43,12 @@ from moshi_mlx.runtime.memory_plan import MemoryPlan
 from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.step_state import StepOutput
+from moshi_mlx.tts.conditions import step_conditions
 from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
 from moshi_mlx.tts.prefix import AudioPrefixes, recording_codes
 from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsStepFunction, TtsStepper
 from moshi_mlx.tts.text_feed import TextFeed
+from moshi_mlx.tts.token_log import TokenLog, TtsTokens
 from moshi_mlx.tts.voices import DEFAULT_VOICE, Voice, VoiceCache
 
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE  # 12.5 steps per second
@@ -279,29 +281,6 @@ class TtsModel:
         return TtsStream(self, run)
 
 
-def condition_values(config: LmConfig, cfg_coef: float | None) -> dict[str, str | None]:
-    """The summed conditions of a request: "control" ok, "cfg" the distilled guidance."""
-    values: dict[str, str | None] = {name: None for name in config.fuser.sum}
-    if "control" in values:
-        values["control"] = "ok"
-    if cfg_coef is not None:
-        if "cfg" not in values:
-            raise TtsError("this model was not trained with a guidance (cfg) condition")
-        values["cfg"] = format(cfg_coef, ".1f")
-    return values
-
-
-@dataclass(frozen=True)
-class TtsTokens:
-    """One step's tokens: per request the text token the model `predicted` and the one `fed`
-    back (the schedule's), and the `frame` (B, 1 + dep_q) of the step `max_delay` back (text
-    then codebooks, -1: no audio yet), None for the first `max_delay` steps."""
-
-    predicted: list[int]
-    fed: list[int]
-    frame: mx.array | None
-
-
 @dataclass(frozen=True)
 class TtsStep:
     """One step of a `TtsRun`: per request its next 80 ms of audio (float32 (1920,)) or None
@@ -309,36 +288,6 @@ class TtsStep:
 
     pcm: list[np.ndarray | None]
     tokens: TtsTokens
-
-
-class TokenLog:
-    """A run's tokens, step by step (`add`), the frames kept as the steps' arrays until
-    `arrays` reads them all at once."""
-
-    def __init__(self, codebooks: int):
-        self.codebooks = codebooks
-        self._predicted: list[list[int]] = []
-        self._fed: list[list[int]] = []
-        self._frames: list[mx.array] = []
-
-    def add(self, tokens: TtsTokens) -> None:
-        self._predicted.append(tokens.predicted)
-        self._fed.append(tokens.fed)
-        if tokens.frame is not None:
-            self._frames.append(tokens.frame)
-
-    def arrays(self, batch: int) -> dict[str, np.ndarray]:
-        """Row b for request b: `predicted_text_tokens` (B, T) the text tokens the model
-        predicted, `fed_text_tokens` (B, T) those fed back, `audio_codes` (B, n_q, F) the
-        codes of the frames the steps returned (F = T - max_delay; -1: no audio yet)."""
-        frames = np.array(mx.stack(self._frames), np.int32) if self._frames else None
-        if frames is None:
-            frames = np.zeros((0, batch, 1 + self.codebooks), np.int32)
-        return {
-            "predicted_text_tokens": np.array(self._predicted, np.int32).reshape(-1, batch).T,
-            "fed_text_tokens": np.array(self._fed, np.int32).reshape(-1, batch).T,
-            "audio_codes": frames[:, :, 1 : 1 + self.codebooks].transpose(1, 2, 0),
-        }
 
 
 class TtsRun:
@@ -358,13 +307,24 @@ class TtsRun:
             raise TtsError("nothing to speak: no request given")
         self.model = model
         lm = model.lm
-        cross = model.voice_keys_values([request.voices for request in requests])
-        condition = lm.condition([condition_values(lm.config, r.cfg_coef) for r in requests])
+        self.prefixes = AudioPrefixes(
+            [r.prefix for r in requests],
+            lm.config.dep_q,
+            np.array(lm.config.delays[1:]) + model.delay_steps,
+        )
+        conditions = step_conditions(
+            lm,
+            [request.voices for request in requests],
+            [request.cfg_coef for request in requests],
+            [self.prefixes.length(row) for row in range(len(requests))],
+            model.delay_steps,
+            model.voice_keys_values,
+        )
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
         self.stepper = TtsStepper(
             lm,
-            condition,
-            cross,
+            conditions.condition,
+            conditions.cross,
             model.delay_steps,
             text_sampling,
             audio_sampling,
@@ -372,13 +332,10 @@ class TtsRun:
             compiled_steps=model.compiled_steps,
             n_q=model.n_q,
             padding_bonus=padding_bonus,
+            masked_until=conditions.masked_until,
+            cfg_coef=conditions.cfg_coef,
         )
         self.schedules = [model.schedule() for _ in requests]
-        self.prefixes = AudioPrefixes(
-            [r.prefix for r in requests],
-            model.lm.config.dep_q,
-            np.array(model.lm.config.delays[1:]) + model.delay_steps,
-        )
         self._mimi_state = None  # made at the first frame decoded
         self._first_audio = model.delay_steps  # the first frame Mimi can decode
 

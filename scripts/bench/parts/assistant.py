@@ -101,12 +101,12 @@ class _TimedLlm:
         return _timed_iterator(pieces, self._calls)
 
 
-class _TimedSpeech:
-    """A TTS stream whose feeding and steps are timed."""
+class _SpeechProxy:
+    """A TTS stream passed through (`push`, `close`, `steps`, `words`, `waiting`), for the
+    parts' streams that note when things happen."""
 
-    def __init__(self, speech, calls: Intervals):
+    def __init__(self, speech):
         self._speech = speech
-        self._calls = calls
 
     @property
     def words(self):
@@ -117,12 +117,26 @@ class _TimedSpeech:
         return self._speech.waiting
 
     def push(self, text: str) -> None:
-        start = time.monotonic()
         self._speech.push(text)
-        self._calls.append((start, time.monotonic()))
 
     def close(self) -> None:
         self._speech.close()
+
+    def steps(self):
+        return self._speech.steps()
+
+
+class _TimedSpeech(_SpeechProxy):
+    """A TTS stream whose feeding and steps are timed."""
+
+    def __init__(self, speech, calls: Intervals):
+        super().__init__(speech)
+        self._calls = calls
+
+    def push(self, text: str) -> None:
+        start = time.monotonic()
+        self._speech.push(text)
+        self._calls.append((start, time.monotonic()))
 
     def steps(self):
         return _timed_iterator(self._speech.steps(), self._calls)

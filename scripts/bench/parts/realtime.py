@@ -61,6 +61,7 @@ from .assistant import (
     _frame_seconds,
     _load,
     _ScriptedStt,
+    _SpeechProxy,
     _stt_alone,
     _tts_alone,
 )
@@ -147,21 +148,12 @@ async def _echo_round_trips(frames: int) -> list[float]:
         await runner.cleanup()
 
 
-class _FirstFrames:
+class _FirstFrames(_SpeechProxy):
     """A TTS stream that notes when its first frame was made (monotonic s)."""
 
     def __init__(self, speech, made: list[float]):
-        self._speech = speech
+        super().__init__(speech)
         self._made = made
-        self.push, self.close = speech.push, speech.close
-
-    @property
-    def words(self):
-        return self._speech.words
-
-    @property
-    def waiting(self) -> bool:
-        return self._speech.waiting
 
     def steps(self):
         first = True

@@ -1,7 +1,7 @@
 """The reference fixture scripts' PyTorch models: their kwargs from a config.json and their
 random weights (run in the scripts' venvs); and the numpy-only random file writers of
 `moshi_mlx.testing` that the fixtures share with the tests and the bench (`write_voice`,
-`random_voice`), importable without MLX."""
+`random_voice`), importable without MLX; `print_sizes` of what a script wrote."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # the reference venvs do not install moshi_mlx
 
 from moshi_mlx.testing.voices import random_voice, write_voice
 
-__all__ = ["lm_kwargs", "mlx_names", "random_voice", "round_to_bf16", "write_voice"]
+__all__ = ["lm_kwargs", "mlx_names", "print_sizes", "random_voice", "round_to_bf16", "write_voice"]
 
 KYUTAI_PYTHON = Path("/opt/venvs/kyutai/bin/python")  # Kyutai's moshi_mlx 0.3.0
 
@@ -63,3 +63,9 @@ def mlx_names(config_path: Path, out: Path) -> None:
         return
     script = Path(__file__).resolve().parent / "list_kyutai_mlx_names.py"
     subprocess.run([str(KYUTAI_PYTHON), str(script), str(config_path), str(out)], check=True)
+
+
+def print_sizes(folder: Path) -> None:
+    """Print each file of `folder` as `folder/name: N bytes`."""
+    for path in sorted(folder.iterdir()):
+        print(f"{folder.name}/{path.name}: {path.stat().st_size} bytes")

@@ -43,8 +43,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from fixture_weights import print_sizes
 from hibiki_zero.inference import get_lmgen
-from make_stt_fixtures import build_lm, save_weights, train_tokenizer, write_config
+from make_stt_fixtures import (
+    build_lm,
+    recorded_calls,
+    save_weights,
+    train_tokenizer,
+    write_config,
+)
 from moshi.models.lm import LMModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,15 +101,12 @@ EOS_STEP = 50
 
 def golden(model: LMModel, codes: np.ndarray) -> dict[str, np.ndarray]:
     """`LMGen.step` over the source frames, with what each call computed."""
-    text_logits, sampled_text, sampled_audio = [], [], []
     inputs, dep_prev, dep_logits = [], [], []
     checkpoint_info = SimpleNamespace(
         model_type=HIBIKI_ZERO_CONFIG["model_type"], lm_gen_config={"temp": 0.0, "temp_text": 0.0}
     )
     lm_gen = get_lmgen(model, checkpoint_info, batch_size=1)
-    lm_gen.on_text_logits_hook = lambda logits: text_logits.append(logits[0, 0, 0].numpy().copy())
-    lm_gen.on_text_hook = lambda token: sampled_text.append(int(token[0]))
-    lm_gen.on_audio_hook = lambda tokens: sampled_audio.append(tokens[0].numpy().copy())
+    calls = recorded_calls(lm_gen)
     forward_text, forward_depformer = model.forward_text, model.forward_depformer
 
     def recorded_text(sequence, *args, **kwargs):
@@ -129,11 +133,11 @@ def golden(model: LMModel, codes: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "source_codes": codes.astype(np.int32),
         "input_tokens": np.stack(inputs).astype(np.int32),
-        "text_logits": np.stack(text_logits).astype(np.float32),
+        "text_logits": np.stack(calls.text_logits).astype(np.float32),
         "depformer_prev": np.array(dep_prev, np.int32).reshape(len(codes), dep_q),
         "depformer_logits": np.stack(dep_logits).reshape(len(codes), dep_q, -1),
-        "sampled_text": np.array(sampled_text, np.int32),
-        "sampled_audio": np.stack(sampled_audio).astype(np.int32),
+        "sampled_text": np.array(calls.sampled_text, np.int32),
+        "sampled_audio": np.stack(calls.sampled_audio).astype(np.int32),
         "tokens": tokens,
     }
 
@@ -162,8 +166,7 @@ def main() -> None:
     np.savez_compressed(out / "golden.npz", **result)
     print(f"hibiki-zero: text {result['tokens'][:40, 0].tolist()}")
     print(f"  distinct audio tokens: {len(np.unique(result['sampled_audio']))}")
-    for path in sorted(out.iterdir()):
-        print(f"hibiki_zero/{path.name}: {path.stat().st_size} bytes")
+    print_sizes(out)
 
 
 if __name__ == "__main__":

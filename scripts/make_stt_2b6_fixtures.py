@@ -37,7 +37,14 @@ from pathlib import Path
 import numpy as np
 import sentencepiece
 import torch
-from make_stt_fixtures import build_lm, save_weights, train_tokenizer, write_config
+from fixture_weights import print_sizes
+from make_stt_fixtures import (
+    build_lm,
+    recorded_calls,
+    save_weights,
+    train_tokenizer,
+    write_config,
+)
 from make_word_time_fixtures import KYUTAI_GIT, load_kyutai_function
 from moshi.models.lm import LMGen, LMModel
 
@@ -63,17 +70,13 @@ FRAME_RATE = 12.5
 def run(model: LMModel, chunks: list[np.ndarray]) -> tuple[list[np.ndarray], torch.Tensor]:
     """One greedy `LMGen.step` per frame of codes: each step's text logits, and the text
     tokens (1, 1, steps) as Kyutai's script concatenates them."""
-    text_logits, tokens = [], []
-    lm_gen = LMGen(
-        model,
-        temp=0,
-        temp_text=0.0,
-        on_text_logits_hook=lambda logits: text_logits.append(logits[0, 0, 0].numpy().copy()),
-    )
+    tokens = []
+    lm_gen = LMGen(model, temp=0.0, temp_text=0.0)
+    calls = recorded_calls(lm_gen)
     with torch.no_grad(), lm_gen.streaming(1):
         for codes in chunks:
             tokens.append(lm_gen.step(torch.from_numpy(codes)[None, :, None]))
-    return text_logits, torch.concat(tokens, dim=-1)
+    return calls.text_logits, torch.concat(tokens, dim=-1)
 
 
 def main() -> None:
@@ -121,8 +124,7 @@ def main() -> None:
     (OUT / "golden_words.json").write_text(json.dumps(words, indent=1) + "\n")
     print(f"stt-2.6b: tokens {utterance[0, 0].tolist()}")
     print(f"  words {words}")
-    for path in sorted(OUT.iterdir()):
-        print(f"stt_2b6/{path.name}: {path.stat().st_size} bytes")
+    print_sizes(OUT)
 
 
 if __name__ == "__main__":

@@ -66,12 +66,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import sentencepiece
 import torch
 from fixture_tokenizer import train_bpe_tokenizer
-from fixture_weights import lm_kwargs, mlx_names, round_to_bf16
+from fixture_weights import lm_kwargs, mlx_names, print_sizes, round_to_bf16
 from moshi.conditioners import ConditionAttributes
 from moshi.models import loaders
 from moshi.models.lm import LMGen, LMModel
@@ -212,16 +213,22 @@ def save_weights(model: LMModel, path: Path) -> None:
     save_file({name: t.contiguous() for name, t in state.items()}, str(path))
 
 
+def recorded_calls(lm_gen: LMGen) -> SimpleNamespace:
+    """Hooks on `lm_gen` that append what each call computed for batch row 0 to the lists
+    returned: `text_logits` (text_card,), `sampled_text` (ints), `sampled_audio` (dep_q,)."""
+    calls = SimpleNamespace(text_logits=[], sampled_text=[], sampled_audio=[])
+    lm_gen.on_text_logits_hook = lambda logits: calls.text_logits.append(
+        logits[0, 0, 0].numpy().copy()
+    )
+    lm_gen.on_text_hook = lambda token: calls.sampled_text.append(int(token[0]))
+    lm_gen.on_audio_hook = lambda tokens: calls.sampled_audio.append(tokens[0].numpy().copy())
+    return calls
+
+
 def stt_golden(model: LMModel, codes: np.ndarray) -> dict[str, np.ndarray]:
     """run_inference.py's STT loop: frame 0 stepped twice, then one step per frame."""
-    text_logits, sampled = [], []
-    lm_gen = LMGen(
-        model,
-        temp=0.0,
-        temp_text=0.0,
-        on_text_logits_hook=lambda logits: text_logits.append(logits[0, 0, 0].numpy().copy()),
-        on_text_hook=lambda token: sampled.append(int(token[0])),
-    )
+    lm_gen = LMGen(model, temp=0.0, temp_text=0.0)
+    calls = recorded_calls(lm_gen)
     call_codes = np.concatenate([codes[:1], codes])
     heads = model.extra_heads
     text_tokens = np.full(len(call_codes), -1, np.int32)
@@ -237,8 +244,8 @@ def stt_golden(model: LMModel, codes: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "codes": codes.astype(np.int32),
         "call_codes": call_codes.astype(np.int32),
-        "text_logits": np.stack(text_logits).astype(np.float32),
-        "sampled_text": np.array(sampled, np.int32),
+        "text_logits": np.stack(calls.text_logits).astype(np.float32),
+        "sampled_text": np.array(calls.sampled_text, np.int32),
         "text_tokens": text_tokens,
         "extra_heads": extra.astype(np.float32),
     }
@@ -253,18 +260,10 @@ def condition_tensors(model: LMModel, cfg_coef: float) -> dict:
 
 
 def hibiki_golden(model: LMModel, codes: np.ndarray, cfg_coef: float) -> dict[str, np.ndarray]:
-    text_logits, sampled_text, sampled_audio, raw = [], [], [], []
+    raw = []
     conditions = condition_tensors(model, cfg_coef)
-    lm_gen = LMGen(
-        model,
-        temp=0.0,
-        temp_text=0.0,
-        cfg_coef=cfg_coef,
-        condition_tensors=conditions,
-        on_text_logits_hook=lambda logits: text_logits.append(logits[0, 0, 0].numpy().copy()),
-        on_text_hook=lambda token: sampled_text.append(int(token[0])),
-        on_audio_hook=lambda tokens: sampled_audio.append(tokens[0].numpy().copy()),
-    )
+    lm_gen = LMGen(model, temp=0.0, temp_text=0.0, cfg_coef=cfg_coef, condition_tensors=conditions)
+    calls = recorded_calls(lm_gen)
     forward_depformer = model.forward_depformer
 
     def recorded(cb_index, sequence, transformer_out):
@@ -292,11 +291,11 @@ def hibiki_golden(model: LMModel, codes: np.ndarray, cfg_coef: float) -> dict[st
     return {
         "source_codes": codes.astype(np.int32),
         "condition": condition.astype(np.float32),
-        "text_logits": np.stack(text_logits).astype(np.float32),
-        "sampled_text": np.array(sampled_text, np.int32),
+        "text_logits": np.stack(calls.text_logits).astype(np.float32),
+        "sampled_text": np.array(calls.sampled_text, np.int32),
         "depformer_logits": guided.numpy().astype(np.float32),
         "depformer_raw": raw_logits.numpy().astype(np.float32),
-        "sampled_audio": np.stack(sampled_audio).astype(np.int32),
+        "sampled_audio": np.stack(calls.sampled_audio).astype(np.int32),
         "tokens": tokens,
     }
 
@@ -356,9 +355,8 @@ def main() -> None:
     assert tokenizer.vocab_size() == STT_CONFIG["text_card"], tokenizer.vocab_size()
     make_stt(tokenizer_model)
     make_hibiki(tokenizer_model)
-    for folder in (FIXTURES / "stt", FIXTURES / "hibiki"):
-        for path in sorted(folder.iterdir()):
-            print(f"{folder.name}/{path.name}: {path.stat().st_size} bytes")
+    print_sizes(FIXTURES / "stt")
+    print_sizes(FIXTURES / "hibiki")
 
 
 if __name__ == "__main__":

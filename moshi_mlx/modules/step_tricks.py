@@ -6,8 +6,8 @@ Each is explained, with its measured effect, in docs/step_tricks.md:
   (a Linear's transposed view, an RMSNorm's float32 copy, a dequantized low-rank table, the
   cross-attention's query rows), kept while the weight is the same array.
 - `rope_tables`: one position's RoPE (interleaved pairs or split halves, grouped heads) as
-  cos and sin tables over the fused q/k/v projection, shared by every layer of a step, the
-  queries' scale folded in.
+  cos and sin tables as wide as the fused q/k/v projection and each feature's partner (one
+  gather), shared by every layer of a step, the queries' scale folded in.
 - `rounded_sum`: the residual stream held widened to float32 between layers, rounded to the
   half type at each sum, so that no norm casts its input again.
 - `lookup_column`: a sampled token column (B, 1) looked up with one gather per part, no
@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 
 QUANTIZED_PARTS = ("weight", "scales", "biases")  # a quantized layer's arrays (MLX's names)
 Quantization = tuple[int, int, str]  # group size, bits, mode
-RopeTables = tuple[mx.array, mx.array]  # `rope_tables`' cos and sin
+RopeTables = tuple[mx.array, mx.array, mx.array]  # `rope_tables`' cos, sin, partners
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,31 @@ class StepWeight:
         return made.view if made is not None and made.weight is weight else None
 
 
-def _per_head(
-    values: tuple[float, ...], parts: tuple[int, ...], shape: tuple[int, ...]
-) -> mx.array:
-    """A constant of `shape` holding values[i] for each of the parts[i] heads of part i."""
-    flat = [value for value, count in zip(values, parts) for _ in range(count)]
-    nested = [[[[v]]] for v in flat] if len(shape) == 4 else [[[v]] for v in flat]
-    return mx.array(nested, mx.float32)
+def _rope_constants(
+    heads: tuple[int, int], head_dim: int, query_scale: float, interleaved: bool
+) -> dict[str, np.ndarray]:
+    """Per feature of a fused q/k/v projection of one position ((H + 2 H_kv) heads of
+    head_dim): its pair's frequency exponent, the sine's sign, a factor (q: `query_scale`,
+    k: 1, v: 0) and cos's offset (v: 1), and the feature RoPE pairs it with (`partners`,
+    (1, width) int32): its neighbour (`interleaved`), else the one half a head away."""
+    query_heads, kv_heads = heads
+    half = head_dim // 2
+    within = np.arange(head_dim)
+    if interleaved:
+        pair, sign, partner = within // 2, within % 2, within ^ 1
+    else:
+        pair, sign, partner = within % half, within // half, (within + half) % head_dim
+    per_head = np.repeat([query_scale, 1.0, 0.0], [query_heads, kv_heads, kv_heads])
+    offsets = np.repeat([0.0, 0.0, 1.0], [query_heads, kv_heads, kv_heads])
+    rows = len(per_head)
+    partners = np.arange(rows)[:, None] * head_dim + partner[None, :]
+    return {
+        "exponents": np.tile(-pair, rows).astype(np.float32),
+        "signs": np.tile(2.0 * sign - 1.0, rows).astype(np.float32),
+        "factors": np.repeat(per_head, head_dim).astype(np.float32),
+        "offsets": np.repeat(offsets, head_dim).astype(np.float32),
+        "partners": partners.reshape(1, -1).astype(np.int32),
+    }
 
 
 def rope_tables(
@@ -68,40 +87,26 @@ def rope_tables(
     head_dim: int,
     base: float,
     dtype: mx.Dtype,
+    heads: tuple[int, int],
     query_scale: float = 1.0,
     interleaved: bool = True,
-    grouped_heads: tuple[int, int] | None = None,
 ) -> RopeTables:
-    """RoPE at `position` as cos and sin tables over a fused q/k/v projection of one position:
-    the q and k parts rotate (q also scaled by `query_scale`: attention's scale, in the
-    rotation's one fused operation rather than one of its own), v is multiplied by 1 and 0.
-    Pairs are adjacent (`interleaved`: tables (..., head_dim / 2, 2)) or i and i + head_dim / 2
-    (tables (..., 2, head_dim / 2)). The projection is viewed as (B, 3, H, pairs) with tables
-    (3, 1, pairs), or with `grouped_heads` (H, H_kv) as (B, H + 2 H_kv, pairs) with tables
-    (H + 2 H_kv, pairs). The angles are computed as `mx.fast.rope` computes them, so the
-    rotated values are the same."""
-    half = head_dim // 2
-    log_step = mx.array(math.log(base) / half, mx.float32)
-    inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * log_step)
-    theta = position.astype(mx.float32) * inv_freqs
-    # Per part (q, k, v) a factor and, for cos, an offset; per pair member the sine's sign.
-    if grouped_heads is None:
-        parts, shape = (1, 1, 1), (3, 1, 1, 1)
-    else:
-        heads, kv_heads = grouped_heads
-        parts, shape = (heads, kv_heads, kv_heads), (heads + 2 * kv_heads, 1, 1)
-    factors = _per_head((query_scale, 1.0, 0.0), parts, shape)
-    offsets = _per_head((0.0, 0.0, 1.0), parts, shape)
-    signs = mx.array([-1.0, 1.0], mx.float32)
-    if interleaved:
-        theta = theta[:, None]  # (half, 1), the signs (2,)
-    else:
-        theta, signs = theta[None, :], signs[:, None]  # (1, half), (2, 1)
+    """RoPE at `position` over a fused q/k/v projection of one position, (B, (H + 2 H_kv)
+    head_dim) for `heads` (H, H_kv): cos and sin tables of that width and each feature's
+    partner, so that `x * cos + take_along_axis(x, partners, axis=1) * sin` rotates the q and
+    k parts (q also scaled by `query_scale`: attention's scale, in the rotation's one fused
+    operation rather than one of its own) and multiplies v by 1 and 0. Pairs are adjacent
+    (`interleaved`) or i and i + head_dim / 2. The angles are computed as `mx.fast.rope`
+    computes them, so the rotated values are the same."""
+    constants = _rope_constants(heads, head_dim, query_scale, interleaved)
+    exponents, signs, factors, offsets = (
+        mx.array(constants[name]) for name in ("exponents", "signs", "factors", "offsets")
+    )
+    log_step = mx.array(math.log(base) / (head_dim // 2), mx.float32)
+    theta = position.astype(mx.float32) * mx.exp(exponents * log_step)
     cos_table = (mx.cos(theta) * factors + offsets).astype(dtype)
     sin_table = (mx.sin(theta) * signs * factors).astype(dtype)
-    pair = (half, 2) if interleaved else (2, half)
-    table_shape = (*shape[:-2], *pair)
-    return mx.broadcast_to(cos_table, table_shape), mx.broadcast_to(sin_table, table_shape)
+    return cos_table, sin_table, mx.array(constants["partners"])
 
 
 def rounded_sum(wide: mx.array, delta: mx.array, dtype: mx.Dtype) -> mx.array:

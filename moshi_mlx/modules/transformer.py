@@ -145,22 +145,14 @@ class Attention(nn.Module):
     def _project_one(self, x: mx.array, rope: RopeTables | None) -> tuple[mx.array, ...]:
         """Queries, keys and values (B, H or H_kv, 1, head_dim) of one position x (B, D),
         RoPE'd with a step's `rope_tables`: no transposes of a single position."""
-        batch, half = x.shape[0], self.head_dim // 2
-        grouped = self.num_kv_heads != self.num_heads
-        qkv = self.in_proj(x)
+        qkv = self.in_proj(x)  # (B, (H + 2 H_kv) head_dim)
         if self.use_rope:
             # Pairs (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin): adjacent (interleaved)
-            # or i and i + half (split halves).
-            cos, sin = rope
-            heads = (self.num_heads + 2 * self.num_kv_heads,) if grouped else (3, self.num_heads)
-            if self.interleaved:
-                qkv = qkv.reshape(batch, *heads, half, 2)
-                qkv = qkv * cos + qkv[..., ::-1] * sin
-            else:
-                qkv = qkv.reshape(batch, *heads, 2, half)
-                qkv = qkv * cos + qkv[..., ::-1, :] * sin
-        qkv = qkv.reshape(batch, self.num_heads + 2 * self.num_kv_heads, 1, self.head_dim)
-        return mx.split(qkv, self._kv_splits() if grouped else 3, axis=1)
+            # or i and i + half (split halves), each feature's partner gathered.
+            cos, sin, partners = rope
+            qkv = qkv * cos + mx.take_along_axis(qkv, partners, axis=1) * sin
+        qkv = qkv.reshape(x.shape[0], self.num_heads + 2 * self.num_kv_heads, 1, self.head_dim)
+        return mx.split(qkv, self._kv_splits(), axis=1)
 
     def _kv_splits(self) -> list[int]:
         """Where the keys' and the values' heads start among the projection's heads."""
@@ -458,9 +450,9 @@ class Transformer(nn.Module):
                 config.head_dim,
                 config.max_period,
                 first.dtype,
+                (config.num_heads, config.num_kv_heads),
                 config.head_dim**-0.5,
                 config.rope_interleaved,
-                None if config.kv_repeat == 1 else (config.num_heads, config.num_kv_heads),
             )
         dtype = x.dtype
         widened = self.layers[0].widened

@@ -7,11 +7,11 @@ from moshi_mlx.modules.linear import transpose_weights
 from moshi_mlx.modules.step_tricks import lookup_column
 
 
-def _tables(quantized: bool, count: int = 3) -> list[nn.Module]:
+def _tables(quantized: bool, count: int = 3, first_rows: int = 17) -> list[nn.Module]:
     mx.random.seed(5)
     tables = []
-    for _ in range(count):
-        table = nn.Embedding(17, 64)
+    for k in range(count):
+        table = nn.Embedding(first_rows if k == 0 else 17, 64)
         table.set_dtype(mx.bfloat16)
         tables.append(nn.QuantizedEmbedding.from_embedding(table, 32, 4) if quantized else table)
     return tables
@@ -20,18 +20,26 @@ def _tables(quantized: bool, count: int = 3) -> list[nn.Module]:
 @pytest.mark.parametrize("quantized", [False, True])
 def test_stacked_tables_look_up_as_each_table(quantized):
     """A token of each table in one lookup (one gather per part and, quantized, one
-    dequantization) gives each table's own vectors, bit for bit; the tables then read views
-    of the stack until a part is replaced."""
-    tables = _tables(quantized)
-    tokens = mx.array([[[0], [16], [5]], [[3], [3], [9]]])  # (B, count, T)
-    expected = mx.stack([table(tokens[:, k]) for k, table in enumerate(tables)], axis=1)
+    dequantization) gives each table's own vectors, bit for bit, and -1 ("no input") a zero
+    vector, for several positions (B, count, T) or one (B, count); tables of one width stack
+    whatever their rows; the tables then read views of the stack until a part is replaced."""
+    tables = _tables(quantized, first_rows=40)
+    tokens = mx.array([[[0, 39], [16, -1], [5, 2]], [[-1, 3], [3, 0], [9, 16]]])  # (B, count, T)
+
+    def expected_of(tokens: mx.array) -> mx.array:
+        looked_up = [table(mx.maximum(tokens[:, k], 0)) for k, table in enumerate(tables)]
+        return mx.where((tokens < 0)[..., None], 0, mx.stack(looked_up, axis=1))
+
+    expected = expected_of(tokens)
     stack = StackedTables.of(tables)
     mx.eval(stack.flat)
     assert set(stack.flat) == ({"weight", "scales", "biases"} if quantized else {"weight"})
     got = stack(tokens)
-    assert got.shape == (2, 3, 1, 64) and mx.array_equal(got, expected).item()
+    assert got.shape == (2, 3, 2, 64) and mx.array_equal(got, expected).item()
+    one = tokens[:, :, 1]
+    assert mx.array_equal(stack(one), expected_of(one)).item()
     assert stack.holds(tables)
-    after = mx.stack([table(tokens[:, k]) for k, table in enumerate(tables)], axis=1)
+    after = expected_of(tokens)
     assert mx.array_equal(after, expected).item()
     part = "scales" if quantized else "weight"
     tables[1][part] = tables[1][part] + 0
@@ -42,7 +50,7 @@ def test_tables_that_differ_do_not_stack():
     plain, quantized = _tables(False, 1), _tables(True, 1)
     assert StackedTables.of(plain + quantized) is None
     assert StackedTables.of([]) is None
-    assert StackedTables.of(plain + [nn.Embedding(5, 64)]) is None
+    assert StackedTables.of(plain + [nn.Embedding(17, 32)]) is None
     other_bits = nn.QuantizedEmbedding.from_embedding(nn.Embedding(17, 64), 32, 8)
     assert StackedTables.of(quantized + [other_bits]) is None
 

@@ -154,6 +154,21 @@ def test_zero_token_embeds_to_zero():
     assert mx.allclose(lm.embed(one)[0, 0], expected).item()
 
 
+@pytest.mark.parametrize("quant", ["bf16", "q4"])
+def test_stacked_streams_embed_as_their_tables(tiny_lm_checkpoints, quant):
+    """Once `transpose_weights` stacks the text and audio tables, the input embeddings of
+    several positions and of one position (-1, "no input", included) are the tables' own,
+    bit for bit."""
+    lm = load_lm(tiny_lm_checkpoints[quant])
+    tokens = _random_tokens(lm.config, steps=5) - 1  # some -1
+    before = lm.embed(tokens), lm.embed(tokens[:, :, 2])
+    mx.eval(transpose_weights(lm))
+    assert lm.stacked_tables.holds(lm.tables)
+    after = lm.embed(tokens), lm.embed(tokens[:, :, 2])
+    assert after[1].shape == (1, lm.config.dim)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(after, before))
+
+
 def test_a_prefill_leaves_the_ring_as_steps_do():
     """Prefill (many tokens in one call) leaves the KV ring as stepping them does: the steps
     after it give the same outputs, past the context."""

@@ -170,7 +170,7 @@ class ChatStepFunction(StepFunction):
         inputs = delayed.inputs(tokens, t)
 
         kv = self.kv_ring(state)
-        batch_inputs = inputs[None, :, None]
+        batch_inputs = inputs[None]
         if self.guided:  # the same tokens in both rows; only the condition differs
             batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
         temporal_out, text_logits = self.lm.step_text(batch_inputs, kv, condition)

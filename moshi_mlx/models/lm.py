@@ -45,7 +45,7 @@ class Lm(nn.Module):
         )
         self.audio_embs = [nn.Embedding(config.card + 1, config.dim) for _ in range(config.n_q)]
         # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
-        self.stacked_audio: StackedTables | None = None
+        self.stacked_tables: StackedTables | None = None
         self.transformer = Transformer(config.temporal_config())
         self.out_norm = RMSNorm(config.dim, NORM_EPS[config.norm])
         self.text_linear = Linear(config.dim, config.text_vocab_out, bias=False)
@@ -86,28 +86,39 @@ class Lm(nn.Module):
         return self.transformer.make_ring(batch, probe.dtype, quantization)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim).
+        """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim), or
+        one position's (B, n_q + 1) -> (B, dim).
 
         Token -1 stands for "no input" and contributes a zero vector.
         """
-        clamped = mx.maximum(tokens, 0)
-        stacked = self.stacked_audio
-        if stacked is not None and stacked.holds(self.audio_embs):  # one audio lookup
-            text, audio = mx.split(clamped, [1], axis=1)
-            embs = mx.concatenate([self.text_emb(text), stacked(audio)], axis=1)
-        else:  # one split into (B, 1, T) streams, each looked up as (B, 1, T, dim)
-            tables = [self.text_emb, *self.audio_embs]
-            streams = mx.split(clamped, len(tables), axis=1)
-            embs = mx.concatenate([table(ids) for table, ids in zip(tables, streams)], axis=1)
+        stacked = self.stacked_tables
+        if stacked is not None and stacked.holds(self.tables):  # one lookup of every stream
+            return stacked(tokens).sum(axis=1)
+        if stacked is not None and stacked.holds(self.audio_embs):  # the text's table apart
+            text, audio = mx.split(tokens, [1], axis=1)
+            text_vectors = zero_no_input(text, self.text_emb(mx.maximum(text, 0)))
+            return mx.concatenate([text_vectors, stacked(audio)], axis=1).sum(axis=1)
+        # One split into (B, 1, ...) streams, each looked up as (B, 1, ..., dim).
+        streams = mx.split(mx.maximum(tokens, 0), len(self.tables), axis=1)
+        embs = mx.concatenate([table(ids) for table, ids in zip(self.tables, streams)], axis=1)
         return zero_no_input(tokens, embs).sum(axis=1)
 
+    @property
+    def tables(self) -> list[nn.Module]:
+        """The input streams' tables: the text's, then the audio codebooks'."""
+        return [self.text_emb, *self.audio_embs]
+
     def transpose_weight(self) -> list[mx.array]:
-        """`transpose_weights`' hook for the LM itself: stack the audio tables
-        (`stacked_audio`, `StackedTables`) unless they still are; the stack's arrays, for the
-        caller to evaluate (none: tables that do not stack, looked up one by one)."""
-        if self.stacked_audio is None or not self.stacked_audio.holds(self.audio_embs):
-            self.stacked_audio = StackedTables.of(self.audio_embs)
-        return [] if self.stacked_audio is None else list(self.stacked_audio.flat.values())
+        """`transpose_weights`' hook for the LM itself: stack the input streams' tables
+        (`stacked_tables`, `StackedTables`; the audio tables alone where the text's does not
+        stack with them, e.g. the TTS's two-stream one) unless they still are; the stack's
+        arrays, for the caller to evaluate (none: tables that do not stack, looked up one by
+        one)."""
+        stacked = self.stacked_tables
+        if stacked is None or not (stacked.holds(self.tables) or stacked.holds(self.audio_embs)):
+            stacked = StackedTables.of(self.tables) or StackedTables.of(self.audio_embs)
+            self.stacked_tables = stacked
+        return [] if stacked is None else list(stacked.flat.values())
 
     def prefill(self, embeddings: mx.array, ring: KVRing) -> KVRing:
         """The temporal transformer over the first T inputs at once, given as their summed
@@ -136,13 +147,14 @@ class Lm(nn.Module):
         cross: list[CrossKV] | None = None,
     ) -> tuple[mx.array, mx.array]:
         """The temporal transformer on one position through a `KVRing`, in
-        `mx.compile`-able form: tokens (B, n_q + 1, 1) -> the normed output (B, dim), which
-        conditions the depformer, and the text logits (B, text_vocab_out).
+        `mx.compile`-able form: tokens (B, n_q + 1) (or (B, n_q + 1, 1)) -> the normed output
+        (B, dim), which conditions the depformer, and the text logits (B, text_vocab_out).
         A conditioned model's `condition` (B, dim) is added to the input; a cross-attending
         one attends to `cross` (`cross_keys_values`).
         """
         x = self.embed(tokens)
-        x = x.reshape(x.shape[0], -1)
+        if x.ndim == 3:
+            x = x.reshape(x.shape[0], -1)
         if condition is not None:
             x = x + condition.astype(x.dtype)
         x = self.out_norm(self.transformer(x, ring.layers(), cross))

@@ -8,8 +8,8 @@ carries the word being spoken and a word ahead. Parameter names equal Kyutai's
 (`weight`, `low_rank.weight`, `out1.weight`, `out2.weight`). Token -1 ("no input") is zeroed
 by the caller (`moshi_mlx.models.depformer.embed`). The table quantizes like an
 `nn.QuantizedEmbedding` (`weight` packed, `scales`, `biases`), its linears like any Linear.
-Plain tables of one shape, quantized alike or not, stack (`StackedTables`): one lookup then
-embeds a token of each. A column of sampled tokens (B, 1) is looked up without slices or
+Plain tables of one width, quantized alike or not, stack (`StackedTables`): one lookup then
+embeds a token of each, "no input" (-1) included. A column of sampled tokens (B, 1) is looked up without slices or
 squeezes (`step_tricks.lookup_column`), a quantized table's packed rows, scales and biases
 alike.
 """
@@ -100,40 +100,48 @@ def make_embedding(
 
 @dataclass(frozen=True)
 class StackedTables:
-    """Plain tables of one shape (`nn.Embedding`s, e.g. the LM's audio streams, quantized
-    alike or not) as one (count * rows, ...) array per part (`weight`; a quantized table's
-    `scales` and `biases`) whose row ranges the tables' parts are views of (no memory added
-    once evaluated): a step looks up a token of every table in one gather per part (and one
-    dequantization), not one lookup (gathers, squeezes, dequantization) per table."""
+    """Plain tables of one width (`nn.Embedding`s, e.g. the LM's text and audio streams,
+    quantized alike or not) as one array per part (`weight`; a quantized table's `scales` and
+    `biases`): the tables' rows one after the other, whose row ranges the tables' parts are
+    views of (no memory added once evaluated), then one row of zeros (a quantized one's: zero
+    scales and biases) that "no input" (-1) reads. A step looks up a token of every table in
+    one gather per part (and one dequantization), not one lookup (gathers, squeezes,
+    dequantization) per table and a test of each token."""
 
-    flat: dict[str, mx.array]  # part name -> (count * rows, ...)
+    flat: dict[str, mx.array]  # part name -> (rows of every table + 1, ...)
     views: tuple[dict[str, mx.array], ...]  # per table, part name -> its rows of `flat`
-    offsets: mx.array  # (count, 1) int32: table k's first row in `flat`
+    offsets: mx.array  # (count,) int32: table k's first row in `flat`
+    zero_row: int  # the row of zeros
     quantization: tuple[int, int, str] | None  # group size, bits, mode
 
     @classmethod
     def of(cls, tables: Sequence[nn.Module]) -> StackedTables | None:
         """Stack `tables`, their parts replaced by views of the stack (lazy: the caller
-        evaluates `flat`); None unless they are `nn.Embedding`s of one shape, all plain or
-        all `nn.QuantizedEmbedding`s quantized alike."""
+        evaluates `flat`); None unless they are `nn.Embedding`s of one width and dtype, all
+        plain or all `nn.QuantizedEmbedding`s quantized alike."""
         kinds = {type(table) for table in tables}
         if kinds not in ({nn.Embedding}, {nn.QuantizedEmbedding}):
             return None
         quantization = {quantization_of(table) for table in tables}
         names = [name for name in QUANTIZED_PARTS if name in tables[0]]
-        shapes = {tuple(table[name].shape for name in names) for table in tables}
-        if len(quantization) != 1 or len(shapes) != 1:
+        widths = {tuple((t[name].shape[1:], t[name].dtype) for name in names) for t in tables}
+        if len(quantization) != 1 or len(widths) != 1:
             return None
-        rows = tables[0].weight.shape[0]
-        flat = {name: mx.concatenate([table[name] for table in tables]) for name in names}
+        starts = np.cumsum([0] + [table.weight.shape[0] for table in tables])
+        flat = {
+            name: mx.concatenate(
+                [*(table[name] for table in tables), mx.zeros_like(tables[0][name][:1])]
+            )
+            for name in names
+        }
         views = tuple(
-            {name: part[k * rows : (k + 1) * rows] for name, part in flat.items()}
+            {name: part[starts[k] : starts[k + 1]] for name, part in flat.items()}
             for k in range(len(tables))
         )
         for table, table_views in zip(tables, views):
             table.update(table_views)
-        offsets = mx.array(np.arange(len(tables), dtype=np.int32)[:, None] * rows)
-        return cls(flat, views, offsets, quantization.pop())
+        offsets = mx.array(starts[:-1].astype(np.int32))
+        return cls(flat, views, offsets, int(starts[-1]), quantization.pop())
 
     def holds(self, tables: Sequence[nn.Module]) -> bool:
         """Whether `tables`' parts are still this stack's views (none was replaced)."""
@@ -144,8 +152,12 @@ class StackedTables:
         )
 
     def __call__(self, tokens: mx.array) -> mx.array:
-        """tokens (B, count, T) >= 0, a token of each table -> vectors (B, count, T, dim)."""
-        rows = tokens + self.offsets
+        """tokens (B, count, ...), a token of each table or -1 ("no input") -> vectors
+        (B, count, ..., dim), zero for -1."""
+        offsets = self.offsets  # (count,): one position's
+        if tokens.ndim > 2:
+            offsets = offsets.reshape(-1, *([1] * (tokens.ndim - 2)))
+        rows = mx.where(tokens < 0, self.zero_row, tokens + offsets)
         return dequantized(
             {name: part[rows] for name, part in self.flat.items()}, self.quantization
         )

@@ -48,7 +48,7 @@ class SttStepFunction(StepFunction):
                 steps <= delayed.delays, delayed.start_tokens, delayed.column(tokens, t)
             )
         kv = self.kv_ring(state)
-        temporal_out, text_logits = lm.step_text(inputs[:, :, None], kv)
+        temporal_out, text_logits = lm.step_text(inputs, kv)
         key, text_key = mx.random.split(state.key)
         text = self.text_sampling.sample(text_logits, text_key)
         tokens = delayed.write_column(tokens, t + 1, text[:, None], slice(0, 1))

@@ -99,7 +99,7 @@ class TtsStepFunction(StepFunction):
             inputs = mx.where(steps <= delayed.delays, delayed.start_tokens, current)
         guided = self.cfg_coef != 1.0
         rows = self._with_null_rows(inputs, steps, masked_until) if guided else inputs
-        temporal_out, text_logits = self.lm.step_text(rows[..., None], kv, condition, cross)
+        temporal_out, text_logits = self.lm.step_text(rows, kv, condition, cross)
         if guided:  # the text is not guided: the streams' own logits
             text_logits = text_logits[:batch]
         key, text_key, audio_key = mx.random.split(state.key, 3)

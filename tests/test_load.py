@@ -174,7 +174,8 @@ def test_every_loader_takes_the_load_options_by_name_and_refuses_others(loader):
 
 
 def test_dtype_flag_reaches_the_load_options():
-    from moshi_mlx.cli.common import add_model_args, load_options
+    from moshi_mlx.cli.chat_flags import add_model_args
+    from moshi_mlx.cli.common import load_options
 
     parser = argparse.ArgumentParser()
     add_model_args(parser)

@@ -221,7 +221,7 @@ def test_tokens_file_holds_every_step_the_api_produced(tmp_path, capsys, speech,
     """--tokens writes the text token, Moshi's codes and the inputs of every step: those the
     API's conversation gives for the same audio, seed and sampling."""
     from moshi_mlx.audio.wav import read_audio
-    from moshi_mlx.cli.common import load_model, sampling_from_args
+    from moshi_mlx.cli.chat_flags import load_model, sampling_from_args
     from moshi_mlx.cli.infer import converse, parse_args
 
     tokens = tmp_path / "steps.npz"

@@ -20,19 +20,16 @@ import numpy as np
 
 from moshi_mlx.audio.wav import check_audio_name, read_audio, write_audio
 from moshi_mlx.chat.model import StepResult
-from moshi_mlx.cli.common import (
-    CliParser,
+from moshi_mlx.cli.chat_flags import (
     add_model_args,
     add_persona_args,
     check_persona_args,
-    invoked_as,
+    conversation_options,
     load_model,
-    log_to_stderr,
     print_memory_plan,
     print_voice_names,
-    run_cli,
-    sampling_from_args,
 )
+from moshi_mlx.cli.common import CliParser, invoked_as, log_to_stderr, run_cli
 from moshi_mlx.cli.tokens import NO_TOKEN, check_tokens_output, write_tokens
 from moshi_mlx.files import check_output, written_atomically
 from moshi_mlx.models.config import LmConfig
@@ -170,15 +167,8 @@ def _run(argv: Sequence[str] | None) -> int:
             sys.stdout.write(result.text)
             sys.stdout.flush()
 
-    text_sampling, audio_sampling = sampling_from_args(args)
-    conversation = model.conversation(  # PersonaPlex: its prompt first (not timed below)
-        text_sampling=text_sampling,
-        audio_sampling=audio_sampling,
-        seed=args.seed,
-        voice=args.voice,
-        role=args.role,
-        cfg_coef=args.cfg_coef,
-    )
+    # PersonaPlex: its prompt first (not timed below)
+    conversation = model.conversation(**conversation_options(args))
     started = time.monotonic()
     with conversation:
         if model.lm.config.model_type == "hibiki":

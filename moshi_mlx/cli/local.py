@@ -28,23 +28,26 @@ from moshi_mlx.audio.devices import (
 from moshi_mlx.audio.echo import EchoCanceller
 from moshi_mlx.audio.live import LiveLoop
 from moshi_mlx.audio.wav import WavRecorder
+from moshi_mlx.cli.chat_flags import (
+    add_model_args,
+    add_persona_args,
+    check_persona_args,
+    conversation_options,
+    load_model,
+    print_memory_plan,
+    print_voice_names,
+    sampling_from_args,
+)
 from moshi_mlx.cli.common import (
     INTERRUPTED_EXIT,
     CliParser,
     add_max_lag_arg,
-    add_model_args,
-    add_persona_args,
     as_flag,
-    check_persona_args,
     exit_at_once,
     invoked_as,
-    load_model,
     log_to_stderr,
     max_lag_frames,
-    print_memory_plan,
-    print_voice_names,
     run_cli,
-    sampling_from_args,
 )
 from moshi_mlx.errors import AudioError
 from moshi_mlx.files import folder_problem
@@ -194,16 +197,8 @@ class LiveSession:
         try:
             model = load_model(args)
             model.check_prompt_choice(args.voice, args.role)  # before the warm-up's seconds
-            text_sampling, audio_sampling = sampling_from_args(args)
-            model.warm_up(text_sampling, audio_sampling, args.cfg_coef)
-            conversation = model.conversation(
-                text_sampling=text_sampling,
-                audio_sampling=audio_sampling,
-                seed=args.seed,
-                voice=args.voice,
-                role=args.role,
-                cfg_coef=args.cfg_coef,
-            )
+            model.warm_up(*sampling_from_args(args), args.cfg_coef)
+            conversation = model.conversation(**conversation_options(args))
         except Exception as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
             self._load_error = exc
             self.loop.stop_event.set()

@@ -27,26 +27,28 @@ from moshi_mlx.checkpoints.spec import (
     DEFAULT_TTS_REPO,
     DEFAULT_VOICE_REPO,
 )
+from moshi_mlx.cli.chat_flags import (
+    add_model_args,
+    add_persona_args,
+    check_persona_args,
+    load_model,
+    print_memory_plan,
+    print_voice_names,
+    sampling_from_args,
+)
 from moshi_mlx.cli.common import (
     CliParser,
     add_alias,
     add_limit_args,
     add_max_lag_arg,
-    add_model_args,
-    add_persona_args,
-    check_persona_args,
     file_options,
     invoked_as,
     limits_from_args,
-    load_model,
     max_lag_frames,
     port,
     positive_float,
     positive_int,
-    print_memory_plan,
-    print_voice_names,
     run_cli,
-    sampling_from_args,
 )
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.llm import DEFAULT_MAX_TOKENS, LlmModel

@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Protocol
 
 import mlx.core as mx
+import numpy as np
 
 from moshi_mlx.modules.kv_quant import KVQuantization, Quantized, recent_slots
 from moshi_mlx.modules.streaming import BaseState
@@ -298,14 +299,14 @@ class KVRing(BaseState):
         """(slots,) bool: the slots a query at `position` attends to, itself included; for a
         quantized ring the packed slots of positions older than the recent window's, then the
         recent window's written slots."""
-        slots = mx.arange(self.capacity)
+        slots = mx.array(np.arange(self.capacity, dtype=np.int32))  # a constant: no operation
         written = slots < mx.minimum(self.position + 1, self.capacity)
         ages = (self.position - slots) % self.context  # how far back each slot's position is
         if self.quantization is None:
             return self._since_start(written, ages)
         recent = recent_slots(self.context)
         older = ages >= recent
-        recent_ages = (self.position - mx.arange(recent)) % recent
+        recent_ages = (self.position - mx.array(np.arange(recent, dtype=np.int32))) % recent
         recent_written = recent_ages <= self.position
         return mx.concatenate(
             [
@@ -325,11 +326,12 @@ class KVRing(BaseState):
 
     @cached_property
     def _slot(self) -> mx.array:
-        return (self.position % self.context).reshape(1)
+        """() int32: the slot `position` is written at (MLX takes a () start index)."""
+        return self.position % self.context
 
     @cached_property
     def _recent_slot(self) -> mx.array:
-        return (self.position % recent_slots(self.context)).reshape(1)
+        return self.position % recent_slots(self.context)
 
     def _write(self, buffer: Buffer, new: mx.array) -> Buffer:
         if self.quantization is None:

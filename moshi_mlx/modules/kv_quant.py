@@ -109,7 +109,7 @@ class KVQuantization:
         self, buffer: Quantized, new: mx.array, slot: mx.array, recent_slot: mx.array
     ) -> Quantized:
         """`buffer` with one position new (B, H, 1, head_dim) packed into slot `slot` and kept
-        as it is in slot `recent_slot` of the recent window ((1,) int32 each)."""
+        as it is in slot `recent_slot` of the recent window (() int32 each)."""
         packed = [
             mx.slice_update(part, value, slot, axes=(2,))
             for part, value in zip(buffer[:3], self.quantize(new))

@@ -287,6 +287,11 @@ def test_a_voice_cloned_from_an_upload_is_kept_by_content_and_named(server, tmp_
     assert _speech(server, tmp_path / "c2.pcm", voice={"id": voice["id"]}, response_format="pcm")
     status, bad = _post_bytes(url, b"not audio at all" * 10)
     assert status == 400 and bad["error"]["param"] == "file"
+    unknown = "clone-" + "0" * 24  # never made here (or forgotten): a 400 on 'voice'
+    speak = server.client.audio.speech.create
+    assert "unknown cloned voice" in _error(
+        lambda: speak(model="tts", voice=unknown, input="Hi."), 400, "voice"
+    )
 
 
 # --- hostile requests ------------------------------------------------------------------------

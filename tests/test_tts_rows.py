@@ -6,6 +6,7 @@ under them (`KVRing.starts`): a row started at position p attends as a stream at
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,6 +102,38 @@ def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
         _assert_same_stream(outputs[stream], alone[stream])
     assert join_at[2] > 5  # stream 2 joined a batch well under way, in row 0
     assert all(any(s[3] is not None for s in outputs[k]) for k in range(3))
+
+
+def test_a_cloned_voices_stream_joining_a_batch_speaks_as_alone(model):
+    """A stream with an audio prefix (a cloned voice: "no input" text and its codes forced
+    while it lasts, its audio not played) joins a busy batch at step 5 in row 1: its tokens,
+    audio and word times are those of its run alone (`TtsRun`), and row 0's are unchanged."""
+    codes = np.random.default_rng(3).integers(0, model.config.card, (model.config.dep_q, 12))
+    plain, cloned = _requests()[0], replace(_requests()[1], prefix=codes)
+    alone = [_alone(model, request) for request in (plain, cloned)]
+    run = TtsRun(model, [cloned], GREEDY, GREEDY)
+    run.schedules[0].push(model.entries(cloned.text))
+    run.schedules[0].close()
+    while not run.finished:
+        run.step_tokens()
+    batch = TtsBatch(model, rows=2, text_sampling=GREEDY, audio_sampling=GREEDY)
+    outputs: dict[int, list] = {0: [], 1: []}
+    words = None
+    for step in range(2000):
+        if step in (0, 5):
+            batch.close(batch.add(plain if step == 0 else cloned))
+        for out in batch.step():
+            frame = None if out.frame is None else out.frame.tolist()
+            outputs[out.row].append((out.predicted, out.fed, frame, out.pcm))
+            if out.finished:
+                words = batch.words(out.row) if out.row == 1 else words
+                batch.remove(out.row)
+        if not batch.busy_rows:
+            break
+    _assert_same_stream(outputs[0], alone[0])
+    _assert_same_stream(outputs[1], alone[1])
+    assert [fed for _, fed, *_ in outputs[1][:12]] == [-1] * 12
+    assert words == run.words(0) and words[0][1] >= 0
 
 
 def test_rows_are_checked(model):

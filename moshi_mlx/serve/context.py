@@ -19,6 +19,7 @@ from moshi_mlx.llm import LlmModel
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.serve.chat.service import ChatService
+from moshi_mlx.serve.cloned_voices import ClonedVoices
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.stt.transcriber import SttModel
@@ -55,6 +56,8 @@ class ServeContext:
     max_tts_streams: int = 2  # live TTS streams (the rows of each TTS batch)
     loopback_only: bool = False  # bound to loopback: answer only for loopback host names
     voice_repo: str | None = None  # TTS voices: a hub repo id or a folder laid out like one
+    # Voices cloned from uploads (POST /v1/audio/voices), named by every TTS route.
+    cloned_voices: ClonedVoices = field(default_factory=ClonedVoices)
     # One entry per mounted moshi-server module for `/api/modules_info`: a function giving its
     # fields ("type", "path", "used_slots", "total_slots", ... as strings, as Kyutai's).
     modules: list[Callable[[], dict[str, str]]] = field(default_factory=list)

@@ -27,17 +27,20 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.errors import TtsError
+from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.mimi import MimiState
 from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.tts.conditions import condition_values
 from moshi_mlx.tts.machine import TextSchedule
+from moshi_mlx.tts.prefix import AudioPrefixes
 from moshi_mlx.tts.stepper import TtsStepper
 from moshi_mlx.tts.synthesizer import (
     FINAL_PADDING,
     SKIPPED_FRAMES,
     TtsModel,
     TtsRequest,
+    spoken_words,
 )
 from moshi_mlx.tts.text_feed import TextFeed
 
@@ -60,12 +63,19 @@ class TtsRowOutput:
 
 
 class _TtsRow:
-    """A busy row: its text, its Mimi state, the step its stream is at."""
+    """A busy row: its text, its Mimi state, its audio prefix (a batch of one), the step its
+    stream is at."""
 
-    def __init__(self, feed: TextFeed, mimi_state: MimiState):
+    def __init__(self, feed: TextFeed, mimi_state: MimiState, prefix: AudioPrefixes):
         self.feed = feed
         self.mimi_state = mimi_state
+        self.prefix = prefix
         self.step = 0
+
+    @property
+    def text_held(self) -> bool:
+        """Whether the row feeds its prefix's "no input" text at its step."""
+        return self.prefix.text_held(0, self.step)
 
     @property
     def schedule(self) -> TextSchedule:
@@ -118,7 +128,8 @@ class TtsBatch:
         condition = lm.condition([condition_values(lm.config, request.cfg_coef)])
         self._write_row(row, condition, cross)
         feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
-        self._busy[row] = _TtsRow(feed, model.mimi.make_state())
+        prefix = AudioPrefixes.of([request.prefix], lm.config, model.delay_steps)
+        self._busy[row] = _TtsRow(feed, model.mimi.make_state(), prefix)
         if isinstance(request.text, str):
             feed.push(request.text)
         else:
@@ -175,6 +186,11 @@ class TtsBatch:
         """`row`'s text schedule (its words' times: `transcript`, `end_step`)."""
         return self._busy.stream(row).schedule
 
+    def words(self, row: int) -> list[tuple[str, float]]:
+        """`row`'s words with the time (s) each starts in its audio (`spoken_words`)."""
+        busy = self._busy.stream(row)
+        return spoken_words(busy.schedule, busy.prefix.length(0))
+
     def step(self) -> list[TtsRowOutput]:
         """One step of every busy row (nothing when none is busy)."""
         if not self._busy:
@@ -182,9 +198,12 @@ class TtsBatch:
         pad = self.model.token_ids.pad
         if_word, otherwise = [pad] * self.rows, [pad] * self.rows  # idle rows: padding
         for row, busy in self._busy.items():
-            if_word[row], otherwise[row] = busy.schedule.speculate()
+            if busy.text_held:
+                if_word[row] = otherwise[row] = ZERO_TOKEN
+            else:
+                if_word[row], otherwise[row] = busy.schedule.speculate()
         audio = any(busy.step >= self.model.delay_steps for busy in self._busy.values())
-        out = self._stepper.step(if_word, otherwise, depformer=audio)
+        out = self._stepper.step(if_word, otherwise, self._forced(), depformer=audio)
         decoded = self._queue_decodes(out.frame)
         states = [self._busy[row].mimi_state.state for row in decoded]
         pcm = [samples for samples, _ in decoded.values()]
@@ -192,6 +211,16 @@ class TtsBatch:
         predicted = np.array(out.text).tolist()
         frames = np.array(out.frame)
         return self._row_outputs(predicted, frames, decoded)
+
+    def _forced(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The audio codes and mask (rows, dep_q) of the rows' prefixes at their steps, or
+        None when no row forces a codebook now."""
+        codes = np.zeros((self.rows, self.model.config.dep_q), np.int32)
+        mask = np.zeros(codes.shape, bool)
+        for row, busy in self._busy.items():
+            if (forced := busy.prefix.forced(busy.step)) is not None:
+                codes[row], mask[row] = forced[0][0], forced[1][0]
+        return (codes, mask) if mask.any() else None
 
     def _queue_decodes(self, frame: mx.array) -> dict[int, tuple[mx.array, int]]:
         """Mimi's decoding (lazy) of each busy row's frame of the step just queued (frame
@@ -218,7 +247,7 @@ class TtsBatch:
             busy = self._busy[row]
             schedule = busy.schedule
             t = busy.step
-            fed = schedule.commit(t, predicted[row])
+            fed = ZERO_TOKEN if busy.text_held else schedule.commit(t, predicted[row])
             busy.step += 1
             frame = frames[row, : 1 + codebooks] if busy.step > max_delay else None
             pcm = None
@@ -226,7 +255,7 @@ class TtsBatch:
                 samples, frame_index = decoded[row]
                 played = frame_index - model.delay_steps - SKIPPED_FRAMES
                 ended = schedule.end_step is not None and played >= schedule.end_step
-                if played >= 0 and not ended:
+                if played >= busy.prefix.length(0) and not ended:  # not the prefix's audio
                     pcm = np.clip(np.array(samples[0, 0], np.float32), -1, 1)
             finished = schedule.done(busy.step, model.delay_steps, FINAL_PADDING)
             results.append(TtsRowOutput(row, t, pcm, predicted[row], fed, frame, finished))

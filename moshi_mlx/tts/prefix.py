@@ -18,6 +18,7 @@ import numpy as np
 
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.errors import AudioError, TtsError
+from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.mimi import Mimi
 from moshi_mlx.runtime.codec import SAMPLE_RATE
 from moshi_mlx.tts.voices import DEFAULT_VOICE, Voice, is_recording
@@ -88,6 +89,14 @@ class AudioPrefixes:
             self._codes.append(prefix)
         self.dep_q = dep_q
         self.audio_start = np.asarray(audio_start)
+
+    @classmethod
+    def of(
+        cls, prefixes: Sequence[np.ndarray | None], config: LmConfig, delay_steps: int
+    ) -> AudioPrefixes:
+        """The prefixes of a batch's requests for a model of `config` whose audio lags its
+        text `delay_steps` steps (each codebook starts at its delay plus those)."""
+        return cls(prefixes, config.dep_q, np.array(config.delays[1:]) + delay_steps)
 
     def length(self, row: int) -> int:
         """Frames of row `row`'s prefix (0: none)."""

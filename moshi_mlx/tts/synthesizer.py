@@ -281,6 +281,14 @@ class TtsModel:
         return TtsStream(self, run)
 
 
+def spoken_words(schedule: TextSchedule, prefix_frames: int = 0) -> list[tuple[str, float]]:
+    """The words `schedule` took, with the time (s) each starts in the audio played: a word
+    taken at text step s is heard `delay_steps` frames later, and the audio played starts
+    at frame `delay_steps + SKIPPED_FRAMES`, after an audio prefix's `prefix_frames`."""
+    start = SKIPPED_FRAMES + prefix_frames
+    return [(word, (step - start) / FRAME_RATE) for word, step in schedule.transcript]
+
+
 @dataclass(frozen=True)
 class TtsStep:
     """One step of a `TtsRun`: per request its next 80 ms of audio (float32 (1920,)) or None
@@ -307,11 +315,7 @@ class TtsRun:
             raise TtsError("nothing to speak: no request given")
         self.model = model
         lm = model.lm
-        self.prefixes = AudioPrefixes(
-            [r.prefix for r in requests],
-            lm.config.dep_q,
-            np.array(lm.config.delays[1:]) + model.delay_steps,
-        )
+        self.prefixes = AudioPrefixes.of([r.prefix for r in requests], lm.config, model.delay_steps)
         conditions = step_conditions(
             lm,
             [request.voices for request in requests],
@@ -399,12 +403,8 @@ class TtsRun:
         return TtsStep(frames, tokens)
 
     def words(self, row: int) -> list[tuple[str, float]]:
-        """Request `row`'s words with the time (s) each starts in its audio. A word taken at
-        text step s is heard `delay_steps` frames later, and the audio `step` returns starts
-        at frame `delay_steps + SKIPPED_FRAMES`: at s - SKIPPED_FRAMES in it."""
-        transcript = self.schedules[row].transcript
-        start = SKIPPED_FRAMES + self.prefixes.length(row)
-        return [(word, (step - start) / FRAME_RATE) for word, step in transcript]
+        """Request `row`'s words with the time (s) each starts in its audio (`spoken_words`)."""
+        return spoken_words(self.schedules[row], self.prefixes.length(row))
 
 
 class TtsStream:

@@ -11,7 +11,7 @@
   `stream_format: "audio"` sends wav, pcm and Opus as the model speaks);
 - `GET /v1/audio/voices`; `POST /v1/audio/voices` (a recording as the body, at most 30 s:
   a voice cloned from it, kept by content, `{"id": "clone-..."}` to name as a speech
-  request's `voice`; `serve/openai/cloned_voices.py`).
+  request's `voice`; `serve/cloned_voices.py`).
 
 Model work runs on the server's model thread one step per `next()` (`ModelThread.background`),
 so long files and long speech never hold up the real-time streams beside them.
@@ -37,7 +37,6 @@ from moshi_mlx.errors import AudioError, MoshiError, TtsError, one_line
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.serve.bodies import BadBody, read_bytes
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.openai.cloned_voices import ClonedVoices
 from moshi_mlx.serve.openai.errors import (
     ApiError,
     answers_api_errors,
@@ -234,7 +233,7 @@ class _Speech:
         self.catalog = catalog
         self.tts: TtsModel = context.tts
         self.slots = _Slots(limits.max_speeches, "speech requests")
-        self.cloned = ClonedVoices()
+        self.cloned = context.cloned_voices
 
     async def clone(self, request: web.Request) -> web.StreamResponse:
         """A voice cloned from the recording in the body: its id (the same for the same
@@ -272,8 +271,10 @@ class _Speech:
             speech = _speech_request(
                 await read_json_object(request, self.limits.max_json_bytes), self.limits
             )
-            prefix = self.cloned.get(speech.voice)
-            voice = DEFAULT_VOICE if prefix is not None else speech.voice
+            try:
+                voice, prefix = self.cloned.resolve(speech.voice)
+            except TtsError as exc:
+                raise ApiError(400, one_line(exc), "voice", "voice_not_found") from None
             try:
                 voice_file = await asyncio.to_thread(self.catalog.resolve, voice)
                 stream = await self.context.thread.call(

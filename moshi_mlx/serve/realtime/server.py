@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from moshi_mlx.assistant import ReplySampling, TurnRules
-from moshi_mlx.errors import one_line
+from moshi_mlx.errors import TtsError, one_line
 from moshi_mlx.realtime import (
     DUPLEX,
     REALTIME,
@@ -79,7 +79,8 @@ def add_routes(
 
 def _parts_maker(context: ServeContext) -> MakeParts:
     """A new STT stream per session; for a conversation the server's LLM and TTS streams in
-    a voice of the server's voice repo (OpenAI's voice names: the default voice)."""
+    a voice of the server's voice repo (OpenAI's voice names: the default voice) or a voice
+    cloned by `POST /v1/audio/voices` (its id)."""
     catalog = None
     if context.tts is not None:
         from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
@@ -88,14 +89,18 @@ def _parts_maker(context: ServeContext) -> MakeParts:
         catalog = VoiceCatalog(context.tts.config, repo)
 
     async def find_voice(name: str):
+        param, code = "session.audio.output.voice", "voice_not_found"
         try:
-            return await asyncio.to_thread(catalog.resolve, name)
+            name, prefix = context.cloned_voices.resolve(name)
+            return await asyncio.to_thread(catalog.resolve, name), prefix
+        except TtsError as exc:
+            raise SessionError(one_line(exc), param, code) from None
         except ApiError as exc:
-            param, code = "session.audio.output.voice", "voice_not_found"
             raise SessionError(exc.message, param, code) from None
 
-    def open_speech(voice_file):
-        return context.tts.stream(voice=voice_file, cfg_coef=DEFAULT_CFG_COEF)
+    def open_speech(voice):
+        voice_file, prefix = voice
+        return context.tts.stream(voice=voice_file, cfg_coef=DEFAULT_CFG_COEF, prefix=prefix)
 
     async def make_parts(kind: str) -> SessionParts | OpenDuplex:
         if kind == DUPLEX:

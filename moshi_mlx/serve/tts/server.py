@@ -7,7 +7,9 @@ per 80 ms frame for all streams of one sampling; see `moshi_mlx.serve.tts.stream
 `GET` upgrades to the websocket of `moshi_mlx.serve.tts.protocol`: a key (header
 `kyutai-api-key` or `?auth_id=`), `?format=` (default `PcmMessagePack`), `?voice=` (a voice
 of the voice repo without its embedding suffix, e.g. `unmute-prod-website/p329_022.wav`;
-an unknown one falls back to the default voice, with a log line), `?cfg_alpha=`,
+an unknown one falls back to the default voice, with a log line; or a cloned voice's id,
+which `POST /v1/audio/voices` gave: the speech continues that recording, and an id the
+server does not keep gets `Error` and a close), `?cfg_alpha=`,
 `?temperature=`, `?top_k=`, `?seed=`. `Ready` goes out at once (or `Error "no free
 channels"` and a close); the stream starts with the first text (after a `Voice` sent
 before it, as Unmute does). `POST` with JSON `{text, voice}` answers a streamed WAV (or 503
@@ -27,7 +29,7 @@ import numpy as np
 import sphn
 from aiohttp import web
 
-from moshi_mlx.errors import MoshiError
+from moshi_mlx.errors import MoshiError, TtsError, one_line
 from moshi_mlx.runtime.sampling import MAX_SEED, Sampling
 from moshi_mlx.serve.bodies import BadBody, read_json_object
 from moshi_mlx.serve.context import ServeContext
@@ -114,17 +116,23 @@ class _TtsHandler:
             raise web.HTTPBadRequest(
                 text=f"format {capped(output)} is not one of {', '.join(protocol.FORMATS)}"
             )
-        options = await self._options(request.query.get("voice"), request.query)
+        try:
+            options, refusal = await self._options(request.query.get("voice"), request.query), None
+        except TtsError as exc:  # an unknown cloned voice: the protocol's Error, then a close
+            options, refusal = None, one_line(exc)
         ws = live_websocket(self.context.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         encoder = _Encoder(output)
 
-        async def refuse() -> None:
+        async def refuse(reason: str = "no free channels") -> None:
             with contextlib.suppress(ConnectionError, RuntimeError):
-                if message := encoder.message(protocol.error("no free channels")):
+                if message := encoder.message(protocol.error(reason)):
                     await ws.send_bytes(message)
             await ws.close()
 
+        if refusal is not None:
+            await refuse(refusal)
+            return ws
         await self.sessions.run(
             request.remote,
             lambda: _Connection(ws, self.context, self.streams, options, encoder),
@@ -145,7 +153,10 @@ class _TtsHandler:
         if not isinstance(text, str) or not text.strip() or len(text) > MAX_POST_CHARS:
             raise web.HTTPBadRequest(text='"text" must be a non-empty string (64 k chars at most)')
         voice = body.get("voice")
-        options = await self._options(voice if isinstance(voice, str) else None, request.query)
+        try:
+            options = await self._options(voice if isinstance(voice, str) else None, request.query)
+        except TtsError as exc:  # an unknown cloned voice
+            raise web.HTTPBadRequest(text=one_line(exc)) from None
         if not await self.sessions.slots.take():
             self.context.tally.count("requests told the server is busy", request.remote)
             raise web.HTTPServiceUnavailable(text="no free channels; try again later")
@@ -181,9 +192,15 @@ class _TtsHandler:
         return response
 
     async def _options(self, voice: str | None, query) -> SessionOptions:
+        """The stream's options of its `voice` (a cloned voice's id, a voice of the repo or a
+        voice file; an unknown one falls back to the default voice) and its query's sampling;
+        `TtsError` for an unknown cloned voice, a 400 for a bad sampling value, a 503 while
+        the default voice is missing."""
         model = self.context.tts
         repo = self.context.voice_repo or model.voice_repo
-        path = None
+        path, prefix = None, None
+        if voice:
+            voice, prefix = self.context.cloned_voices.resolve(voice)
         if voice:
             try:
                 path = await asyncio.to_thread(resolve_voice, voice, model.config, repo)
@@ -209,7 +226,7 @@ class _TtsHandler:
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
         cfg_coef = config if config is not None else DEFAULT_CFG_COEF
-        return SessionOptions(path, cfg_coef, (text, audio), seed)
+        return SessionOptions(path, cfg_coef, (text, audio), seed, prefix)
 
 
 def _bounded(text: str, low: float, high: float) -> float:

@@ -27,7 +27,7 @@ from moshi_mlx.errors import TtsError, one_line
 from moshi_mlx.runtime.model_thread import RealTimeClock
 from moshi_mlx.serve.tts.session import AHEAD_SECONDS, TtsSession
 from moshi_mlx.tts.batch import TtsBatch
-from moshi_mlx.tts.synthesizer import FRAME_RATE, SKIPPED_FRAMES, TtsModel, TtsRequest
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 from moshi_mlx.tts.voices import VoiceEmbedding
 
 
@@ -45,11 +45,6 @@ class _Group:
             if at is not None and (due is None or at < due):
                 due = at
         return due
-
-    def words(self, row: int) -> list[tuple[str, float]]:
-        """The row's words with the time (s) each starts in its audio (as `TtsRun.words`)."""
-        transcript = self.batch.schedule(row).transcript
-        return [(word, (step - SKIPPED_FRAMES) / FRAME_RATE) for word, step in transcript]
 
 
 class TtsStreams(RealTimeClock):
@@ -143,7 +138,7 @@ class TtsStreams(RealTimeClock):
         if group is None:
             seed = options.seed if options.seed is not None else _random_seed()
             group = _Group(TtsBatch(self.model, self.rows, *options.sampling, seed))
-        row = group.batch.add(TtsRequest("", (voice,), options.cfg_coef))
+        row = group.batch.add(TtsRequest("", (voice,), options.cfg_coef, options.prefix))
         self._groups[key] = group
         group.sessions[row] = session
         session.row = row
@@ -170,7 +165,7 @@ class TtsStreams(RealTimeClock):
             session = group.sessions[output.row]
             if output.pcm is not None:
                 session.audio(output.pcm)
-            words = group.words(output.row)
+            words = group.batch.words(output.row)
             session.words(words)
             if output.finished:
                 session.finish(words)

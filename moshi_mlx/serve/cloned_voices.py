@@ -4,8 +4,11 @@
 request body; the server encodes it once into the TTS's audio prefix (Mimi's codes,
 `TtsModel.voice_prefix`) and answers `{"id": "clone-...", "object": "audio.voice"}`. The id
 is a hash of the codes, so the same recording uploaded again is the same voice and is not
-stored twice; a `/v1/audio/speech` request names it as its `voice` (or `{"id": ...}`) and its
-speech continues that recording's voice. The newest `MAX_VOICES` are kept, in memory only.
+stored twice. Every route that takes a TTS voice by name resolves it here first
+(`ClonedVoices.resolve`: `/v1/audio/speech`'s `voice`, `/api/tts_streaming`'s `?voice=` and
+`{text, voice}`, a `/v1/realtime` session's voice), and a clone's speech continues that
+recording's voice. The newest `MAX_VOICES` are kept, in memory only (the server's
+`ServeContext.cloned_voices`, one for all routes).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import hashlib
 from collections import OrderedDict
 
 import numpy as np
+
+from moshi_mlx.errors import TtsError
+from moshi_mlx.tts.voices import DEFAULT_VOICE
 
 ID_PREFIX = "clone-"
 MAX_VOICES = 64  # a prefix is at most 32 x 373 codes: 48 KB each
@@ -42,9 +48,19 @@ class ClonedVoices:
             self._prefixes.popitem(last=False)
         return voice_id
 
-    def get(self, voice_id: str) -> np.ndarray | None:
-        """The prefix of `voice_id`, or None (not a cloned voice's id, or forgotten)."""
-        prefix = self._prefixes.get(voice_id)
-        if prefix is not None:
-            self._prefixes.move_to_end(voice_id)
-        return prefix
+    def resolve(self, voice: str) -> tuple[str, np.ndarray | None]:
+        """What a request naming `voice` speaks in: for a cloned voice's id, the default
+        voice's name (its speaker embedding) and the clone's audio prefix; for any other name,
+        itself and None. `TtsError` (parameter "voice") for a cloned voice's id this server
+        does not keep (never made here, or forgotten)."""
+        if not voice.startswith(ID_PREFIX):
+            return voice, None
+        prefix = self._prefixes.get(voice)
+        if prefix is None:
+            raise TtsError(
+                f"unknown cloned voice {voice[:64]!r}: this server keeps the newest {self.size} "
+                "voices made by POST /v1/audio/voices, in memory; upload the recording again",
+                parameter="voice",
+            )
+        self._prefixes.move_to_end(voice)
+        return DEFAULT_VOICE, prefix

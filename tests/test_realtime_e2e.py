@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 from assistant_cli import WORD, write_model_flags
 from realtime_helpers import WAIT, connected
 from tiny_moshi import espeak_speech
@@ -96,6 +99,52 @@ def test_a_spoken_turn_on_real_tiny_models(tiny_server, speech):
             deltas = [e for e in events.all if e["type"] == "response.output_audio.delta"]
             pcm = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in deltas), "<i2")
             assert len(pcm) == len(deltas) * FRAME_SIZE and np.abs(pcm).max() > 0
+
+    try:
+        asyncio.run(asyncio.wait_for(body(), 4 * WAIT))
+    except BaseException:
+        print(log.read_text()[-3000:])
+        raise
+
+
+def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
+    """The id `POST /v1/audio/voices` gives is a session's voice (`session.update`): the
+    answer to a text turn is spoken in it; an id the server does not keep is an `error`
+    event on the voice, and the session goes on."""
+    address, llm, log = tiny_server
+    recording = tmp_path / "me.wav"
+    t = np.arange(24_000) / 24_000
+    sf.write(str(recording), (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24_000)
+    upload = urllib.request.Request(
+        f"http://{address}/v1/audio/voices", recording.read_bytes(), method="POST"
+    )
+    with urllib.request.urlopen(upload, timeout=120) as answer:
+        voice_id = json.loads(answer.read())["id"]
+
+    async def body():
+        async with connected(address, model=llm) as (connection, events):
+            unknown = "clone-" + "0" * 24
+            await connection.session.update(
+                session={"type": "realtime", "audio": {"output": {"voice": unknown}}}
+            )
+            error = (await events.event("error"))["error"]
+            assert error["code"] == "voice_not_found" and "unknown cloned voice" in error["message"]
+            await connection.session.update(
+                session={"type": "realtime", "audio": {"output": {"voice": voice_id}}}
+            )
+            updated = (await events.event("session.updated"))["session"]
+            assert updated["audio"]["output"]["voice"] == voice_id
+            await connection.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "What is the weather?"}],
+                }
+            )
+            await connection.response.create()
+            done = events.all[await events.wait("response.done")]["response"]
+            assert done["status"] == "completed", done
+            assert events.of("response.output_audio.delta")
 
     try:
         asyncio.run(asyncio.wait_for(body(), 4 * WAIT))

@@ -206,11 +206,13 @@ def test_depformer_slices_attend_to_the_earlier_slices_of_their_step():
     assert mx.allclose(logits[0, 2], later[0, 2]).item()
 
 
-def test_quantized_depformer_tables_dequantized_once_for_the_step(tiny_lm_checkpoints):
-    """`transpose_weights` dequantizes the depformer's quantized audio tables once (slice 0's
-    text table stays quantized): the slices' logits are the same, bit for bit; a replaced
-    table is looked up quantized again."""
-    lm = load_lm(tiny_lm_checkpoints["q4"])
+@pytest.mark.parametrize("quant", ["bf16", "q4"])
+def test_depformer_step_forms_give_the_same_logits(tiny_lm_checkpoints, quant):
+    """`transpose_weights` stacks the slices' input projections (one product per step) and
+    dequantizes the quantized audio tables once (slice 0's text table stays quantized): the
+    slices' logits are the same, bit for bit; a replaced table is looked up quantized again,
+    a replaced projection computed alone."""
+    lm = load_lm(tiny_lm_checkpoints[quant])
     depformer = lm.depformer
     temporal = mx.random.normal((2, lm.config.dim), key=mx.random.key(0)).astype(mx.bfloat16)
 
@@ -226,9 +228,13 @@ def test_quantized_depformer_tables_dequantized_once_for_the_step(tiny_lm_checkp
 
     before = logits()
     mx.eval(transpose_weights(lm))
+    assert depformer.stacked_inputs.holds(depformer.input_linears())
     tables = [s.step_table for s in depformer.slices]
     assert tables[0] is None
-    assert all(t.view.shape == (lm.config.card + 1, lm.config.depformer_dim) for t in tables[1:])
+    shape = (lm.config.card + 1, lm.config.depformer_dim)
+    assert all((t.view.shape == shape) if quant == "q4" else t is None for t in tables[1:])
     assert mx.array_equal(logits(), before).item()
     depformer.slices[1].emb.weight = mx.array(depformer.slices[1].emb.weight)  # replaced
+    depformer.slices[2].linear_in.weight = mx.array(depformer.slices[2].linear_in.weight)
+    assert not depformer.stacked_inputs.holds(depformer.input_linears())
     assert mx.array_equal(logits(), before).item()

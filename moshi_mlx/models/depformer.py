@@ -23,7 +23,7 @@ from mlx import nn
 
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import StepKV
-from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.linear import Linear, StackedLinears
 from moshi_mlx.modules.step_tricks import StepWeight, lookup_column, picked_rows
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
@@ -93,11 +93,14 @@ class DepformerSlice(nn.Module):
         prev_token: mx.array,
         ring: StepKV,
         sampled: bool = False,
+        projected: mx.array | None = None,
     ) -> mx.array:
         """This slice's logits, in `mx.compile`-able form: temporal_out (B, lm_dim),
         prev_token (B,) or a column (B, 1) -> logits (B, card), through the step's `StepKV`.
         `sampled`: the previous token was sampled, so never `ZERO_TOKEN` (its embedding needs
-        no test; a sampled column is looked up as one, `lookup_column`)."""
+        no test; a sampled column is looked up as one, `lookup_column`). `projected`: the
+        input projection of temporal_out, computed by the caller (the depformer's one product
+        for every slice, `Depformer.stacked_inputs`)."""
         table = StepWeight.current(self.step_table, self.emb.get("weight"))
         emb = self.emb if table is None else table
         if prev_token.ndim == 2:
@@ -107,7 +110,9 @@ class DepformerSlice(nn.Module):
                 token = embed(emb, prev_token[:, 0])
         else:
             token = embed(emb, prev_token) if not sampled else self.emb(prev_token)
-        x = self.linear_in(temporal_out) + token
+        if projected is None:
+            projected = self.linear_in(temporal_out)
+        x = projected + token
         return self._head(self.transformer(x, ring.layers()))
 
 
@@ -134,6 +139,36 @@ class Depformer(nn.Module):
         ]
         self.sampled_slices = config.moshi_codebooks
         self.share_scheduled_weights(config.depformer_weights_per_step_schedule)
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.stacked_inputs: StackedLinears | None = None
+
+    def input_linears(self) -> list[nn.Module]:
+        """The sampled slices' input projections, each once (slices of one weight set share
+        theirs), in the slices' order."""
+        linears = {id(s.linear_in): s.linear_in for s in self.slices[: self.sampled_slices]}
+        return list(linears.values())
+
+    def transpose_weight(self) -> list[mx.array]:
+        """`transpose_weights`' hook for the depformer itself: stack the sampled slices' input
+        projections (`stacked_inputs`, `StackedLinears`: a step projects the temporal output
+        for every slice in one product) unless they still are; the stack's arrays, for the
+        caller to evaluate (none: projections that do not stack, computed one by one)."""
+        linears = self.input_linears()
+        if self.stacked_inputs is None or not self.stacked_inputs.holds(linears):
+            self.stacked_inputs = StackedLinears.of(linears)
+        return [] if self.stacked_inputs is None else self.stacked_inputs.arrays
+
+    def _projections(self, temporal_out: mx.array, sampled: int) -> dict[int, mx.array]:
+        """The input projection of temporal_out per slice's projection (by its id) from the
+        one product of `stacked_inputs` while it holds them, every sampled slice runs and
+        the product is the projections' own (one row, `StackedLinears.exact_for`); else none
+        (each slice projects its own)."""
+        linears, stacked = self.input_linears(), self.stacked_inputs
+        if stacked is None or sampled != self.sampled_slices or not stacked.holds(linears):
+            return {}
+        if not stacked.exact_for(temporal_out):
+            return {}
+        return {id(linear): out for linear, out in zip(linears, stacked(temporal_out))}
 
     def share_scheduled_weights(self, schedule: tuple[int, ...] | None) -> None:
         """Make each slice use the input projection and transformer of the first slice of its
@@ -166,10 +201,13 @@ class Depformer(nn.Module):
         prev = text_token
         columns = []  # (B, 1) each: concatenated and cast once, not stacked
         sampled = self.sampled_slices if codebooks is None else codebooks
+        projections = self._projections(temporal_out, sampled)
         for k, depformer_slice in enumerate(self.slices[:sampled]):
             # Else a text token not sampled, or a given token: maybe -1.
             prev_sampled = (k > 0 or text_sampled) and given is None
-            prev = sample_fn(depformer_slice.step(temporal_out, prev, ring, prev_sampled), k)
+            projected = projections.get(id(depformer_slice.linear_in))
+            logits = depformer_slice.step(temporal_out, prev, ring, prev_sampled, projected)
+            prev = sample_fn(logits, k)
             if given is not None:
                 prev = mx.where(given[1][:, k : k + 1], given[0][:, k : k + 1], prev)
             columns.append(prev)

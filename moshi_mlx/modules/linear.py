@@ -13,10 +13,14 @@ again until the next `transpose_weights`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 
-from moshi_mlx.modules.step_tricks import StepWeight
+from moshi_mlx.modules.step_tricks import QUANTIZED_PARTS, Quantization, StepWeight
 
 
 class Linear(nn.Linear):
@@ -58,3 +62,104 @@ def transpose_weights(model: nn.Module) -> list[mx.array]:
         for view in (made if isinstance(made, list) else [made])
         if view is not None
     ]
+
+
+@dataclass(frozen=True)
+class StackedLinears:
+    """Linears without bias of one input width (`Linear`s, or `nn.QuantizedLinear`s quantized
+    alike) as one: their weights' rows one after the other in one array per part (`weight`; a
+    quantized one's `scales` and `biases`), whose row ranges the linears' parts are views of
+    (no memory added once evaluated). A step computes every linear's output of one input in
+    one product and one split, not one product each; each output column is the same dot
+    product as the linear's own."""
+
+    flat: dict[str, mx.array]  # part name -> (outputs of every linear, ...)
+    views: tuple[dict[str, mx.array], ...]  # per linear, part name -> its rows of `flat`
+    transposed: mx.array | None  # a plain stack's (in, out) view of its weight
+    quantization: Quantization | None  # group size, bits, mode
+    starts: tuple[int, ...]  # each linear's first output, after the first linear's
+
+    @classmethod
+    def of(cls, linears: Sequence[nn.Module]) -> StackedLinears | None:
+        """Stack `linears`, their parts replaced by views of the stack (lazy: the caller
+        evaluates `arrays`); None unless they are `Linear`s without bias of one input width
+        and dtype, or `nn.QuantizedLinear`s without bias quantized alike."""
+        kinds = {type(linear) for linear in linears}
+        if kinds not in ({Linear}, {nn.QuantizedLinear}) or any("bias" in l for l in linears):
+            return None
+        quantized = kinds == {nn.QuantizedLinear}
+        quantization = {
+            (linear.group_size, linear.bits, linear.mode) if quantized else None
+            for linear in linears
+        }
+        names = [name for name in QUANTIZED_PARTS if name in linears[0]]
+        widths = {tuple((l[name].shape[1:], l[name].dtype) for name in names) for l in linears}
+        if len(quantization) != 1 or len(widths) != 1:
+            return None
+        starts = np.cumsum([0] + [linear.weight.shape[0] for linear in linears])
+        flat = {name: mx.concatenate([linear[name] for linear in linears]) for name in names}
+        views = tuple(
+            {name: part[starts[k] : starts[k + 1]] for name, part in flat.items()}
+            for k in range(len(linears))
+        )
+        for linear, linear_views in zip(linears, views):
+            linear.update(linear_views)
+        transposed = None if quantized else flat["weight"].T
+        return cls(flat, views, transposed, quantization.pop(), tuple(starts[1:-1].tolist()))
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """The stack's arrays, for the caller to evaluate."""
+        return [*self.flat.values(), *([] if self.transposed is None else [self.transposed])]
+
+    def holds(self, linears: Sequence[nn.Module]) -> bool:
+        """Whether `linears`' parts are still this stack's views (none was replaced)."""
+        return len(linears) == len(self.views) and all(
+            linear.get(name) is view
+            for linear, linear_views in zip(linears, self.views)
+            for name, view in linear_views.items()
+        )
+
+    @staticmethod
+    def exact_for(x: mx.array) -> bool:
+        """Whether the stack's product of x gives the linears' own numbers on every backend:
+        for one row (a matrix-vector product, each output summed along the input in an order
+        that does not depend on the outputs' count). Products of several rows may be tiled
+        (split along the input) by the outputs' count on a GPU (cuBLASLt, Metal's GEMM)."""
+        return x.size == x.shape[-1]
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        """Each linear's output of x (..., in), in the stack's order."""
+        if self.quantization is None:
+            out = x @ self.transposed
+        else:
+            group_size, bits, mode = self.quantization
+            out = mx.quantized_matmul(
+                x,
+                self.flat["weight"],
+                scales=self.flat["scales"],
+                biases=self.flat.get("biases"),
+                transpose=True,
+                group_size=group_size,
+                bits=bits,
+                mode=mode,
+            )
+        return split_last(out, list(self.starts))
+
+
+MAX_SPLIT_PARTS = 10  # MLX splits into at most this many parts in one operation, else slices
+
+
+def split_last(x: mx.array, starts: list[int]) -> list[mx.array]:
+    """x split along its last axis at `starts` in as few operations as MLX allows: one split
+    of up to `MAX_SPLIT_PARTS` parts (more: a slice per part), else the parts in groups of
+    that many, each split again."""
+    if len(starts) < MAX_SPLIT_PARTS:
+        return mx.split(x, starts, axis=-1)
+    heads = starts[MAX_SPLIT_PARTS - 1 :: MAX_SPLIT_PARTS]
+    bounds = [0, *heads, x.shape[-1]]
+    parts = []
+    for first, last, group in zip(bounds, bounds[1:], mx.split(x, heads, axis=-1)):
+        inner = [start - first for start in starts if first < start < last]
+        parts += split_last(group, inner) if inner else [group]
+    return parts

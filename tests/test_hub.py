@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from moshi_mlx.checkpoints import hub
+from moshi_mlx.checkpoints.lm_config import ConfigSource
 from moshi_mlx.errors import ConfigError, WeightsError
 
 NAMES = (hub.MIMI_FILE, hub.TOKENIZER_FILE)
@@ -43,7 +44,7 @@ def test_personaplex_publishes_bf16_only():
 def test_voices_are_found_beside_the_weights_then_in_the_weights_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(hub.WEIGHTS_ENV, str(tmp_path / "weights"))
     beside = _touch(tmp_path / "model", ("model.safetensors", hub.VOICES_FILE))
-    files = hub.WeightFiles(beside / "model.safetensors", beside, beside, None)
+    files = hub.WeightFiles(beside / "model.safetensors", beside, beside)
     assert hub.resolve_voices(files) == beside / hub.VOICES_FILE
     (beside / hub.VOICES_FILE).unlink()
     folder = _touch(tmp_path / "weights", (hub.VOICES_FILE,))
@@ -69,12 +70,12 @@ def test_weights_folder_is_searched_and_flags_win(tmp_path, monkeypatch):
         moshi=folder / "model.q8.safetensors",
         mimi=folder / hub.MIMI_FILE,
         tokenizer=folder / hub.TOKENIZER_FILE,
-        lm_config=folder / "config.json",
+        config=ConfigSource(folder / "config.json"),
     )
     mine = _touch(tmp_path / "mine", ("lm.safetensors",)) / "lm.safetensors"
     files = hub.resolve_weights(moshi_weight=mine)
     assert files.moshi == mine and files.mimi == folder / hub.MIMI_FILE
-    assert files.lm_config == folder / "config.json"  # none beside lm.safetensors
+    assert files.config.path == folder / "config.json"  # none beside lm.safetensors
 
 
 def test_a_given_file_that_is_not_safetensors_is_refused_with_its_parameter(tmp_path):
@@ -126,7 +127,7 @@ def test_files_come_from_the_hugging_face_cache(tmp_path):
     snapshot = repo_dir / "snapshots" / revision
     assert f"moshi=PosixPath('{snapshot}/model.q8.safetensors')" in done.stdout
     assert f"tokenizer=PosixPath('{snapshot}/{hub.TOKENIZER_FILE}')" in done.stdout
-    assert "lm_config=None" in done.stdout  # no config.json in the repo: the 7B preset
+    assert "config=ConfigSource(path=None, given=None)" in done.stdout  # the 7B preset
 
 
 def test_offline_without_files_says_what_to_download_and_where(tmp_path):
@@ -148,9 +149,9 @@ def test_a_local_folder_is_a_repo(tmp_path, monkeypatch):
         moshi=folder / "model.q8.safetensors",  # the most precise LM file it holds
         mimi=folder / hub.MIMI_FILE,  # the folder's, not the weights folder's
         tokenizer=folder / hub.TOKENIZER_FILE,
-        lm_config=folder / "config.json",
+        config=ConfigSource(folder / "config.json"),
     )
-    assert files.repo == str(folder) and files.config_data == {}
+    assert files.repo == str(folder) and files.config.data == {}
     (folder / hub.VOICES_FILE).write_bytes(b"x")
     assert hub.resolve_voices(files) == folder / hub.VOICES_FILE
 

@@ -24,8 +24,8 @@ from moshi_mlx.chat.persona.schedule import (
     prompt_frames,
 )
 from moshi_mlx.chat.persona.voice import load_voice_audio
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
-from moshi_mlx.checkpoints.spec import lm_config_of
 from moshi_mlx.errors import AudioError, ConfigError, WeightsError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_quant import KVQuantization

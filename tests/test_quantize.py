@@ -381,8 +381,11 @@ def test_outputs_load_strictly_in_kyutai_moshi_mlx(tmp_path, model):
         for bits, group_size in ((4, 32), (8, 64), (16, None))
     ]
     arguments = [str(tmp_path / "config.json"), json.dumps(outputs)]
-    run = subprocess.run(  # in tmp_path, so that Kyutai's moshi_mlx is imported, not ours
+    # In tmp_path and without our PYTHONPATH, so that Kyutai's moshi_mlx is imported, not ours.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    run = subprocess.run(
         [str(KYUTAI_PYTHON), "-c", _KYUTAI_SCRIPT, *arguments],
+        env=env,
         check=False,
         capture_output=True,
         text=True,

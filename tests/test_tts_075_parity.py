@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.errors import TtsError
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
@@ -26,7 +26,7 @@ GOLDEN = json.loads((FIXTURES / "golden.json").read_text())
 
 
 def _model(weights: Path) -> TtsModel:
-    config = lm_config_of(weights, config_in(FIXTURES))
+    config = lm_config_of(weights, FIXTURES / "config.json")
     lm = load_lm(weights, config, dtype=mx.float32)
     tokenizer = load_tokenizer(FIXTURES / "tokenizer.model")
     return TtsModel(lm, codec=None, tokenizer=tokenizer, files=None)

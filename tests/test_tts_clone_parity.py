@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.sampling import GREEDY
@@ -29,7 +29,7 @@ GOLDEN = Path(__file__).parent / "fixtures" / "tts_clone" / "golden.json"
 
 @pytest.fixture(scope="module")
 def model():
-    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    config = lm_config_of(FIXTURES / "weights.safetensors")
     lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
     tokenizer = load_tokenizer(FIXTURES / "tokenizer.model")
     return TtsModel(lm, codec=None, tokenizer=tokenizer, files=None)

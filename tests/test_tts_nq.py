@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.sampling import GREEDY
@@ -26,7 +26,7 @@ VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice"
 
 @pytest.fixture(scope="module")
 def lm():
-    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    config = lm_config_of(FIXTURES / "weights.safetensors")
     return load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
 
 

@@ -14,7 +14,7 @@ import pytest
 from closeness import norm_relative
 
 from moshi_mlx.chat.teacher_forcing import depformer_logits
-from moshi_mlx.checkpoints.spec import config_in, lm_config_of
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
@@ -27,7 +27,7 @@ VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice"
 
 @pytest.fixture(scope="module")
 def lm():
-    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    config = lm_config_of(FIXTURES / "weights.safetensors")
     return load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
 
 

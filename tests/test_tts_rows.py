@@ -14,8 +14,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.checkpoints.mimi import load_mimi
-from moshi_mlx.checkpoints.spec import config_in, lm_config_of
 from moshi_mlx.errors import TtsError
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
@@ -32,7 +32,7 @@ TEXTS = [row["text"] for row in RUNS["batch"]["rows"]] + [RUNS["padding_bonus"][
 
 @pytest.fixture(scope="module")
 def model(tiny_mimi_checkpoint) -> TtsModel:
-    config = lm_config_of(FIXTURES / "weights.safetensors", config_in(FIXTURES))
+    config = lm_config_of(FIXTURES / "weights.safetensors")
     lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
     path, mimi_config = tiny_mimi_checkpoint
     codec = SimpleNamespace(model=load_mimi(path, config.dep_q, mimi_config))

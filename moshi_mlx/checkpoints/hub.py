@@ -6,21 +6,21 @@ looked up in this order: a path given by the user; for a hub repo, the weights f
 (`$MOSHI_MLX_WEIGHTS`, else `./weights`); the repo (a folder's file, or the hub's through
 `hf_hub_download`, which uses and fills the usual Hugging Face cache).
 
-The config.json comes first (`find_config`): its `model_type` says which model the files are
-and names the other files (`moshi_name`, `mimi_name`, `tokenizer_name`, as Kyutai's loaders
-read them, for every model type). It is read once, here.
+The config.json comes first (`find_config`, read once by `lm_config.read_config`): its
+`model_type` says which model the files are and names the other files (`moshi_name`,
+`mimi_name`, `tokenizer_name`, as Kyutai's loaders read them, for every model type).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from moshi_mlx.checkpoints.io import read_safetensors
+from moshi_mlx.checkpoints.lm_config import ConfigSource, read_config
 from moshi_mlx.checkpoints.online import HubMiss, download
 from moshi_mlx.checkpoints.spec import (
     CONFIG_FILE,
@@ -34,7 +34,7 @@ from moshi_mlx.checkpoints.spec import (
     config_in,
 )
 from moshi_mlx.errors import ConfigError, Setting, WeightsError
-from moshi_mlx.models.config import MODEL_TYPES
+from moshi_mlx.models.lm import LmConfig
 
 _REPO_SUFFIX = re.compile(f"-({'|'.join(suffix for suffix, _ in LM_FILES.values())})$")
 WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
@@ -42,17 +42,16 @@ WEIGHTS_ENV = "MOSHI_MLX_WEIGHTS"
 
 @dataclass(frozen=True)
 class WeightFiles:
-    """Local paths of everything a model needs; `lm_config` is None for the 7B preset, `mimi`
-    and `tokenizer` when only the LM was looked for."""
+    """Local paths of everything a model needs and its config (`config.path` None: the LM
+    file says it); `mimi` and `tokenizer` are None when only the LM was looked for."""
 
     moshi: Path
     mimi: Path | None
     tokenizer: Path | None
-    lm_config: Path | None
-    # The repo (hub id or folder) files not found locally come (or would come) from, and the
-    # config.json's contents (read once): not part of equality.
+    config: ConfigSource = dataclasses.field(default_factory=ConfigSource)
+    # The repo (hub id or folder) files not found locally come (or would come) from: not part
+    # of equality.
     repo: str = dataclasses.field(default=DEFAULT_REPO, compare=False)
-    config_data: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def weights_dir() -> Path:
@@ -175,20 +174,45 @@ def _missing(repo: str, filename: str, parameter: str, miss: HubMiss) -> tuple[s
 
 
 def find_config(
-    repo: str,
-    lm_config: str | Path | None = None,
+    repo: str | None,
+    lm_config: str | Path | LmConfig | None = None,
     moshi_weight: str | Path | None = None,
     lm_file: str = LM_FILES[4][1],
     required: bool = False,
+) -> ConfigSource:
+    """A model's config, found and read (`lm_config.ConfigSource`; its `lm_config(lm_file)`
+    is the `LmConfig`). `lm_config` a path: that config.json; an `LmConfig`: that config, the
+    config.json still looked for as it names the files. Else Kyutai's config.json beside given
+    LM weights, in a local repo folder, in the weights folder, else the hub repo's, when it
+    publishes one in Kyutai's schema and its LM file (`lm_file`) is not already local; `repo`
+    None (a lone LM file) looks no further than beside it. Without one (an error if
+    `required`), the LM file says the rest."""
+    given = lm_config if isinstance(lm_config, LmConfig) else None
+    path = _config_path(repo, None if given else lm_config, moshi_weight, lm_file, required)
+    return ConfigSource(given=given) if path is None else read_config(path, given)
+
+
+def lm_config_of(lm_file: str | Path, lm_config: str | Path | LmConfig | None = None) -> LmConfig:
+    """The `LmConfig` of a lone LM file (the quantizer's input, a test's fixture):
+    `lm_config` (a config.json's path or an `LmConfig`), else the config.json beside the file,
+    else what the file says (`find_config`, then `ConfigSource.lm_config`)."""
+    return find_config(None, lm_config, lm_file).lm_config(lm_file)
+
+
+def _config_path(
+    repo: str | None,
+    lm_config: str | Path | None,
+    moshi_weight: str | Path | None,
+    lm_file: str,
+    required: bool,
 ) -> Path | None:
-    """Kyutai's config.json of a model: the given path, beside given LM weights, in a local
-    repo folder, in the weights folder, else the hub repo's, when it publishes one in
-    Kyutai's schema and its LM file (`lm_file`) is not already local. None (the LM file
-    says the rest) unless `required`."""
+    """Where `find_config` finds the config.json (None: nowhere it looks)."""
     if lm_config is not None:
         return _user_path(lm_config, "lm_config")
     if moshi_weight is not None and (beside := config_in(Path(moshi_weight).expanduser().parent)):
         return beside
+    if repo is None:
+        return None
     folder = local_folder(repo)
     if folder is not None:
         return repo_file(repo, CONFIG_FILE, "lm_config") if required else config_in(folder)
@@ -212,13 +236,13 @@ def resolve_weights(
     moshi_weight: str | Path | None = None,
     mimi_weight: str | Path | None = None,
     tokenizer: str | Path | None = None,
-    lm_config: str | Path | None = None,
+    lm_config: str | Path | LmConfig | None = None,
     default_repo: str = DEFAULT_REPO,
     config_required: bool = False,
     lm_only: bool = False,
 ) -> WeightFiles:
     """Find (downloading if needed) every file of a model; see the module docstring. The
-    config.json is found first (`find_config`) and read once; it names the files
+    config is found first (`find_config`) and read once; its config.json names the files
     (`moshi_name`, `mimi_name`, `tokenizer_name`), else the defaults are Kyutai's; `quantize`
     picks the LM file of a Moshi repo. `lm_only`: the LM file alone (and its config)."""
     repo, lm_file = repo_and_lm_file(hf_repo or default_repo, quantize)
@@ -231,10 +255,7 @@ def resolve_weights(
             if parameter != "tokenizer":
                 read_safetensors(found, parameter)
     config = find_config(repo, lm_config, moshi_weight, lm_file, config_required)
-    data = _read_config(config) if config is not None else None
-    if data is not None and data.get("model_type", "moshi") not in MODEL_TYPES:
-        raise ConfigError(_not_of_the_family(config, data))
-    names = data or {}  # a config.json names its files, whatever the model type, as Kyutai's
+    names = config.names  # a config.json names its files, whatever the model type, as Kyutai's
     if quantize is None and _names_lm_file(names, repo):
         lm_file = names.get("moshi_name", LM_FILES[16][1])
     wanted = {  # field: (file name in the repo, parameter, path given by the user)
@@ -246,7 +267,7 @@ def resolve_weights(
     found = {
         field: _find_file(repo, *wanted[field]) if field in fields else None for field in wanted
     }
-    return WeightFiles(lm_config=config, repo=repo, config_data=data, **found)
+    return WeightFiles(config=config, repo=repo, **found)
 
 
 def _names_lm_file(names: dict, repo: str) -> bool:
@@ -257,27 +278,6 @@ def _names_lm_file(names: dict, repo: str) -> bool:
         return True
     folder = local_folder(repo)
     return folder is not None and "moshi_name" in names and (folder / names["moshi_name"]).is_file()
-
-
-def _not_of_the_family(config: Path, data: dict) -> str:
-    """Why the model whose config.json is `config` (`data`) is not one `load` takes."""
-    model_type = data.get("model_type")
-    if "architectures" in data or (config.parent / "tokenizer_config.json").is_file():
-        return (
-            f"{config.parent} holds an LLM ({model_type!r}, for mlx-lm), not a model of the "
-            "Moshi family: an LLM goes to `python -m moshi_mlx serve --llm` or `assistant "
-            "--llm` (moshi_mlx.llm.LlmModel)"
-        )
-    return f"{config}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}"
-
-
-def _read_config(path: Path) -> dict:
-    """The contents of the config.json `find_config` found (read here, so that the files are
-    found in one pass); `WeightsError` if it is not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"{path} is not valid JSON: {exc}") from None
 
 
 def _find_file(repo: str, filename: str, parameter: str, given: str | Path | None) -> Path:

@@ -65,17 +65,6 @@ class SafetensorsFile:
         return layout_of(self.tensors)
 
 
-def read_json(path: str | Path) -> dict:
-    """Read a JSON file, turning a missing or malformed file into a `WeightsError`."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise WeightsError(f"file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"{path} is not valid JSON: {exc}") from None
-
-
 def input_major(weight: mx.array) -> mx.array:
     """The (out, in) `nn.Linear` weight with the same values and shape, its memory laid out
     (in, out): `x @ weight.T` then reads it contiguously, which the CPU's reference BLAS does

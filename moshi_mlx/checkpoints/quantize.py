@@ -24,16 +24,15 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from moshi_mlx.checkpoints.conversion import TensorRecipe, plan_conversion
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.checkpoints.io import SafetensorsWriter, read_safetensors
 from moshi_mlx.checkpoints.names import CheckpointFormat, Shape
 from moshi_mlx.checkpoints.spec import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     LM_FILES,
-    config_in,
     config_metadata,
     is_quantized,
-    lm_config_of,
     output_layout,
     quantization_metadata,
 )
@@ -158,7 +157,7 @@ def quantize_checkpoint(
 ) -> QuantizeResult:
     """Convert a bf16 Moshi LM checkpoint to Kyutai's MLX format, quantized to `bits` (4, 8) or
     kept bf16 (16). `group_size` defaults to 32 for 4 bits and 64 for 8 bits. The output
-    carries `config` (default: `spec.lm_config_of` the input) in its metadata, so it loads
+    carries `config` (default: `hub.lm_config_of` the input) in its metadata, so it loads
     with no config file, and every depformer slice of it (a file stored for fewer steps is
     repaired as `plan_conversion` says). Raises `MoshiError` for user errors (bad input,
     existing output without `force`)."""
@@ -182,7 +181,7 @@ def quantize_checkpoint(
     mx.reset_peak_memory()
     held_before = mx.get_active_memory()  # the caller's arrays: not the conversion's
     if config is None:
-        config = lm_config_of(input_path, config_in(input_path.parent))
+        config = lm_config_of(input_path)
     tensors = read_safetensors(input_path).tensors
     source_format, recipes = plan_conversion(
         {name: a.shape for name, a in tensors.items()},

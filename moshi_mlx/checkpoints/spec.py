@@ -1,21 +1,19 @@
 """Facts about Kyutai's published Moshi files, written once: names, quantization, config rule.
 
 Every other module asks here: the hub for file names and repos, the LM loader and the quantizer
-for which tensors are quantized and how it is recorded, the API and the quantizer for which LM
-config belongs to a checkpoint.
+for which tensors are quantized and how it is recorded (an LM file's config included).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
-from moshi_mlx.checkpoints.io import Layout, SafetensorsFile, read_json, read_safetensors
+from moshi_mlx.checkpoints.io import Layout
 from moshi_mlx.errors import ConfigError, Setting
 from moshi_mlx.models.lm import LmConfig
 from moshi_mlx.models.mimi import MimiConfig
@@ -66,8 +64,6 @@ PUBLISHERS = frozenset(
     repo.split("/")[0]
     for repo in (DEFAULT_REPO, DEFAULT_STT_REPO, DEFAULT_TTS_REPO, DEFAULT_VOICE_REPO, *KNOWN_REPOS)
 )
-# Depformer input projections, counted in either naming: how many steps a file stores.
-_DEPFORMER_STEP = re.compile(r"(?:depformer_in\.|depformer\.slices\.)([0-9]+)[.]")
 
 
 def is_quantized(shape: tuple[int, ...], group_size: int | None) -> bool:
@@ -106,30 +102,6 @@ def config_in(folder: str | Path) -> Path | None:
     """Kyutai's `config.json` in this folder (e.g. beside the LM weights), if there is one."""
     candidate = Path(folder) / CONFIG_FILE
     return candidate if candidate.is_file() else None
-
-
-def lm_config_of(
-    lm_file: str | Path | SafetensorsFile, config: str | Path | dict | LmConfig | None = None
-) -> LmConfig:
-    """The LM config of an LM file (a path, or the file opened), resolved here alone:
-    `config` when given (an `LmConfig`, a config.json's path or its contents), else the one
-    our files carry in their metadata (`CONFIG_KEY`), else the preset its layout says (a
-    16-step depformer: PersonaPlex 7B; otherwise Moshi 7B)."""
-    if isinstance(config, LmConfig):
-        return config
-    if isinstance(config, (str, Path)):
-        config = read_json(config)
-    if config is not None:
-        return LmConfig.from_dict(config)
-    file = lm_file if isinstance(lm_file, SafetensorsFile) else read_safetensors(lm_file)
-    if CONFIG_KEY in file.metadata:
-        try:
-            return LmConfig.from_dict(json.loads(file.metadata[CONFIG_KEY]))
-        except ValueError:
-            raise ConfigError(f"{file.path}: its metadata's LM config is not JSON") from None
-    steps = {m.group(1) for name in file.tensors if (m := _DEPFORMER_STEP.match(name))}
-    personaplex = LmConfig.personaplex_7b()
-    return personaplex if len(steps) == personaplex.dep_q else LmConfig.moshi_7b()
 
 
 def codec_codebooks(config: LmConfig) -> int:

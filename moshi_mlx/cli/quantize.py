@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from moshi_mlx.chat.check import check_source, compare_generation
+from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.checkpoints.quantize import quantize_checkpoint
-from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES, config_in, lm_config_of
+from moshi_mlx.checkpoints.spec import GROUP_SIZES, LM_FILES
 from moshi_mlx.cli.common import (
     CliParser,
     add_alias,
@@ -90,7 +91,7 @@ def _parser() -> CliParser:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    config = lm_config_of(args.input, args.lm_config or config_in(args.input.parent))
+    config = lm_config_of(args.input, args.lm_config)
     if args.check and config.model_type == "tts":
         raise MoshiError(
             "--check replays Moshi-style generation, which a text-to-speech model cannot run "

@@ -5,10 +5,10 @@ Each step uses what the steps before it found and never goes back to a file alre
 1. options (`LoadOptions`): the compute dtype and the KV cache's quantization, checked first.
 2. files (`checkpoints.hub.resolve_weights`): given paths, a local folder laid out like the
    hub repo, the weights folder, then the hub; the config.json is found first and read once.
-3. header and config (`checkpoints.io.read_safetensors`, `checkpoints.spec.lm_config_of`):
-   the LM file opened once (lazily: its header); the LM config, resolved in that one place
-   (given, config.json, else the header's metadata, else its layout), checked against the
-   model kind, the context and the codec.
+3. header and config (`checkpoints.io.read_safetensors`, `checkpoints.lm_config`): the LM
+   file opened once (lazily: its header); the LM config that step 2 found and read, converted
+   in that one place (given, config.json, else the header's metadata, else its layout),
+   checked against the model kind, the context and the codec.
 4. what the header says (`checkpoints.header.lm_header`): one record (`LmHeader`) of the
    tensors as loaded (MLX naming, the depformer slices held; the conversion from PyTorch
    naming planned tensor by tensor), the quantization, the parameter count and the default
@@ -45,7 +45,6 @@ from moshi_mlx.checkpoints.spec import (
     DEFAULT_TTS_REPO,
     check_codec_fits,
     codec_codebooks,
-    lm_config_of,
 )
 from moshi_mlx.errors import ConfigError, Setting, WeightsMismatchError
 from moshi_mlx.models.lm import Lm, LmConfig
@@ -174,7 +173,6 @@ def find_model(
     `kind` None takes the one the config's `model_type` says; `lm_only`: the LM alone (no
     codec or tokenizer is looked for, its memory is not counted)."""
     dtype, kv_quantization = options.compute_dtype, options.kv_quantization
-    given = options.lm_config if isinstance(options.lm_config, LmConfig) else None
     wanted = KINDS[kind or "chat"]
     files = resolve_weights(
         repo or wanted.default_repo,
@@ -182,16 +180,16 @@ def find_model(
         options.moshi_weight,
         options.mimi_weight,
         options.tokenizer,
-        None if given is not None else options.lm_config,
+        options.lm_config,
         config_required=kind is not None and wanted.config_required,
         lm_only=lm_only,
     )
     header = read_safetensors(files.moshi)
-    config = lm_config_of(header, given or files.config_data)
+    config = files.config.lm_config(header)
     found_kind = KIND_OF_MODEL_TYPE[config.model_type]
     if kind is not None and found_kind != kind:
         raise ConfigError(
-            f"{files.lm_config or files.moshi} is a {config.model_name} model, not a "
+            f"{files.config.path or files.moshi} is a {config.model_name} model, not a "
             f"{KINDS[kind].name} model"
         )
     if options.context is not None:
@@ -250,7 +248,7 @@ def load_parts(
     try:
         lm = _build_lm(found.lm, found.header.tensors, found.memory.dtype)
     except WeightsMismatchError as exc:
-        used = files.lm_config or "the one its file carries or its layout says"
+        used = files.config.path or "the one its file carries or its layout says"
         raise WeightsMismatchError(
             *exc.parts,
             f"; these LM weights do not fit the LM config ({used}): pass the config.json "

@@ -84,7 +84,7 @@ class SttModel:
         """The model of what `moshi_mlx.runtime.loading.load_parts` loaded."""
         if parts.lm.config.stt_config is None:
             raise ConfigError(
-                f"{parts.files.lm_config} is not a speech-to-text config (no stt_config)"
+                f"{parts.files.config.path} is not a speech-to-text config (no stt_config)"
             )
         return cls(parts.lm, parts.codec, parts.tokenizer, parts.files, parts.memory)
 

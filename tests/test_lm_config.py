@@ -92,12 +92,22 @@ def test_an_unknown_key_or_unsupported_value_is_a_one_line_error(change, message
 def test_an_stt_model_has_no_depformer_and_its_heads_give_probabilities():
     import mlx.core as mx
 
+    from moshi_mlx.modules.linear import transpose_weights
+
     small = STT_2B6 | {"dim": 32, "num_heads": 2, "num_layers": 1, "text_card": 50, "card": 16}
     lm = Lm(LmConfig.from_dict(small | {"extra_heads_num_heads": 4, "extra_heads_dim": 6}))
     assert not hasattr(lm, "depformer") and len(lm.extra_heads) == 4
     probabilities = lm.head_probabilities(mx.ones((3, 32)))
     assert probabilities.shape == (3, 4, 6)
     assert mx.allclose(probabilities.sum(axis=-1), mx.ones((3, 4))).item()
+    # Stacked for the step (one product for one row; several rows: one each): the same bits.
+    lm.set_dtype(mx.bfloat16)
+    outputs = [mx.random.normal((rows, 32), key=mx.random.key(rows)) for rows in (1, 3)]
+    before = [lm.head_probabilities(x.astype(mx.bfloat16)) for x in outputs]
+    mx.eval(transpose_weights(lm))
+    assert lm.stacked_heads.holds(lm.extra_heads)
+    after = [lm.head_probabilities(x.astype(mx.bfloat16)) for x in outputs]
+    assert all(mx.array_equal(a, b).item() for a, b in zip(after, before))
 
 
 def test_lut_conditioners_are_built_and_checked():

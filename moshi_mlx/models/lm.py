@@ -24,7 +24,7 @@ from moshi_mlx.models.depformer import Depformer, zero_no_input
 from moshi_mlx.modules.embeddings import StackedTables, make_embedding
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
-from moshi_mlx.modules.linear import Linear
+from moshi_mlx.modules.linear import Linear, StackedLinears
 from moshi_mlx.modules.transformer import CrossKV, RMSNorm, Transformer
 
 
@@ -53,6 +53,8 @@ class Lm(nn.Module):
             Linear(config.dim, config.extra_heads_dim, bias=False)
             for _ in range(config.extra_heads_num_heads)
         ]
+        # Not a parameter: set by `transpose_weight` (`transpose_weights`), never saved.
+        self.stacked_heads: StackedLinears | None = None
         if config.dep_q:
             self.depformer = Depformer(config, config.dep_q if full_depformer else None)
         if config.conditioners:
@@ -111,14 +113,18 @@ class Lm(nn.Module):
     def transpose_weight(self) -> list[mx.array]:
         """`transpose_weights`' hook for the LM itself: stack the input streams' tables
         (`stacked_tables`, `StackedTables`; the audio tables alone where the text's does not
-        stack with them, e.g. the TTS's two-stream one) unless they still are; the stack's
-        arrays, for the caller to evaluate (none: tables that do not stack, looked up one by
-        one)."""
+        stack with them, e.g. the TTS's two-stream one) and the extra heads (`stacked_heads`,
+        `StackedLinears`: one product) unless they still are; the stacks' arrays, for the
+        caller to evaluate (none: tables that do not stack, looked up one by one)."""
         stacked = self.stacked_tables
         if stacked is None or not (stacked.holds(self.tables) or stacked.holds(self.audio_embs)):
             stacked = StackedTables.of(self.tables) or StackedTables.of(self.audio_embs)
             self.stacked_tables = stacked
-        return [] if stacked is None else list(stacked.flat.values())
+        heads = self.stacked_heads
+        if self.extra_heads and (heads is None or not heads.holds(self.extra_heads)):
+            heads = self.stacked_heads = StackedLinears.of(self.extra_heads)
+        arrays = [] if stacked is None else list(stacked.flat.values())
+        return arrays + ([] if heads is None else heads.arrays)
 
     def prefill(self, embeddings: mx.array, ring: KVRing) -> KVRing:
         """The temporal transformer over the first T inputs at once, given as their summed
@@ -136,7 +142,12 @@ class Lm(nn.Module):
     def head_probabilities(self, temporal_out: mx.array) -> mx.array:
         """The extra heads' class probabilities of a normed temporal output (B, dim) ->
         (B, extra_heads_num_heads, extra_heads_dim) (STT: voice activity)."""
-        logits = mx.stack([head(temporal_out) for head in self.extra_heads], axis=1)
+        stacked, heads = self.stacked_heads, self.extra_heads
+        if stacked is not None and stacked.holds(heads) and stacked.exact_for(temporal_out):
+            # One product, read as (B, heads, dim).
+            logits = stacked.product(temporal_out).reshape(temporal_out.shape[0], len(heads), -1)
+        else:
+            logits = mx.stack([head(temporal_out) for head in heads], axis=1)
         return mx.softmax(logits.astype(mx.float32), axis=-1)
 
     def step_text(

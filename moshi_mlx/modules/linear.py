@@ -128,23 +128,25 @@ class StackedLinears:
         (split along the input) by the outputs' count on a GPU (cuBLASLt, Metal's GEMM)."""
         return x.size == x.shape[-1]
 
+    def product(self, x: mx.array) -> mx.array:
+        """The linears' outputs of x (..., in) side by side (..., sum of their outputs)."""
+        if self.quantization is None:
+            return x @ self.transposed
+        group_size, bits, mode = self.quantization
+        return mx.quantized_matmul(
+            x,
+            self.flat["weight"],
+            scales=self.flat["scales"],
+            biases=self.flat.get("biases"),
+            transpose=True,
+            group_size=group_size,
+            bits=bits,
+            mode=mode,
+        )
+
     def __call__(self, x: mx.array) -> list[mx.array]:
         """Each linear's output of x (..., in), in the stack's order."""
-        if self.quantization is None:
-            out = x @ self.transposed
-        else:
-            group_size, bits, mode = self.quantization
-            out = mx.quantized_matmul(
-                x,
-                self.flat["weight"],
-                scales=self.flat["scales"],
-                biases=self.flat.get("biases"),
-                transpose=True,
-                group_size=group_size,
-                bits=bits,
-                mode=mode,
-            )
-        return split_last(out, list(self.starts))
+        return split_last(self.product(x), list(self.starts))
 
 
 MAX_SPLIT_PARTS = 10  # MLX splits into at most this many parts in one operation, else slices

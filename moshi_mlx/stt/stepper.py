@@ -22,7 +22,7 @@ import numpy as np
 from moshi_mlx.errors import MoshiError, removed_names
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import GREEDY, Sampling
+from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
@@ -49,9 +49,12 @@ class SttStepFunction(StepFunction):
             )
         kv = self.kv_ring(state)
         temporal_out, text_logits = lm.step_text(inputs, kv)
-        key, text_key = mx.random.split(state.key)
-        text = self.text_sampling.sample(text_logits, text_key)
-        tokens = delayed.write_column(tokens, t + 1, text[:, None], slice(0, 1))
+        key, noise = state.key, None
+        if self.text_sampling.draws:  # a greedy step draws nothing: its key stays
+            key, text_key = mx.random.split(state.key)
+            noise = gumbel_noise(text_logits.shape, text_key)
+        text = self.text_sampling.sample_column(text_logits, noise)  # (B, 1)
+        tokens = delayed.write_column(tokens, t + 1, text, slice(0, 1))
         out = delayed.frame_out(tokens, t, slice(0, 1))[:, 0]
         heads = (
             lm.head_probabilities(temporal_out)

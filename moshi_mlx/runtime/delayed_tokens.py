@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from moshi_mlx.models.config import LmConfig
 
@@ -34,6 +35,7 @@ class DelayedTokens:
     start_tokens: mx.array  # (K,) int32
     max_delay: int
     width: int
+    delay_steps: tuple[int, ...] = ()  # the delays on the host (`delay_column`)
 
     @classmethod
     def of(cls, config: LmConfig) -> DelayedTokens:
@@ -43,7 +45,15 @@ class DelayedTokens:
             start_tokens=mx.array(config.start_tokens, mx.int32),
             max_delay=config.max_delay,
             width=delayed_tokens_width(config),
+            delay_steps=tuple(config.delays),
         )
+
+    def delay_column(self, rows: slice) -> mx.array:
+        """The delays of `rows` as a (rows, 1) int32 constant: a step reads it as it is, with
+        no slice of `delays` or expansion (from `delay_steps`; without them, `delays`')."""
+        if not self.delay_steps:
+            return self.delays[rows, None]
+        return mx.array(np.array(self.delay_steps[rows], np.int32)[:, None])
 
     def empty(self, *batch: int) -> mx.array:
         """A buffer (*batch, K, width) with nothing written."""
@@ -64,32 +74,32 @@ class DelayedTokens:
     ) -> mx.array:
         """`tokens` with the tokens (..., rows) of frame `frame` written at their delays:
         stream k's at column frame + delays[k]."""
-        return self._write(tokens, frame + self.delays[rows], values, rows)
+        return self._write(tokens, frame + self.delay_column(rows), values, rows)
 
     def write_column(
         self, tokens: mx.array, step: mx.array, values: mx.array, rows: slice = slice(None)
     ) -> mx.array:
         """`tokens` with the tokens (..., rows) written at step `step`'s column (tokens
         sampled one step before, already delayed)."""
-        count = len(range(self.delays.shape[0])[rows])
-        return self._write(tokens, mx.broadcast_to(step, (count,)), values, rows)
+        return self._write(tokens, step, values, rows)
 
     def frame_out(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
         """After step `step` wrote its tokens: those (..., rows) of frame step + 1 - max_delay,
         each stream read at its delay."""
         block = tokens[..., rows, :]
-        columns = (step + 1 - self.max_delay + self.delays[rows] + self.width) % self.width
-        index = mx.broadcast_to(columns[:, None], (*block.shape[:-1], 1))
+        columns = (step + 1 - self.max_delay + self.delay_column(rows) + self.width) % self.width
+        index = mx.broadcast_to(columns, (*block.shape[:-1], 1))
         return mx.take_along_axis(block, index, axis=-1)[..., 0]
 
     def _write(
         self, tokens: mx.array, columns: mx.array, values: mx.array, rows: slice
     ) -> mx.array:
-        """tokens with tokens[..., k, columns[k] % width] = values[..., k] for k in `rows`."""
+        """tokens with tokens[..., k, column % width] = values[..., k] for k in `rows`, the
+        columns (rows, 1) one per row, or () one for all."""
         first, last, stride = rows.indices(tokens.shape[-2])
         assert stride == 1, "rows are a contiguous slice"
         block = tokens[..., first:last, :]
-        index = mx.broadcast_to((columns % self.width)[:, None], (*block.shape[:-1], 1))
+        index = mx.broadcast_to(columns % self.width, (*block.shape[:-1], 1))
         written = mx.put_along_axis(block, index, values[..., None].astype(tokens.dtype), axis=-1)
         if first == 0 and last == tokens.shape[-2]:
             return written

@@ -2,8 +2,8 @@
 
 - `live_websocket` and `SilenceWatchdog` notice a websocket peer that froze or vanished;
   `broken_reason` says why one broke.
-- `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown, with
-  `close_going_away`) stops each; `BinaryMessages` reads a session's client messages;
+- `Sessions` caps a websocket route's sessions and runs, logs and (at shutdown,
+  `StoppableConnection.stop`) stops each; `BinaryMessages` reads a session's client messages;
   `first_to_end` races a session's tasks (the client's
   messages, the model's results, watchdogs); `send_and_close` and `close_ended` end one.
 - `stop_on_sigterm` makes SIGTERM (how launchd and systemd stop a service) act as Ctrl-C.
@@ -114,6 +114,24 @@ class LiveConnection(Protocol):
     async def stop(self) -> None:
         """End the session: the server is shutting down."""
         ...
+
+
+class StoppableConnection:
+    """The part of a `LiveConnection` every route shares: `stop` closes its websocket with
+    1001 (going away), after which `_ended` gives "the server is stopping" as the reason."""
+
+    def __init__(self, ws: web.WebSocketResponse):
+        self._ws = ws
+        self._stopping = False
+
+    async def stop(self) -> None:
+        """Close with 1001 (going away): the server is shutting down."""
+        self._stopping = True
+        await close_going_away(self._ws)
+
+    def _ended(self, reason: str) -> str:
+        """Why the session ended, for the log: `reason`, unless the server stopped it."""
+        return "the server is stopping" if self._stopping else reason
 
 
 class Sessions:

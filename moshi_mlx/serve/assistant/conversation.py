@@ -30,8 +30,8 @@ from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.sessions import (
     BinaryMessages,
     SilenceWatchdog,
+    StoppableConnection,
     close_ended,
-    close_going_away,
     first_to_end,
 )
 
@@ -65,7 +65,7 @@ class AssistantConfig:
     models: Mapping[str, str] = field(default_factory=dict)  # "stt", "tts", "llm" -> name
 
 
-class AssistantConnection:
+class AssistantConnection(StoppableConnection):
     """One websocket's conversation (a `serve.sessions.LiveConnection`)."""
 
     def __init__(
@@ -75,7 +75,7 @@ class AssistantConnection:
         make_parts: MakeParts,
         config: AssistantConfig,
     ):
-        self._ws = ws
+        super().__init__(ws)
         self._thread = thread
         self._make_parts = make_parts
         self._config = config
@@ -84,7 +84,6 @@ class AssistantConnection:
         self._opus_out = OpusFrameWriter(SAMPLE_RATE)
         self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
         self._assistant: Assistant | None = None
-        self._stopping = False
 
     async def run(self) -> str:
         """Converse until the client leaves or something ends it; returns why, for the log."""
@@ -99,12 +98,7 @@ class AssistantConnection:
             if self._assistant is not None:
                 await self._assistant.close()
             await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
-
-    async def stop(self) -> None:
-        """Close with 1001 (going away): the server is shutting down."""
-        self._stopping = True
-        await close_going_away(self._ws)
+        return self._ended(reason)
 
     async def _converse(self) -> str:
         parts = await self._make_parts()

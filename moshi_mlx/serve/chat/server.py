@@ -32,8 +32,8 @@ from moshi_mlx.serve.sessions import (
     BinaryMessages,
     Sessions,
     SilenceWatchdog,
+    StoppableConnection,
     close_ended,
-    close_going_away,
     first_to_end,
     live_websocket,
 )
@@ -123,7 +123,7 @@ class _ChatHandler:
         return ws
 
 
-class _Conversation:
+class _Conversation(StoppableConnection):
     """One websocket: decode the client's audio, feed its session, send Moshi's replies."""
 
     def __init__(
@@ -133,7 +133,7 @@ class _Conversation:
         limits: Limits,
         query: Mapping[str, str],
     ):
-        self._ws = ws
+        super().__init__(ws)
         self._service = service
         self._limits = limits
         self._query = query
@@ -145,7 +145,6 @@ class _Conversation:
         self._early: deque = deque(maxlen=4 * service.settings.max_lag_frames + 16)
         self._conversing = asyncio.Event()
         self._silence = SilenceWatchdog(limits.client_silence_timeout)
-        self._stopping = False
         self._unreported_drops = 0
         self._total_dropped = 0
         self._last_lag_notice = -LAG_NOTICE_EVERY_SECONDS
@@ -168,12 +167,7 @@ class _Conversation:
             if self._session is not None:
                 self._session.close()
             await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
-
-    async def stop(self) -> None:
-        """Close with 1001 (going away): the server is shutting down."""
-        self._stopping = True
-        await close_going_away(self._ws)
+        return self._ended(reason)
 
     async def _send(self, message: bytes) -> None:
         self._last_sent = time.monotonic()

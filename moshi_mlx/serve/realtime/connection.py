@@ -27,9 +27,9 @@ from moshi_mlx.serve.bodies import BadBody, json_value
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.sessions import (
+    StoppableConnection,
     broken_reason,
     close_ended,
-    close_going_away,
     first_to_end,
 )
 
@@ -48,19 +48,18 @@ class SessionEnded(Exception):
 MakeSession = Callable[[Callable[[dict[str, Any]], None]], Awaitable[RealtimeSession]]
 
 
-class RealtimeConnection:
+class RealtimeConnection(StoppableConnection):
     """One client's session (a `serve.sessions.LiveConnection`); `make_session(emit)` builds
     it (not started)."""
 
     def __init__(self, ws: web.WebSocketResponse, make_session: MakeSession, limits: Limits):
-        self._ws = ws
+        super().__init__(ws)
         self._make_session = make_session
         self._limits = limits
         self._outbox: deque[str] = deque()
         self._unsent = 0
         self._ready = asyncio.Event()
         self._overflow = asyncio.Event()
-        self._stopping = False
         self.session: RealtimeSession | None = None
 
     async def run(self) -> str:
@@ -83,12 +82,7 @@ class RealtimeConnection:
             if self.session is not None:
                 await self.session.close()
             await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
-
-    async def stop(self) -> None:
-        """Close with 1001 (going away): the server is shutting down."""
-        self._stopping = True
-        await close_going_away(self._ws)
+        return self._ended(reason)
 
     def _emit(self, event: dict[str, Any]) -> None:
         text = json.dumps(event, separators=(",", ":"))

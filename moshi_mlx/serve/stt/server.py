@@ -32,8 +32,8 @@ from moshi_mlx.serve.sessions import (
     BinaryMessages,
     Sessions,
     SilenceWatchdog,
+    StoppableConnection,
     close_ended,
-    close_going_away,
     first_to_end,
     live_websocket,
     send_and_close,
@@ -153,11 +153,11 @@ async def _fail(ws: web.WebSocketResponse, reason: str) -> None:
     await send_and_close(ws, protocol.error(without_paths(reason)))
 
 
-class _SttConnection:
+class _SttConnection(StoppableConnection):
     """One websocket: the client's audio and markers to the worker, its results back."""
 
     def __init__(self, ws: web.WebSocketResponse, worker: SttWorker, config: SttServerConfig):
-        self._ws = ws
+        super().__init__(ws)
         self._worker = worker
         self._config = config
         self._unsent: asyncio.Queue[bytes | StreamFailed] = asyncio.Queue()
@@ -166,7 +166,6 @@ class _SttConnection:
         self._stalled = asyncio.Event()
         self._silence = SilenceWatchdog(config.limits.client_silence_timeout)
         self._started = time.monotonic()
-        self._stopping = False
 
     async def run(self) -> str:
         """Transcribe until the client leaves or something ends it; returns why, for the log."""
@@ -187,16 +186,10 @@ class _SttConnection:
             await _fail(self._ws, failure)
         else:
             await close_ended(self._ws)
-        if self._stopping:
-            reason = "the server is stopping"
+        reason = self._ended(reason)
         if silent := self._channel.silent_steps:
             reason += f" ({silent} steps heard silence: its audio came late)"
         return reason
-
-    async def stop(self) -> None:
-        """Close with 1001 (going away): the server is shutting down."""
-        self._stopping = True
-        await close_going_away(self._ws)
 
     def _on_event(self, event: Opened | Stepped | MarkerReached | StreamFailed) -> None:
         """A worker result, on the loop: queued for the client as protocol messages."""

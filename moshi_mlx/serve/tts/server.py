@@ -37,8 +37,8 @@ from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.logtext import capped, without_paths
 from moshi_mlx.serve.sessions import (
     Sessions,
+    StoppableConnection,
     close_ended,
-    close_going_away,
     first_to_end,
     live_websocket,
 )
@@ -288,7 +288,7 @@ class _Ended(Exception):
     """The stream cannot go on; the reason goes to the client as an Error."""
 
 
-class _Connection:
+class _Connection(StoppableConnection):
     """One websocket: text in, audio and word timings out."""
 
     def __init__(
@@ -299,14 +299,13 @@ class _Connection:
         options: SessionOptions,
         encoder: _Encoder,
     ):
-        self._ws = ws
+        super().__init__(ws)
         self._context = context
         self._streams = streams
         self._options = options
         self._encoder = encoder
         self._events: asyncio.Queue[SessionEvent] = asyncio.Queue()
         self._session: TtsSession | None = None
-        self._stopping = False
 
     async def run(self) -> str:
         if ready := self._encoder.message(protocol.ready()):
@@ -327,11 +326,7 @@ class _Connection:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._ws.send_bytes(message)
         await close_ended(self._ws)
-        return "the server is stopping" if self._stopping else reason
-
-    async def stop(self) -> None:
-        self._stopping = True
-        await close_going_away(self._ws)
+        return self._ended(reason)
 
     def _started(self) -> TtsSession:
         if self._session is None:

@@ -45,13 +45,7 @@ import numpy as np
 import torch
 from fixture_weights import print_sizes
 from hibiki_zero.inference import get_lmgen
-from make_stt_fixtures import (
-    build_lm,
-    recorded_calls,
-    save_weights,
-    train_tokenizer,
-    write_config,
-)
+from make_stt_fixtures import build_lm, recorded_calls, save_weights, train_tokenizer, write_config
 from moshi.models.lm import LMModel
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,13 +38,7 @@ import numpy as np
 import sentencepiece
 import torch
 from fixture_weights import print_sizes
-from make_stt_fixtures import (
-    build_lm,
-    recorded_calls,
-    save_weights,
-    train_tokenizer,
-    write_config,
-)
+from make_stt_fixtures import build_lm, recorded_calls, save_weights, train_tokenizer, write_config
 from make_word_time_fixtures import KYUTAI_GIT, load_kyutai_function
 from moshi.models.lm import LMGen, LMModel
 

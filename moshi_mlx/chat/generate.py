@@ -128,7 +128,8 @@ class ChatStepFunction(StepFunction):
         key, text_key, audio_key = mx.random.split(key, 3)
         if guided:
             text_logits = self._guide(text_logits)
-        text = self.text_sampling.sample(text_logits, text_key)
+        text_noise = gumbel_noise(text_logits.shape, text_key) if self.text_sampling.draws else None
+        text = self.text_sampling.sample_column(text_logits, text_noise)  # (B, 1)
         # Every codebook's noise in one draw, split once: (B, card) each.
         noises = [None] * config.moshi_codebooks
         if audio_sampling.draws:
@@ -136,7 +137,7 @@ class ChatStepFunction(StepFunction):
             noises = mx.split(gumbel_noise(shape, audio_key), config.moshi_codebooks, axis=-1)
         forced = None
         if given is not None:
-            text = mx.where(given[0], given_tokens[0], text)
+            text = mx.where(given[0], given_tokens[0], text.astype(mx.int32))
             forced = (given_tokens[None, 1:], given[None, 1:])
         audio_logits = []
 
@@ -148,10 +149,11 @@ class ChatStepFunction(StepFunction):
             return mx.concatenate([token, token]) if guided else token  # both rows go on
 
         prev = mx.concatenate([text, text]) if guided else text
-        audio = self.lm.depformer.sample_step(
-            temporal_out, prev, sample_audio, forced, text_sampled=True
-        )
-        return mx.concatenate([text, audio[0]]), key, text_logits, audio_logits
+        tokens = self.lm.depformer.sample_step(
+            temporal_out, prev, sample_audio, forced, text_sampled=True, with_text=True
+        )  # (B, 1 + moshi_codebooks): the text, then the codebooks
+        generated = tokens.reshape(-1) if tokens.shape[0] == 1 else tokens[0]
+        return generated, key, text_logits, audio_logits
 
     def step(
         self, state: StepState, user_codes: mx.array, condition: mx.array | None = None

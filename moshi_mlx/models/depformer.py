@@ -189,19 +189,26 @@ class Depformer(nn.Module):
         given: tuple[mx.array, mx.array] | None = None,
         codebooks: int | None = None,
         text_sampled: bool = False,
+        with_text: bool = False,
     ) -> mx.array:
         """Sample one step's codebooks, in `mx.compile`-able form: temporal_out (B, lm_dim),
-        text_token (B,) -> (B, codebooks) (default: moshi_codebooks; fewer: the later slices
-        do not run). Each token feeds the next slice in one graph; the slices share a `StepKV`
-        made for the step (slice k at position k). `given`, tokens and a mask (B, slices),
-        forces codebooks (a prompt's): a given token is returned, and fed to the next slice,
-        in place of the sampled one. `text_sampled`: the text token was sampled, so never
-        `ZERO_TOKEN` (slice 0's embedding of it needs no test either)."""
+        text_token (B,) or a column (B, 1) -> (B, codebooks) (default: moshi_codebooks; fewer:
+        the later slices do not run), int32; `with_text`: (B, 1 + codebooks), the text token's
+        column first (a column `text_token` only). Each token feeds the next slice in one
+        graph; the slices share a `StepKV` made for the step (slice k at position k). `given`,
+        tokens and a mask (B, slices), forces codebooks (a prompt's): a given token is
+        returned, and fed to the next slice, in place of the sampled one. `text_sampled`: the
+        text token was sampled, so never `ZERO_TOKEN` (slice 0's embedding of it needs no
+        test either)."""
         ring = StepKV(len(self.slices[0].transformer.layers), temporal_out.dtype)
         prev = text_token
-        columns = []  # (B, 1) each: concatenated and cast once, not stacked
+        # (B, 1) each: concatenated and cast once, not stacked
+        columns = [text_token] if with_text else []
         sampled = self.sampled_slices if codebooks is None else codebooks
         projections = self._projections(temporal_out, sampled)
+        if given is not None:  # each slice's given tokens and mask columns, split once
+            parts = [part if part.shape[1] == sampled else part[:, :sampled] for part in given]
+            given_columns = list(zip(*(mx.split(part, sampled, axis=1) for part in parts)))
         for k, depformer_slice in enumerate(self.slices[:sampled]):
             # Else a text token not sampled, or a given token: maybe -1.
             prev_sampled = (k > 0 or text_sampled) and given is None
@@ -209,7 +216,8 @@ class Depformer(nn.Module):
             logits = depformer_slice.step(temporal_out, prev, ring, prev_sampled, projected)
             prev = sample_fn(logits, k)
             if given is not None:
-                prev = mx.where(given[1][:, k : k + 1], given[0][:, k : k + 1], prev)
+                tokens, mask = given_columns[k]
+                prev = mx.where(mask, tokens, prev)
             columns.append(prev)
             ring = ring.advanced()
         return mx.concatenate(columns, axis=1).astype(mx.int32)

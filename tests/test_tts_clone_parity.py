@@ -16,10 +16,11 @@ import pytest
 from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.errors import AudioError, TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
-from moshi_mlx.runtime.sampling import GREEDY
+from moshi_mlx.runtime.sampling import GREEDY, Sampling
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
-from moshi_mlx.tts.prefix import recording_codes, split_recording
+from moshi_mlx.tts.prefix import AudioPrefixes, recording_codes, split_recording
+from moshi_mlx.tts.stepper import TtsStepper
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import DEFAULT_VOICE, is_recording
 
@@ -93,3 +94,42 @@ def test_a_voice_is_a_recording_when_its_audio_file_exists(tmp_path):
     )
     with pytest.raises(TtsError, match="one recording to clone a voice from, not 2"):
         split_recording(["speech.wav", "other.flac"], tmp_path)
+
+
+def _token_log(model, request, sampling, seed) -> tuple[list, list]:
+    """Every step's (predicted, fed) text tokens and frames of `request` run alone."""
+    run = TtsRun(model, [request], sampling, sampling, seed=seed)
+    run.schedules[0].push(model.entries(request.text))
+    run.schedules[0].close()
+    logged, frames = [], []
+    while not run.finished:
+        tokens = run.step_tokens()
+        logged.append((tokens.predicted[0], tokens.fed[0]))
+        if tokens.frame is not None:
+            frames.append(np.array(tokens.frame[0]).tolist())
+    return logged, frames
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bf16"])
+def test_the_prefix_steps_skip_the_depformer_and_change_no_token(dtype, monkeypatch):
+    """While every codebook a step writes is the prefix's (or "no input"), the depformer
+    does not run (`AudioPrefixes.replaced`): greedy and sampled (fixed seed), every token and
+    frame equals a run whose depformer runs at every step (its samples replaced), the random
+    draws of the later steps included (the depformer's come from a key of their own)."""
+    config = lm_config_of(FIXTURES / "weights.safetensors")
+    lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=dtype)
+    model = TtsModel(lm, None, load_tokenizer(FIXTURES / "tokenizer.model"), files=None)
+    codes = np.random.default_rng(5).integers(0, config.card, (config.dep_q, 12))
+    voice = FIXTURES / "voices" / "alice.safetensors"
+    request = TtsRequest("Hello there, how are you?", (voice,), 2.0, prefix=codes)
+    ran = []
+    step = TtsStepper.step
+    monkeypatch.setattr(TtsStepper, "step", lambda s, *a: ran.append(a[3]) or step(s, *a))
+    for sampling, seed in ((GREEDY, 0), (Sampling(0.8, 50), 7)):
+        ran.clear()
+        skipped = _token_log(model, request, sampling, seed)
+        start = model.delay_steps + min(config.delays[1:])
+        assert ran[: start + 12] == [False] * (start + 12) and ran[start + 12]
+        with monkeypatch.context() as always:
+            always.setattr(AudioPrefixes, "replaced", lambda *_: False)
+            assert skipped == _token_log(model, request, sampling, seed)

@@ -202,7 +202,11 @@ class TtsBatch:
                 if_word[row] = otherwise[row] = ZERO_TOKEN
             else:
                 if_word[row], otherwise[row] = busy.schedule.speculate()
-        audio = any(busy.step >= self.model.delay_steps for busy in self._busy.values())
+        audio = any(  # the depformer's samples are kept in some row
+            busy.step >= self.model.delay_steps
+            and not busy.prefix.replaced(busy.step, self.model.codebooks)
+            for busy in self._busy.values()
+        )
         out = self._stepper.step(if_word, otherwise, self._forced(), depformer=audio)
         decoded = self._queue_decodes(out.frame)
         states = [self._busy[row].mimi_state.state for row in decoded]

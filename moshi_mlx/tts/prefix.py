@@ -107,6 +107,17 @@ class AudioPrefixes:
         """Whether row `row` still reads its prefix's text ("no input") at `step`."""
         return step < self.length(row)
 
+    def replaced(self, step: int, codebooks: int) -> bool:
+        """Whether every row's first `codebooks` audio tokens at `step` are its prefix's codes
+        or "no input" (its codebook not started): whatever the depformer would sample then
+        is replaced, so it need not run (its draws come from a key of their own)."""
+        for prefix in self._codes:
+            if prefix is None or prefix.shape[0] < codebooks:
+                return False
+            if step >= int(self.audio_start[:codebooks].min()) + prefix.shape[1]:
+                return False
+        return True
+
     def forced(self, step: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The audio codes and mask (B, dep_q) that replace step `step`'s samples, or None
         when no codebook of any row is forced then."""

@@ -367,7 +367,10 @@ class TtsRun:
             for row, s in enumerate(self.schedules)
         ]
         words, others = [o.word for o in outcomes], [o.other for o in outcomes]
-        return t, self.stepper.step(words, others, self.prefixes.forced(t))
+        depformer = t >= self.model.delay_steps and not self.prefixes.replaced(
+            t, self.model.codebooks
+        )
+        return t, self.stepper.step(words, others, self.prefixes.forced(t), depformer)
 
     def _commit(self, t: int, out: StepOutput) -> TtsTokens:
         """Step `t`'s predictions into the schedules (read on the host: a wait unless they

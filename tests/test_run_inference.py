@@ -216,6 +216,21 @@ def test_translation_stops_its_audio_lag_after_the_end_of_text(end):
     np.testing.assert_array_equal(frames, np.arange(1, last + 1))
 
 
+def test_hibiki_zero_hears_its_lead_in_silence_and_keeps_none_of_its_audio():
+    """Hibiki-Zero's `lead_in` (its `max_delay`, 2): two frames of silence before the source,
+    as `hibiki-zero generate` warms its `LMGen` up; the audio starts with the third step's
+    (the model's first frame), not with the two silent frames the delays give."""
+    conversation = _EndingConversation(end=6)
+    fed = []
+    step = conversation.step
+    conversation.step = lambda pcm: fed.append(pcm) or step(pcm)
+    source = np.ones(3 * FRAME, np.float32)
+    pcm = translate(conversation, source, FRAME, audio_lag=2, lead_in=2)
+    assert [None if f is None else float(f.max()) for f in fed[:6]] == [0, 0, 1, 1, 1, None]
+    frames = pcm.reshape(-1, FRAME)[:, 0]
+    np.testing.assert_array_equal(frames, np.arange(3, 6 + 2 + 1))
+
+
 # --- --tokens ---------------------------------------------------------------------------------
 def test_tokens_file_holds_every_step_the_api_produced(tmp_path, capsys, speech, flags):
     """--tokens writes the text token, Moshi's codes and the inputs of every step: those the

@@ -102,12 +102,20 @@ def translate(
     frame_size: int,
     audio_lag: int,
     on_step: OnStep | None = None,
+    lead_in: int = 0,
 ) -> np.ndarray:
     """Hibiki: `converse` over the source, then its end-of-input frame and silence until the
     text ends (`max_tail_frames` at most) and the `audio_lag` frames of audio behind that
     text (the LM's `max_delay`) have played; the translation's audio from the source's start.
-    An end of text sampled before the end of input is not one (Kyutai's rule)."""
-    replies = [converse(conversation, source_pcm, frame_size, on_step)]
+    An end of text sampled before the end of input is not one (Kyutai's rule).
+
+    `lead_in` frames of silence go before the source, their steps' audio not kept (Hibiki-Zero:
+    its `max_delay`, as the `hibiki-zero` package's `generate` warms its `LMGen` up): the
+    model hears the source after them, and the audio starts with the model's first frame, not
+    with the silence a conversation gives while the delays fill."""
+    lead = np.zeros(lead_in * frame_size, np.float32)
+    spoken = converse(conversation, np.concatenate([lead, source_pcm]), frame_size, on_step)
+    replies = [spoken[len(lead) :]]
     silence = np.zeros(frame_size, np.float32)
     result, ended_at = conversation.end_of_input(), None
     for frame in range(max_tail_frames(-(-len(source_pcm) // frame_size))):
@@ -173,7 +181,8 @@ def _run(argv: Sequence[str] | None) -> int:
     with conversation:
         if model.lm.config.model_type == "hibiki":
             lag = model.lm.config.max_delay
-            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, on_step=show)
+            lead_in = lag if model.lm.config.model_name == "Hibiki-Zero" else 0
+            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, show, lead_in)
         else:
             moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_step=show)
         seed = conversation.seed

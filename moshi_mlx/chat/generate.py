@@ -276,7 +276,8 @@ class ChatStepper(Stepper):
     def _user_array(self, user_codes: np.ndarray | mx.array) -> mx.array:
         if not isinstance(user_codes, mx.array):
             user_codes = mx.array(np.asarray(user_codes).astype(np.int32))
-        codes = user_codes.reshape(-1)
+        # Reshaped only when not flat already: a reshape is one more operation a step to run.
+        codes = user_codes if user_codes.ndim == 1 else user_codes.reshape(-1)
         expected = self.lm.config.num_user_codebooks
         if codes.shape != (expected,):
             raise MoshiError(

@@ -19,6 +19,14 @@ from moshi_mlx.models.condition_config import (
     Fuser,
     conditioner_from_dict,
 )
+from moshi_mlx.models.config_keys import (
+    DEPFORMER_KEYS,
+    FIXED_KEYS,
+    REQUIRED_KEYS,
+    WRITTEN_FIXED_KEYS,
+    check_positive_int,
+    is_personaplex_in_nvidia_terms,
+)
 from moshi_mlx.models.config_sections import GenDefaults, ModelId, SttTiming, TtsTiming
 from moshi_mlx.modules.transformer import TransformerConfig
 
@@ -28,36 +36,6 @@ _POSITIONAL = ("rope", "rope_concat", "none")  # interleaved, split-halves or no
 _DEPFORMER_NORMS = (None, "layer_norm")
 _GENERATORS = ("moshi", "personaplex")
 MODEL_TYPES = ("moshi", "stt", "hibiki", "tts")
-
-# Keys of Kyutai's config.json that change the architecture in ways this model does not
-# implement, with the only value accepted for each (None also accepts false, 0 and {}).
-_FIXED_KEYS: dict[str, Any] = {
-    "causal": True,
-    "depformer_causal": True,
-    "layer_scale": None,
-    "depformer_layer_scale": None,
-    "depformer_multi_linear": True,
-    "depformer_weights_per_step": True,
-    "norm_emb": False,
-    "bias_proj": False,
-    "bias_ff": False,
-    "bias_attn": False,
-    "depformer_kv_repeat": 1,
-    "depformer_gating": "silu",
-    "lora_name": None,
-    "mimi_config_name": None,
-}
-# The fixed keys written out by `to_dict`, as the reference's defaults differ from Moshi's.
-_WRITTEN_FIXED_KEYS = (
-    "causal",
-    "layer_scale",
-    "depformer_layer_scale",
-    "depformer_multi_linear",
-    "depformer_weights_per_step",
-    "depformer_gating",
-)
-_REQUIRED_KEYS = ("dim", "num_heads", "num_layers", "card", "text_card", "n_q", "dep_q", "delays")
-_DEPFORMER_KEYS = ("depformer_dim", "depformer_num_heads", "depformer_num_layers")
 
 
 def gated_hidden(dim: int, dim_feedforward: int) -> int:
@@ -193,10 +171,10 @@ class LmConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LmConfig:
         """Read Kyutai's `config.json`; an unknown key or unsupported value is a `ConfigError`."""
-        missing = [key for key in _REQUIRED_KEYS if key not in data]
+        missing = [key for key in REQUIRED_KEYS if key not in data]
         if missing:
             raise ConfigError(f"LM config is missing key(s): {', '.join(missing)}")
-        for key, accepted in _FIXED_KEYS.items():
+        for key, accepted in FIXED_KEYS.items():
             value = data.get(key, accepted)
             if value != accepted and not (accepted is None and not value):
                 raise ConfigError(
@@ -204,25 +182,25 @@ class LmConfig:
                 )
         known = {f.name for f in fields(cls)}
         aliases = {"demux_second_text_stream"}
-        unknown = sorted(set(data) - known - set(_FIXED_KEYS) - aliases)
+        unknown = sorted(set(data) - known - set(FIXED_KEYS) - aliases)
         if unknown:
             raise ConfigError(f"LM config has key(s) moshi_mlx does not know: {', '.join(unknown)}")
         kwargs = {key: data[key] for key in known if key in data and data[key] is not None}
-        if _is_personaplex_in_nvidia_terms(data):
+        if is_personaplex_in_nvidia_terms(data):
             kwargs.update(user_codebooks=data["n_q"] // 2, generator="personaplex")
         if data.get("demux_second_text_stream"):  # PyTorch's LMModel spelling
             kwargs["demux_second_stream"] = True
         kwargs.setdefault("hidden_scale", 4.125)
         kwargs.setdefault("context", 3000)
         if data["dep_q"]:
-            for key in _DEPFORMER_KEYS:
+            for key in DEPFORMER_KEYS:
                 if key not in kwargs:
                     raise ConfigError(f"LM config is missing key: {key}")
             kwargs.setdefault(
                 "depformer_dim_feedforward", int(kwargs["hidden_scale"] * kwargs["depformer_dim"])
             )
         else:  # sizes of a depformer the model does not have
-            for key in (*_DEPFORMER_KEYS, "depformer_dim_feedforward"):
+            for key in (*DEPFORMER_KEYS, "depformer_dim_feedforward"):
                 kwargs.pop(key, None)
         if "stt_config" in kwargs:
             kwargs["stt_config"] = SttTiming.from_dict(kwargs["stt_config"])
@@ -252,7 +230,7 @@ class LmConfig:
         if self.generator == "moshi":
             del data["generator"]
         if self.dep_q == 0:
-            for key in (*_DEPFORMER_KEYS, "depformer_dim_feedforward"):
+            for key in (*DEPFORMER_KEYS, "depformer_dim_feedforward"):
                 del data[key]
         for key in (
             "depformer_weights_per_step_schedule",
@@ -285,16 +263,16 @@ class LmConfig:
             del data["cross_attention"]
         if not self.demux_second_stream:
             del data["demux_second_stream"]
-        data.update({key: _FIXED_KEYS[key] for key in _WRITTEN_FIXED_KEYS})
+        data.update({key: FIXED_KEYS[key] for key in WRITTEN_FIXED_KEYS})
         return data
 
     def validate(self) -> None:
         """Raise `ConfigError` if the configuration is inconsistent or unsupported."""
         ints = ("dim", "num_heads", "num_layers", "context", "card", "text_card", "n_q")
         if self.dep_q:
-            ints += (*_DEPFORMER_KEYS, "depformer_dim_feedforward")
+            ints += (*DEPFORMER_KEYS, "depformer_dim_feedforward")
         for name in ints:
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if not isinstance(self.dep_q, int) or self.dep_q < 0:
             raise ConfigError(f"LM config dep_q must be an integer >= 0, got {self.dep_q!r}")
         if len(self.delays) != self.n_q + 1:
@@ -327,7 +305,7 @@ class LmConfig:
                 "LM config cross_attention must be true exactly when the fuser has 'cross' "
                 f"conditions, got cross_attention {self.cross_attention} and {list(self.fuser.cross)}"
             )
-        _check_positive_int("kv_repeat", self.kv_repeat)
+        check_positive_int("kv_repeat", self.kv_repeat)
         if self.num_heads % self.kv_repeat:
             raise ConfigError(
                 f"LM config kv_repeat = {self.kv_repeat} must divide num_heads = {self.num_heads}"
@@ -355,11 +333,11 @@ class LmConfig:
         if self.hidden_scale <= 0:
             raise ConfigError(f"LM config hidden_scale must be > 0, got {self.hidden_scale}")
         if self.text_card_out is not None:
-            _check_positive_int("text_card_out", self.text_card_out)
+            check_positive_int("text_card_out", self.text_card_out)
         if not 0 <= self.existing_text_padding_id < self.text_card:
             raise ConfigError("LM config existing_text_padding_id must be a text token id")
         if self.extra_heads_num_heads:
-            _check_positive_int("extra_heads_dim", self.extra_heads_dim)
+            check_positive_int("extra_heads_dim", self.extra_heads_dim)
         if not isinstance(self.extra_heads_num_heads, int) or self.extra_heads_num_heads < 0:
             raise ConfigError("LM config extra_heads_num_heads must be an integer >= 0")
         self._validate_depformer_variants()
@@ -375,7 +353,7 @@ class LmConfig:
             )
         rank = self.depformer_low_rank_embeddings
         if rank is not None:
-            _check_positive_int("depformer_low_rank_embeddings", rank)
+            check_positive_int("depformer_low_rank_embeddings", rank)
 
     # Derived sizes ----------------------------------------------------------------------
     @property
@@ -485,25 +463,3 @@ class LmConfig:
             positional_embedding=self.depformer_pos_emb,
             max_period=self.depformer_max_period,
         )
-
-
-def _is_personaplex_in_nvidia_terms(data: dict[str, Any]) -> bool:
-    """Whether a config.json is PersonaPlex's as NVIDIA writes it: Kyutai's keys, a depformer
-    over every audio stream (dep_q = n_q: Moshi's half, then the user's), and neither of our
-    `user_codebooks` and `generator` keys that say so."""
-    n_q, dep_q = data["n_q"], data["dep_q"]
-    return (
-        data.get("model_type", "moshi") == "moshi"
-        and isinstance(n_q, int)
-        and n_q > 0
-        and n_q % 2 == 0
-        and dep_q == n_q
-        and "user_codebooks" not in data
-        and "generator" not in data
-        and not data.get("conditioners")
-    )
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"LM config {name} must be a positive integer, got {value!r}")

@@ -62,12 +62,17 @@ class DelayedTokens:
     def inputs(self, tokens: mx.array, step: mx.array) -> mx.array:
         """What step `step` feeds (..., K): its column, each stream's start token while
         step <= its delay."""
-        current = mx.take(tokens, step % self.width, axis=-1)
-        return mx.where(step <= self.delays, self.start_tokens, current)
+        return mx.where(step <= self.delays, self.start_tokens, self.column(tokens, step))
 
     def column(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
-        """The tokens (..., rows) at step `step`'s column, as written (no start tokens)."""
-        return mx.take(tokens[..., rows, :], step % self.width, axis=-1)
+        """The tokens (..., rows) at step `step`'s column, as written (no start tokens): one
+        dynamic slice (rows from the first: of their count) and a squeeze."""
+        first, last, stride = rows.indices(tokens.shape[-2])
+        assert stride == 1, "rows are a contiguous slice"
+        if first:
+            tokens, last = tokens[..., first:last, :], last - first
+        size = (*tokens.shape[:-2], last, 1)
+        return mx.slice(tokens, step % self.width, (tokens.ndim - 1,), size).squeeze(-1)
 
     def write_delayed(
         self, tokens: mx.array, frame: mx.array, values: mx.array, rows: slice = slice(None)

@@ -79,7 +79,7 @@ class DelayedTokens:
     ) -> mx.array:
         """`tokens` with the tokens (..., rows) of frame `frame` written at their delays:
         stream k's at column frame + delays[k]."""
-        return self._write(tokens, frame + self.delay_column(rows), values, rows)
+        return self._write(tokens, frame + self.delay_column(slice(None)), values, rows)
 
     def write_column(
         self, tokens: mx.array, step: mx.array, values: mx.array, rows: slice = slice(None)
@@ -100,12 +100,16 @@ class DelayedTokens:
         self, tokens: mx.array, columns: mx.array, values: mx.array, rows: slice
     ) -> mx.array:
         """tokens with tokens[..., k, column % width] = values[..., k] for k in `rows`, the
-        columns (rows, 1) one per row, or () one for all."""
-        first, last, stride = rows.indices(tokens.shape[-2])
+        columns (K, 1) one per stream, or () one for all: one select over the whole buffer
+        (its few columns) against host-made constants, the values padded to every stream
+        where `rows` are not all of them."""
+        count = tokens.shape[-2]
+        first, last, stride = rows.indices(count)
         assert stride == 1, "rows are a contiguous slice"
-        block = tokens[..., first:last, :]
-        index = mx.broadcast_to(columns % self.width, (*block.shape[:-1], 1))
-        written = mx.put_along_axis(block, index, values[..., None].astype(tokens.dtype), axis=-1)
-        if first == 0 and last == tokens.shape[-2]:
-            return written
-        return mx.slice_update(tokens, written, mx.array([first]), axes=(tokens.ndim - 2,))
+        if (first, last) != (0, count):
+            values = mx.pad(values, [(0, 0)] * (values.ndim - 1) + [(first, count - last)])
+        in_rows = np.zeros((count, 1), bool)
+        in_rows[first:last] = True
+        slots = mx.array(np.arange(self.width, dtype=np.int32))  # (width,)
+        written = (slots == columns % self.width) & mx.array(in_rows)  # (K, width)
+        return mx.where(written, values[..., None].astype(tokens.dtype), tokens)

@@ -90,11 +90,12 @@ class DelayedTokens:
 
     def frame_out(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
         """After step `step` wrote its tokens: those (..., rows) of frame step + 1 - max_delay,
-        each stream read at its delay."""
+        each stream read at its delay: the one column of each row that a select keeps, summed
+        (exact: integers, the others zero)."""
         block = tokens[..., rows, :]
         columns = (step + 1 - self.max_delay + self.delay_column(rows) + self.width) % self.width
-        index = mx.broadcast_to(columns, (*block.shape[:-1], 1))
-        return mx.take_along_axis(block, index, axis=-1)[..., 0]
+        slots = mx.array(np.arange(self.width, dtype=np.int32))  # (width,)
+        return mx.where(slots == columns, block, 0).sum(axis=-1)
 
     def _write(
         self, tokens: mx.array, columns: mx.array, values: mx.array, rows: slice

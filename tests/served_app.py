@@ -1,5 +1,6 @@
-"""A serve app of the tests behind the server's `ConnectionGuard` on a loopback port, on the
-test's event loop (`start_guarded`) or on one in a thread of its own (`served`)."""
+"""A serve app of the tests behind the server's `ConnectionGuard` on a loopback port: on the
+test's event loop (`start_guarded`), or on one in a thread of its own (`LoopbackServer`,
+`served`)."""
 
 from __future__ import annotations
 
@@ -37,19 +38,36 @@ async def start_guarded(context: ServeContext, make_app: MakeApp) -> tuple[web.A
     return runner, f"127.0.0.1:{runner.addresses[0][1]}"
 
 
+class LoopbackServer:
+    """`start_guarded` on an event loop in a thread of its own: `address` (host:port), `port`,
+    `app`; `run` runs a coroutine on that loop; `close` stops the app and the loop."""
+
+    def __init__(self, context: ServeContext, make_app: MakeApp):
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._loop_thread.start()
+        self._runner, self.address = self.run(start_guarded(context, make_app), 30)
+        self.port = self._runner.addresses[0][1]
+
+    @property
+    def app(self) -> web.Application:
+        return self._runner.app
+
+    def run(self, coroutine, timeout: float = 120):
+        """The result of `coroutine`, run on the server's loop."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def close(self) -> None:
+        self.run(self._runner.cleanup(), 30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(10)
+
+
 @contextlib.contextmanager
 def served(context: ServeContext, make_app: MakeApp) -> Iterator[str]:
-    """`start_guarded` on an event loop in a thread of its own: yields host:port, then stops
-    the app and the loop."""
-    loop = asyncio.new_event_loop()
-    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-    loop_thread.start()
-    runner, address = asyncio.run_coroutine_threadsafe(
-        start_guarded(context, make_app), loop
-    ).result(10)
+    """A `LoopbackServer` for the `with` block: yields its host:port."""
+    server = LoopbackServer(context, make_app)
     try:
-        yield address
+        yield server.address
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(10)
+        server.close()

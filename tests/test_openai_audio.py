@@ -9,7 +9,6 @@ import json
 import logging
 import shutil
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from served_app import LoopbackServer
 
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.openai.audio import AudioLimits
 from moshi_mlx.serve.openai.voices import OPENAI_VOICES
 from moshi_mlx.stt.transcriber import transcribe
@@ -38,32 +38,14 @@ SENTENCE = "hello there how are you today"
 LIMITS = AudioLimits()
 
 
-class Server:
-    """The serve app over `context` on a free loopback port, its loop on its own thread."""
+class Server(LoopbackServer):
+    """The serve app over `context` on a free loopback port, and the `openai` client of it."""
 
     def __init__(self, context: ServeContext):
+        super().__init__(context, lambda guard: create_app(context, guard))
         self.context = context
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.port = self.run(self._start())
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
         self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
-
-    def run(self, coroutine, timeout: float = 120):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-    async def _start(self) -> int:
-        guard = ConnectionGuard(self.context.limits, self.context.tally)
-        self._runner = guard.app_runner(create_app(self.context, guard), access_log=None)
-        await self._runner.setup()
-        await guard.site(self._runner, "127.0.0.1", 0).start()
-        return self._runner.addresses[0][1]
-
-    def close(self) -> None:
-        self.run(self._runner.cleanup())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def _voice_folder(root: Path, config) -> Path:

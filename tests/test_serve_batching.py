@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -15,11 +14,12 @@ import aiohttp
 import msgpack
 import numpy as np
 import pytest
+from served_app import LoopbackServer
 
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.stt.server import ASR_PATH, STT_WORKER
 from moshi_mlx.serve.tts.server import TTS_PATH, TTS_STREAMS
 from tests.tiny_moshi import cached_tiny_stt, load_tiny_stt, load_tiny_tts
@@ -28,32 +28,6 @@ TTS_FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = TTS_FIXTURES / "voices" / "alice.safetensors"
 FRAME = 1920
 FLUSH_FRAMES = 10  # silence after a client's marker: its words come out
-
-
-class Server:
-    """The serve app over `context` on a free loopback port, its loop on its own thread."""
-
-    def __init__(self, context: ServeContext):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.address = self.run(self._start(context))
-
-    def run(self, coroutine, timeout: float = 120):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-    async def _start(self, context: ServeContext) -> str:
-        guard = ConnectionGuard(context.limits, context.tally)
-        self.app = create_app(context, guard)
-        self._runner = guard.app_runner(self.app, access_log=None)
-        await self._runner.setup()
-        await guard.site(self._runner, "127.0.0.1", 0).start()
-        return f"127.0.0.1:{self._runner.addresses[0][1]}"
-
-    def close(self) -> None:
-        self.run(self._runner.cleanup())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +41,14 @@ def server(tmp_path_factory):
 
     context.stt = thread.call_soon(lambda: load_tiny_stt(files)).result(300)
     context.tts = thread.call_soon(lambda: load_tiny_tts(files["mimi"])).result(300)
-    server = Server(context)
+    server = LoopbackServer(context, lambda guard: create_app(context, guard))
     server.run(_ready(server))
     yield server
     server.close()
     thread.stop()
 
 
-async def _ready(server: Server) -> None:
+async def _ready(server: LoopbackServer) -> None:
     """Until the STT worker is warm (its batch's step compiled)."""
     while not server.app[STT_WORKER].ready.is_set():
         await asyncio.sleep(0.05)

@@ -12,17 +12,18 @@ import aiohttp
 import msgpack
 import numpy as np
 import pytest
+from served_app import LoopbackServer
 from stt_fake import FAIL, FRAME_SIZE, LOUD, PAUSE_PROBABILITIES, STEP_SECONDS, FakeFactory
 
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.context import ServeContext
-from moshi_mlx.serve.guard import ConnectionGuard, EventTally
+from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.limits import Limits
 from moshi_mlx.serve.stt.server import ASR_PATH, STT_WORKER, SttServerConfig, log
 
 
-class Server:
+class Server(LoopbackServer):
     """`serve`'s app with the STT route over `factory`'s batches (warmed up by `warm_up`,
     when given, on the model thread), on a free localhost port, served by a loop on its own
     thread."""
@@ -47,25 +48,12 @@ class Server:
             loopback_only=config.loopback_only,
             stt_rows=rows,
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        self.url = f"ws://127.0.0.1:{self.port}{ASR_PATH}"
-
-    async def _start(self) -> int:
-        guard = ConnectionGuard(self.context.limits, self.context.tally)
-        app = create_app(self.context, guard)
-        self.worker = app[STT_WORKER]
-        self._runner = guard.app_runner(app, access_log=None)
-        await self._runner.setup()
-        await guard.site(self._runner, "127.0.0.1", 0).start()
-        return self._runner.addresses[0][1]
+        super().__init__(self.context, lambda guard: create_app(self.context, guard))
+        self.worker = self.app[STT_WORKER]
+        self.url = f"ws://{self.address}{ASR_PATH}"
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        super().close()
         self.thread.stop()
 
 

@@ -50,12 +50,15 @@ class Server(LoopbackServer):
 
 def _voice_folder(root: Path, config) -> Path:
     """A folder laid out like kyutai/tts-voices for the tiny TTS: the default voice and one
-    more."""
+    more; and a link out of it to a voice file beside it (`out.wav`), which it does not offer."""
+    folder = root / "voices"
     for name, source in ((DEFAULT_VOICE, "alice"), ("vctk/bob.wav", "bob")):
-        path = root / voice_file_name(name, config)
+        path = folder / voice_file_name(name, config)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(TTS_FIXTURES / "voices" / f"{source}.safetensors", path)
-    return root
+    shutil.copy(TTS_FIXTURES / "voices" / "bob.safetensors", root / "secret.safetensors")
+    (folder / voice_file_name("out.wav", config)).symlink_to(root / "secret.safetensors")
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +243,8 @@ def test_speech_in_each_listed_voice(server, tmp_path):
         assert len(pcm) >= 2 * 1920
     custom = {"id": "vctk/bob.wav"}  # OpenAI's custom voice object
     assert _speech(server, tmp_path / "c.pcm", voice=custom, response_format="pcm")
+    as_unmute = voice_file_name("vctk/bob.wav", server.context.tts.config)  # its file's name
+    assert _speech(server, tmp_path / "u.pcm", voice=as_unmute, response_format="pcm")
 
 
 def _post_bytes(url: str, data: bytes) -> tuple[int, dict]:
@@ -346,6 +351,10 @@ def test_bad_speech_requests_are_refused(server, tmp_path):
     _error(lambda: speech(model="tts", voice="alloy", input="  "), 400, "input")
     _error(lambda: speech(model="tts", voice="../../etc/passwd", input="hi"), 400, "voice")
     _error(lambda: speech(model="tts", voice="/tmp/x.safetensors", input="hi"), 400, "voice")
+    for voice in ("out.wav", "vctk/../out.wav", "vctk/nobody.wav", "a" * 5000):  # a link out
+        assert "unknown voice" in _error(
+            lambda voice=voice: speech(model="tts", voice=voice, input="hi"), 400, "voice"
+        )
     _error(lambda: speech(model="tts", voice="alloy", input="hi", speed=2.0), 400, "speed")
     _error(
         lambda: speech(model="tts", voice="alloy", input="hi", response_format="aac"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
 from moshi_mlx.serve.stt.server import ASR_PATH, STT_WORKER
 from moshi_mlx.serve.tts.server import TTS_PATH, TTS_STREAMS
+from moshi_mlx.tts.voices import voice_file_name
 from tests.tiny_moshi import cached_tiny_stt, load_tiny_stt, load_tiny_tts
 
 TTS_FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = TTS_FIXTURES / "voices" / "alice.safetensors"
+VOICE = "alice.wav"  # ALICE's name in the server's voice folder
 FRAME = 1920
 FLUSH_FRAMES = 10  # silence after a client's marker: its words come out
 
@@ -41,6 +44,9 @@ def server(tmp_path_factory):
 
     context.stt = thread.call_soon(lambda: load_tiny_stt(files)).result(300)
     context.tts = thread.call_soon(lambda: load_tiny_tts(files["mimi"])).result(300)
+    voices = tmp_path_factory.mktemp("voices")
+    shutil.copy(ALICE, voices / voice_file_name(VOICE, context.tts.config))
+    context.voice_repo = str(voices)
     server = LoopbackServer(context, lambda guard: create_app(context, guard))
     server.run(_ready(server))
     yield server
@@ -62,7 +68,7 @@ async def speak(
 ) -> tuple[list[np.ndarray], list[tuple]]:
     """One Text per word then Eos, greedy; (audio frames, word timings). `started` is set
     once 3 frames came."""
-    url = f"ws://{address}{TTS_PATH}?voice={ALICE}&temperature=0"
+    url = f"ws://{address}{TTS_PATH}?voice={VOICE}&temperature=0"
     frames, spoken = [], []
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         assert msgpack.unpackb((await ws.receive(timeout=10)).data) == {"type": "Ready"}

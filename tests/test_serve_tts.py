@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 import tracemalloc
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import mlx.core as mx
@@ -37,12 +39,31 @@ FIXTURES = Path(__file__).parent / "fixtures" / "tts"
 ALICE = FIXTURES / "voices" / "alice.safetensors"
 
 
+VOICE = "vctk/alice.wav"  # ALICE's name in the server's voice folder
+
+
+def _voice_folder(root: Path, config) -> Path:
+    """A folder laid out like kyutai/tts-voices holding ALICE as `VOICE`, and two links out of
+    it (a file, a folder) to a voice file beside it."""
+    folder, outside = root / "voices", root / "outside"
+    (folder / "vctk").mkdir(parents=True)
+    outside.mkdir()
+    shutil.copy(ALICE, folder / voice_file_name(VOICE, config))
+    shutil.copy(ALICE, outside / voice_file_name("secret.wav", config))
+    (folder / voice_file_name("out.wav", config)).symlink_to(
+        outside / voice_file_name("secret.wav", config)
+    )
+    (folder / "linked").symlink_to(outside, target_is_directory=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def server(full_mimi_checkpoint):
+def server(full_mimi_checkpoint, tmp_path_factory):
     thread = ModelThread("test-model")
     thread.start()
     model = thread.call_soon(lambda: load_tiny_tts(full_mimi_checkpoint)).result(120)
     context = ServeContext(thread, EventTally(log), tts=model, api_keys=frozenset({"secret"}))
+    context.voice_repo = str(_voice_folder(tmp_path_factory.mktemp("tts_voices"), model.config))
     with served(context, lambda guard: create_app(context, guard)) as address:
         yield address, context
     thread.stop()
@@ -50,7 +71,7 @@ def server(full_mimi_checkpoint):
 
 API_KEY = "kyutai-api-key"
 HEADERS = {API_KEY: "secret"}
-QUERY = f"?format=PcmMessagePack&voice={ALICE}&cfg_alpha=1.5&seed=1"
+QUERY = f"?format=PcmMessagePack&voice={VOICE}&cfg_alpha=1.5&seed=1"
 
 
 async def speak_like_unmute(
@@ -152,7 +173,7 @@ def test_post_answers_a_streamed_wav(server):
         async with aiohttp.ClientSession() as session:
             response = await session.post(
                 f"http://{address}{TTS_PATH}",
-                json={"text": "Hi there.", "voice": str(ALICE)},
+                json={"text": "Hi there.", "voice": VOICE},
                 headers=HEADERS,
             )
             return response.status, await response.read()
@@ -229,6 +250,50 @@ def test_a_voice_cloned_by_upload_is_named_in_the_query_and_continues_its_record
     assert replies[0]["message"].startswith("unknown cloned voice 'clone-0000")
     assert closing in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     assert status == 400 and text.startswith("unknown cloned voice")
+
+
+def test_a_voice_outside_the_voice_folder_is_refused_and_the_server_serves_on(server, caplog):
+    """A client's voice names a voice of the server's voice folder, never a file of its disk:
+    an absolute path, a `..` path, a link out of the folder (a file, a folder) and a name it
+    does not hold each get the protocol's one-line Error and a close (POST: a 400), the value
+    cut short in the log, no traceback; the next client speaks, in a voice named as Unmute
+    names it (with its embedding suffix)."""
+    address, context = server
+    suffix = voice_file_name("", context.tts.config)
+    refused = [
+        str(ALICE),
+        f"vctk/../../outside/secret.wav{suffix}",
+        "../outside/secret.wav",
+        "out.wav",
+        f"linked/secret.wav{suffix}",
+        "vctk/nobody.wav",
+        "/" + "x" * 5000 + ".safetensors",
+    ]
+
+    async def ask(voice: str):
+        async with aiohttp.ClientSession() as session:
+            query = f"?format=PcmMessagePack&voice={quote(voice)}"
+            async with session.ws_connect(
+                f"ws://{address}{TTS_PATH}{query}", headers=HEADERS
+            ) as ws:
+                reply = msgpack.unpackb((await ws.receive(timeout=10)).data)
+                closing = await ws.receive(timeout=10)
+            body = {"text": "Hi.", "voice": voice}
+            post = await session.post(f"http://{address}{TTS_PATH}", json=body, headers=HEADERS)
+            return reply, closing.type, post.status, await post.text()
+
+    with caplog.at_level(logging.DEBUG):
+        answers = [asyncio.run(ask(voice)) for voice in refused]
+    for voice, (reply, closing, status, text) in zip(refused, answers):
+        assert reply["type"] == "Error" and reply["message"].startswith("unknown voice"), voice
+        assert "\n" not in reply["message"] and "/tmp" not in reply["message"]
+        assert closing in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert status == 400 and text.startswith("unknown voice"), (voice, text)
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert max(len(r.getMessage()) for r in caplog.records) < 400
+    as_unmute = f"?format=PcmMessagePack&voice={VOICE}{suffix}&seed=1"
+    messages, _ = asyncio.run(speak_like_unmute(address, ["Hello."], query=as_unmute))
+    assert _pcm(messages) and not [m for m in messages if m["type"] == "Error"]
 
 
 def test_a_key_whose_bytes_are_not_utf8_is_refused_with_401(server):

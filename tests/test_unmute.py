@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ def _voice_repo(root: Path) -> Path:
     for voice, embedding in ((VOICE, "alice"), (DEFAULT_VOICE, "bob")):
         path = folder / f"{voice}.{VOICE_SIG}@{VOICE_EPOCH}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.symlink_to(TTS_FIXTURES / "voices" / f"{embedding}.safetensors")
+        shutil.copy(TTS_FIXTURES / "voices" / f"{embedding}.safetensors", path)  # no link out
     return folder
 
 

@@ -6,10 +6,10 @@ per 80 ms frame for all streams of one sampling; see `moshi_mlx.serve.tts.stream
 
 `GET` upgrades to the websocket of `moshi_mlx.serve.tts.protocol`: a key (header
 `kyutai-api-key` or `?auth_id=`), `?format=` (default `PcmMessagePack`), `?voice=` (a voice
-of the voice repo without its embedding suffix, e.g. `unmute-prod-website/p329_022.wav`;
-an unknown one falls back to the default voice, with a log line; or a cloned voice's id,
-which `POST /v1/audio/voices` gave: the speech continues that recording, and an id the
-server does not keep gets `Error` and a close), `?cfg_alpha=`,
+of the voice repo, with or without its embedding suffix, e.g.
+`unmute-prod-website/p329_022.wav`, or an OpenAI voice name: `serve/openai/voices.py`; or a
+cloned voice's id, which `POST /v1/audio/voices` gave: the speech continues that recording;
+any other value, a file path too, gets `Error` and a close), `?cfg_alpha=`,
 `?temperature=`, `?top_k=`, `?seed=`. `Ready` goes out at once (or `Error "no free
 channels"` and a close); the stream starts with the first text (after a `Voice` sent
 before it, as Unmute does). `POST` with JSON `{text, voice}` answers a streamed WAV (or 503
@@ -35,6 +35,8 @@ from moshi_mlx.serve.bodies import BadBody, read_json_object
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.logtext import capped, without_paths
+from moshi_mlx.serve.openai.errors import ApiError
+from moshi_mlx.serve.openai.voices import VoiceCatalog
 from moshi_mlx.serve.sessions import (
     Sessions,
     StoppableConnection,
@@ -104,6 +106,7 @@ class _TtsHandler:
         self.context = context
         self.streams = streams
         self.sessions = Sessions(context.max_tts_streams, context.tally, log, "speech stream")
+        self._catalogs: dict[str, VoiceCatalog] = {}  # by voice repo
 
     async def websocket(self, request: web.Request) -> web.StreamResponse:
         self.context.check_kyutai_key(request)
@@ -118,7 +121,7 @@ class _TtsHandler:
             )
         try:
             options, refusal = await self._options(request.query.get("voice"), request.query), None
-        except TtsError as exc:  # an unknown cloned voice: the protocol's Error, then a close
+        except TtsError as exc:  # a voice it does not offer: the protocol's Error, then a close
             options, refusal = None, one_line(exc)
         ws = live_websocket(self.context.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
@@ -155,7 +158,7 @@ class _TtsHandler:
         voice = body.get("voice")
         try:
             options = await self._options(voice if isinstance(voice, str) else None, request.query)
-        except TtsError as exc:  # an unknown cloned voice
+        except TtsError as exc:  # a voice it does not offer
             raise web.HTTPBadRequest(text=one_line(exc)) from None
         if not await self.sessions.slots.take():
             self.context.tally.count("requests told the server is busy", request.remote)
@@ -192,22 +195,22 @@ class _TtsHandler:
         return response
 
     async def _options(self, voice: str | None, query) -> SessionOptions:
-        """The stream's options of its `voice` (a cloned voice's id, a voice of the repo or a
-        voice file; an unknown one falls back to the default voice) and its query's sampling;
-        `TtsError` for an unknown cloned voice, a 400 for a bad sampling value, a 503 while
-        the default voice is missing."""
+        """The stream's options of its `voice` (a cloned voice's id, or a voice of the server's
+        voice repo: `VoiceCatalog.resolve`; none: the default voice) and its query's sampling;
+        `TtsError` (parameter "voice") for a voice the server does not offer, a 400 for a bad
+        sampling value, a 503 while the default voice is missing."""
         model = self.context.tts
         repo = self.context.voice_repo or model.voice_repo
         path, prefix = None, None
         if voice:
             voice, prefix = self.context.cloned_voices.resolve(voice)
-        if voice:
+        if voice and prefix is None:
+            catalog = self._catalogs.setdefault(repo, VoiceCatalog(model.config, repo))
             try:
-                path = await asyncio.to_thread(resolve_voice, voice, model.config, repo)
-            except MoshiError as exc:
-                log.warning(
-                    "voice %s: %s; speaking in the default voice", capped(voice), capped(str(exc))
-                )
+                path = await asyncio.to_thread(catalog.resolve, voice)
+            except ApiError as exc:
+                log.warning("voice refused: %s", capped(exc.message))
+                raise TtsError(exc.message, parameter="voice") from None
         if path is None:
             try:
                 path = await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)

@@ -2,7 +2,8 @@ import mlx.core as mx
 import pytest
 from mlx import nn
 
-from moshi_mlx.modules.linear import Linear, StackedLinears, split_last
+from moshi_mlx.modules.linear import Linear, StackedLinears
+from moshi_mlx.modules.step_tricks import split_last
 
 
 def _linears(quantized: bool, widths=(32, 48, 32)) -> list[nn.Module]:

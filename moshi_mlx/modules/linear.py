@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from moshi_mlx.modules.step_tricks import QUANTIZED_PARTS, Quantization, StepWeight
+from moshi_mlx.modules.step_tricks import QUANTIZED_PARTS, Quantization, StepWeight, split_last
 
 
 class Linear(nn.Linear):
@@ -147,21 +147,3 @@ class StackedLinears:
     def __call__(self, x: mx.array) -> list[mx.array]:
         """Each linear's output of x (..., in), in the stack's order."""
         return split_last(self.product(x), list(self.starts))
-
-
-MAX_SPLIT_PARTS = 10  # MLX splits into at most this many parts in one operation, else slices
-
-
-def split_last(x: mx.array, starts: list[int]) -> list[mx.array]:
-    """x split along its last axis at `starts` in as few operations as MLX allows: one split
-    of up to `MAX_SPLIT_PARTS` parts (more: a slice per part), else the parts in groups of
-    that many, each split again."""
-    if len(starts) < MAX_SPLIT_PARTS:
-        return mx.split(x, starts, axis=-1)
-    heads = starts[MAX_SPLIT_PARTS - 1 :: MAX_SPLIT_PARTS]
-    bounds = [0, *heads, x.shape[-1]]
-    parts = []
-    for first, last, group in zip(bounds, bounds[1:], mx.split(x, heads, axis=-1)):
-        inner = [start - first for start in starts if first < start < last]
-        parts += split_last(group, inner) if inner else [group]
-    return parts

@@ -12,6 +12,8 @@ Each is explained, with its measured effect, in docs/step_tricks.md:
   half type at each sum, so that no norm casts its input again.
 - `lookup_column`: a sampled token column (B, 1) looked up with one gather per part, no
   slices or squeezes (`picked_rows`: a table's rows, quantized parts dequantized).
+- `split_last`: an array split into more parts than one MLX split makes (10; beyond, a slice
+  per part) in groups: the TTS's 32 codebooks' noise in 4 splits, not 32 slices.
 """
 
 from __future__ import annotations
@@ -107,6 +109,24 @@ def rope_tables(
     cos_table = (mx.cos(theta) * factors + offsets).astype(dtype)
     sin_table = (mx.sin(theta) * signs * factors).astype(dtype)
     return cos_table, sin_table, mx.array(constants["partners"])
+
+
+MAX_SPLIT_PARTS = 10  # MLX splits into at most this many parts in one operation, else slices
+
+
+def split_last(x: mx.array, starts: list[int]) -> list[mx.array]:
+    """x split along its last axis at `starts` in as few operations as MLX allows: one split
+    of up to `MAX_SPLIT_PARTS` parts (more: a slice per part), else the parts in groups of
+    that many, each split again."""
+    if len(starts) < MAX_SPLIT_PARTS:
+        return mx.split(x, starts, axis=-1)
+    heads = starts[MAX_SPLIT_PARTS - 1 :: MAX_SPLIT_PARTS]
+    bounds = [0, *heads, x.shape[-1]]
+    parts = []
+    for first, last, group in zip(bounds, bounds[1:], mx.split(x, heads, axis=-1)):
+        inner = [start - first for start in starts if first < start < last]
+        parts += split_last(group, inner) if inner else [group]
+    return parts
 
 
 def rounded_sum(wide: mx.array, delta: mx.array, dtype: mx.Dtype) -> mx.array:

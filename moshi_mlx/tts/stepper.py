@@ -26,6 +26,7 @@ import numpy as np
 from moshi_mlx.errors import removed_names
 from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.lm import Lm
+from moshi_mlx.modules.step_tricks import split_last
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
@@ -111,11 +112,11 @@ class TtsStepFunction(StepFunction):
         text = mx.where(predicted == NEW_WORD, if_word, otherwise)
         if depformer:
             audio_sampling = self.audio_sampling
-            # Every codebook's noise in one draw, split once: (B, card) each.
+            # Every codebook's noise in one draw, split in a few splits: (B, card) each.
             noises = [None] * config.dep_q
             if audio_sampling.draws:
                 noise = gumbel_noise((batch, config.dep_q * config.card), audio_key)
-                noises = mx.split(noise, config.dep_q, axis=-1)
+                noises = split_last(noise, [config.card * k for k in range(1, config.dep_q)])
 
             def sample_audio(logits: mx.array, k: int) -> mx.array:
                 return audio_sampling.sample_column(logits, noises[k])

@@ -45,6 +45,7 @@ from moshi_mlx.models.conditioners import GUIDED_CONDITION, NULL_CONDITION
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.modules.kv_cache import KVRing
 from moshi_mlx.modules.kv_quant import KVQuantization
+from moshi_mlx.modules.step_tricks import split_last
 from moshi_mlx.runtime.delayed_tokens import DelayedTokens
 from moshi_mlx.runtime.model_memo import ModelMemo
 from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
@@ -134,7 +135,8 @@ class ChatStepFunction(StepFunction):
         noises = [None] * config.moshi_codebooks
         if audio_sampling.draws:
             shape = (text_logits.shape[0], config.moshi_codebooks * config.card)
-            noises = mx.split(gumbel_noise(shape, audio_key), config.moshi_codebooks, axis=-1)
+            noise = gumbel_noise(shape, audio_key)
+            noises = split_last(noise, [config.card * k for k in range(1, config.moshi_codebooks)])
         forced = None
         if given is not None:
             text = mx.where(given[0], given_tokens[0], text.astype(mx.int32))

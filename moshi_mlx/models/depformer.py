@@ -24,7 +24,7 @@ from mlx import nn
 from moshi_mlx.modules.embeddings import make_embedding
 from moshi_mlx.modules.kv_cache import StepKV
 from moshi_mlx.modules.linear import Linear, StackedLinears
-from moshi_mlx.modules.step_tricks import StepWeight, lookup_column, picked_rows
+from moshi_mlx.modules.step_tricks import StepWeight, lookup_column, picked_rows, split_last
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 
 if TYPE_CHECKING:
@@ -208,7 +208,8 @@ class Depformer(nn.Module):
         projections = self._projections(temporal_out, sampled)
         if given is not None:  # each slice's given tokens and mask columns, split once
             parts = [part if part.shape[1] == sampled else part[:, :sampled] for part in given]
-            given_columns = list(zip(*(mx.split(part, sampled, axis=1) for part in parts)))
+            starts = list(range(1, sampled))
+            given_columns = list(zip(*(split_last(part, starts) for part in parts)))
         for k, depformer_slice in enumerate(self.slices[:sampled]):
             # Else a text token not sampled, or a given token: maybe -1.
             prev_sampled = (k > 0 or text_sampled) and given is None

@@ -126,7 +126,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--cfg-coef",
         type=non_negative_float,
         default=DEFAULT_CFG_COEF,
-        help="guidance, as the model was distilled for (default %(default)s)",
+        help="guidance: a value tts-1.6b was distilled for, or for tts-0.75b-en-public "
+        "classifier-free guidance by a second batch row (1: none; default %(default)s)",
     )
     voice.add_argument(
         "--padding-bonus", type=float, default=0.0, help="> 0 speaks slower (default %(default)s)"
@@ -178,6 +179,7 @@ class _Line:
     request: TtsRequest
     recording: Path | None = None
     pcm: np.ndarray | None = None
+    named: int = 0  # the voices given by name or embedding file, not the recording
 
 
 def _read_jsonl(path: str) -> list[_Line]:
@@ -212,7 +214,8 @@ def _read_jsonl(path: str) -> list[_Line]:
         except (TtsError, AudioError) as exc:
             raise TtsError(f"{path}:{number}: ", *exc.parts, parameter=exc.parameter) from None
         request = TtsRequest(turns, voices, cfg_coef)
-        requests.append(_Line(number, name, request, recording, pcm))
+        named = len(data.get("voices") or ()) - (recording is not None)
+        requests.append(_Line(number, name, request, recording, pcm, named))
     if not requests:
         raise TtsError(f"{path} holds no request")
     return requests
@@ -222,7 +225,8 @@ def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
     """The line's request, its voices checked (read, kept for the run) and the audio prefix
     of the recording it clones, if any; errors name the line."""
     try:
-        for voice in line.request.voices:
+        _check_voices(model, line.named, line.recording)
+        for voice in line.request.voices if model.config.cross_attention else ():
             model.voice(voice)
         if line.pcm is None:
             return line.request
@@ -231,6 +235,23 @@ def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
         raise TtsError(f"{path}:{line.number}: {line.recording}: ", *exc.parts) from None
     except TtsError as exc:
         raise TtsError(f"{path}:{line.number}: ", *exc.parts, parameter=exc.parameter) from None
+
+
+def _check_voices(model: TtsModel, named: int, recording: Path | None) -> None:
+    """A model that attends to no voice embeddings (tts-0.75b-en-public) speaks in the voice
+    of a recording it continues: `TtsError` without one, or with voices given by name."""
+    if model.config.cross_attention:
+        return
+    if recording is None:
+        raise TtsError(
+            "this model clones the voice of a recording: give --voice speech.wav "
+            "(a few seconds of speech; it has no named voices)",
+            parameter="voice",
+        )
+    if named:
+        raise TtsError(
+            "this model takes one recording as its voice and no named voices", parameter="voice"
+        )
 
 
 def _load(args: argparse.Namespace) -> TtsModel:
@@ -394,6 +415,7 @@ def _run_one(args: argparse.Namespace) -> int:
         check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")
     voices, recording = split_recording(args.voice or ())
     model = _load(args)
+    _check_voices(model, len(args.voice or ()) - (recording is not None), recording)
     prefix = model.voice_prefix(recording) if recording is not None else None
     speaker = _Speaker(args.output_device) if args.play else None
     stream = model.stream(voices, args.cfg_coef, seed=args.seed, prefix=prefix, **_sampling(args))

@@ -97,6 +97,11 @@ class TtsBatch:
         seed: int = 0,
         padding_bonus: float = 0.0,
     ):
+        if model.config.direct_guidance:
+            raise TtsError(
+                "this model (a voice cloned from a recording, guided by null rows) runs through "
+                "TtsModel.stream and synthesize, not in a TtsBatch of rows that come and go"
+            )
         self._busy: BatchRows[_TtsRow] = BatchRows(rows, TtsError)
         self.model = model
         self.rows = rows

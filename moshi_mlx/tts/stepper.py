@@ -235,12 +235,13 @@ class TtsStepper(Stepper):
         codebooks, delays undone; valid once `ready`)."""
         if depformer is None:
             depformer = self.step_index >= self.delay_steps
+        guidance = () if self.masked_until is None else (self.masked_until,)
         out = self._run(
             self.condition,
             self.cross,
             mx.array(if_word, mx.int32),
             mx.array(otherwise, mx.int32),
-            self.masked_until,
+            *guidance,
             depformer=depformer,
         )
         if forced is None:

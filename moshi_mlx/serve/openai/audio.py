@@ -234,6 +234,8 @@ class _Speech:
         self.tts: TtsModel = context.tts
         self.slots = _Slots(limits.max_speeches, "speech requests")
         self.cloned = context.cloned_voices
+        # A model without voice embeddings (tts-0.75b-en-public) speaks in cloned voices only.
+        self.clones_only = not self.tts.config.cross_attention
 
     async def clone(self, request: web.Request) -> web.StreamResponse:
         """A voice cloned from the recording in the body: its id (the same for the same
@@ -258,9 +260,9 @@ class _Speech:
 
     async def voices(self, request: web.Request) -> web.StreamResponse:
         check_bearer_key(request, self.context.key_allowed)
-        names = await asyncio.to_thread(self.catalog.names)
+        names = [] if self.clones_only else await asyncio.to_thread(self.catalog.names)
         data = [{"id": name, "object": "voice", "name": name} for name in names]
-        aliases = dict.fromkeys(OPENAI_VOICES, DEFAULT_VOICE)
+        aliases = {} if self.clones_only else dict.fromkeys(OPENAI_VOICES, DEFAULT_VOICE)
         return web.json_response(
             {"object": "list", "data": data, "default": DEFAULT_VOICE, "aliases": aliases}
         )
@@ -275,8 +277,18 @@ class _Speech:
                 voice, prefix = self.cloned.resolve(speech.voice)
             except TtsError as exc:
                 raise ApiError(400, one_line(exc), "voice", "voice_not_found") from None
+            if self.clones_only and prefix is None:
+                raise ApiError(
+                    400,
+                    f"unknown voice {speech.voice[:100]!r}: this model speaks in cloned voices "
+                    f"only (POST a recording to {VOICES_PATH} and name its id)",
+                    "voice",
+                    "voice_not_found",
+                )
             try:
-                voice_file = await asyncio.to_thread(self.catalog.resolve, voice)
+                voice_file = None
+                if not self.clones_only:
+                    voice_file = await asyncio.to_thread(self.catalog.resolve, voice)
                 stream = await self.context.thread.call(
                     lambda: _open_stream(self.tts, voice_file, speech.text, prefix)
                 )
@@ -330,10 +342,13 @@ def _speech_request(body: dict, limits: AudioLimits) -> _SpeechRequest:
     return _SpeechRequest(text, voice, response_format, stream)
 
 
-def _open_stream(tts: TtsModel, voice_file: Path, text: str, prefix: np.ndarray | None = None):
-    """A `TtsStream` in `voice_file`'s voice continuing a cloned voice's `prefix` (if given),
-    `text` pushed and closed (on the model thread)."""
-    stream = tts.stream(voice=voice_file, prefix=prefix)
+def _open_stream(
+    tts: TtsModel, voice_file: Path | None, text: str, prefix: np.ndarray | None = None
+):
+    """A `TtsStream` in `voice_file`'s voice (None: a model without voice embeddings)
+    continuing a cloned voice's `prefix` (if given), `text` pushed and closed (on the model
+    thread)."""
+    stream = tts.stream(voice=() if voice_file is None else voice_file, prefix=prefix)
     stream.push(text)
     stream.close()
     return stream

@@ -16,15 +16,15 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from moshi_mlx.checkpoints.hub import local_folder, weights_dir
+from moshi_mlx.checkpoints.hub import local_folder, repo_file, weights_dir
 from moshi_mlx.checkpoints.online import repo_files
+from moshi_mlx.errors import TtsError, WeightsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.serve.logtext import capped
 from moshi_mlx.serve.openai.errors import ApiError
 from moshi_mlx.tts.voices import (
     DEFAULT_VOICE,
     default_voice_status,
-    resolve_voice,
     voice_file_name,
 )
 
@@ -88,7 +88,12 @@ class VoiceCatalog:
                 "voice_not_found",
             )
         path = files[name]
-        return path if path is not None else resolve_voice(name, self.config, self.voice_repo)
+        if path is not None:
+            return path
+        try:  # a file of the hub repo, downloaded once (never the weights folder's unlisted one)
+            return repo_file(self.voice_repo, voice_file_name(name, self.config), "voice")
+        except WeightsError as exc:
+            raise TtsError(f"voice {name!r}: ", *exc.parts, parameter="voice") from None
 
     def _hub_files(self) -> list[str]:
         return [f for f in repo_files(self.voice_repo) if ".." not in f.split("/")]

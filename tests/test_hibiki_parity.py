@@ -63,6 +63,20 @@ def test_guided_generation_matches_pytorch(hibiki, cfg_coef):
     np.testing.assert_array_equal(ours["sampled"][:-SKIPPED, 0], golden["tokens"][SKIPPED:, 0])
 
 
+def test_a_first_step_without_input_is_lmgens_first_step(hibiki):
+    """`LMGen` never reads its first step's input (the delays' initial tokens stand in), so
+    `run_inference`'s first frame fed twice is a step without input (codes -1) then that
+    frame: the same logits and tokens as the golden run, whose first step had other codes."""
+    golden = np.load(FIXTURES / "golden_cfg3.npz")
+    source = golden["source_codes"].copy()
+    source[0] = -1
+    ours = _run(hibiki, 3.0, source)
+    for t in range(len(source)):
+        assert max_relative(ours["text_logits"][t], golden["text_logits"][t]) < RELATIVE, t
+    np.testing.assert_array_equal(ours["sampled"][:, 0], golden["sampled_text"])
+    np.testing.assert_array_equal(ours["sampled"][:, 1:], golden["sampled_audio"])
+
+
 def test_guidance_changes_the_logits(hibiki):
     source = np.load(FIXTURES / "golden_cfg3.npz")["source_codes"][:10]
     guided, plain = _run(hibiki, 3.0, source), _run(hibiki, 1.0, source)

@@ -1,5 +1,9 @@
 """`python -m moshi_mlx infer` on espeak-ng speech with tiny random weights."""
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -15,9 +19,11 @@ from tiny_moshi import (
 )
 
 from moshi_mlx.chat.persona.cache import CACHE_ENV
-from moshi_mlx.cli.infer import main, max_tail_frames, translate
+from moshi_mlx.cli.infer import lead_in, main, max_tail_frames, translate
+from moshi_mlx.models.config import LmConfig
 
 FRAME = 1920
+HIBIKI_CONFIG = Path(__file__).parent / "fixtures" / "hibiki" / "config.json"
 
 
 @pytest.fixture(scope="module")
@@ -204,30 +210,55 @@ class _EndingConversation:
     def end_of_input(self):
         return self.step(None)
 
+    def step_without_input(self):
+        return self.step("no input")
+
 
 @pytest.mark.parametrize("end", [2, 5])
 def test_translation_stops_its_audio_lag_after_the_end_of_text(end):
     """An end of text before the end of input (step 2: the 3-frame source) is ignored; one
-    at or after it stops the translation `audio_lag` frames later."""
+    at or after it stops the translation `audio_lag` frames later; the first `audio_lag`
+    steps' audio (silence while the delays fill) is not kept."""
     conversation = _EndingConversation(end)
     pcm = translate(conversation, np.zeros(3 * FRAME, np.float32), FRAME, audio_lag=2)
     frames = pcm.reshape(-1, FRAME)[:, 0]
     last = 3 + max_tail_frames(3) if end <= 3 else end + 2
-    np.testing.assert_array_equal(frames, np.arange(1, last + 1))
+    np.testing.assert_array_equal(frames, np.arange(3, last + 1))
 
 
-def test_hibiki_zero_hears_its_lead_in_silence_and_keeps_none_of_its_audio():
-    """Hibiki-Zero's `lead_in` (its `max_delay`, 2): two frames of silence before the source,
-    as `hibiki-zero generate` warms its `LMGen` up; the audio starts with the third step's
-    (the model's first frame), not with the two silent frames the delays give."""
+def _fed_translation(kv_repeat: int) -> tuple[list, np.ndarray]:
+    """What `translate` feeds a conversation ending its text at step 6 (the 3-frame source of
+    ones, with `lead_in` of the tiny Hibiki's config, max_delay 2, with `kv_repeat`: 2 makes it
+    a Hibiki-Zero), and the audio's frames."""
+    config = LmConfig.from_dict(json.loads(HIBIKI_CONFIG.read_text()))
+    config = replace(config, kv_repeat=kv_repeat)
+    assert config.max_delay == 2
     conversation = _EndingConversation(end=6)
     fed = []
     step = conversation.step
     conversation.step = lambda pcm: fed.append(pcm) or step(pcm)
     source = np.ones(3 * FRAME, np.float32)
-    pcm = translate(conversation, source, FRAME, audio_lag=2, lead_in=2)
-    assert [None if f is None else float(f.max()) for f in fed[:6]] == [0, 0, 1, 1, 1, None]
-    frames = pcm.reshape(-1, FRAME)[:, 0]
+    pcm = translate(conversation, source, FRAME, 2, lead=lead_in(config, FRAME))
+    fed = [f if f is None or isinstance(f, str) else float(f.max()) for f in fed]
+    return fed, pcm.reshape(-1, FRAME)[:, 0]
+
+
+def test_hibiki_zero_hears_its_lead_in_silence_and_keeps_none_of_its_audio():
+    """Hibiki-Zero's lead-in (its `max_delay`, 2): two frames of silence before the source,
+    as `hibiki-zero generate` warms its `LMGen` up; the audio starts with the third step's
+    (the model's first frame), not with the two silent frames the delays give."""
+    fed, frames = _fed_translation(kv_repeat=2)
+    assert fed[:6] == [0, 0, 1, 1, 1, None]
+    np.testing.assert_array_equal(frames, np.arange(3, 6 + 2 + 1))
+
+
+def test_hibiki_starts_with_a_step_without_input_and_keeps_no_empty_frame():
+    """Hibiki 1B as `moshi.run_inference` runs it: the source's first frame fed twice, where
+    `LMGen` never reads the first step's input, so here a step without input, then the
+    source; no audio of the steps `LMGen` answers None (max_delay, 2): the audio starts with
+    the model's first frame, one frame before the source's end on its timeline, as there."""
+    fed, frames = _fed_translation(kv_repeat=1)
+    assert fed[:5] == ["no input", 1, 1, 1, None]
     np.testing.assert_array_equal(frames, np.arange(3, 6 + 2 + 1))
 
 

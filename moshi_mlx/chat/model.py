@@ -212,16 +212,13 @@ class MoshiModel:
 
 
 def step_frame(
-    generator: ChatStepper, codec: Codec, pcm: np.ndarray | None
+    generator: ChatStepper, codec: Codec, pcm: np.ndarray | None, codes: mx.array | None = None
 ) -> tuple[StepOutput, mx.array | None]:
-    """One frame with one evaluation: the user's pcm (1920,) encoded, the LM step, and
-    Moshi's codes decoded (None until the delays are filled) are one lazy graph, evaluated
-    with the codec's state (the step's inputs too); returns the step and Moshi's pcm. pcm None: Hibiki's
-    end-of-input frame (every code = card) in place of encoded audio."""
-    config = generator.lm.config
-    if pcm is None:
-        codes = mx.full((config.num_user_codebooks,), config.card, mx.int32)
-    else:
+    """One frame with one evaluation: the user's pcm (1920,) encoded (pcm None: the user's
+    `codes` (num_user_codebooks,) as given, nothing encoded), the LM step, and Moshi's codes
+    decoded (None until the delays are filled) are one lazy graph, evaluated with the codec's
+    state (the step's inputs too); returns the step and Moshi's pcm."""
+    if pcm is not None:
         codes = codec.encode_step(pcm)
     out = generator.step(codes)
     reply = None if out.frame is None else codec.decode_step(out.frame)
@@ -291,12 +288,24 @@ class Conversation:
     def end_of_input(self) -> StepResult:
         """Hibiki: tell the model the source speech is over (its end-of-input frame); feed
         silence afterwards until `StepResult.end_of_text`."""
+        return self._user_codes(self._model.lm.config.card)
+
+    def step_without_input(self) -> StepResult:
+        """Hibiki: a step in which the model hears nothing (user codes -1: no input) and no
+        audio is encoded: a translation's first step, whose input the model never reads (the
+        delays' initial tokens stand in), without spending a frame of the source on it."""
+        return self._user_codes(-1)
+
+    def _user_codes(self, code: int) -> StepResult:
         if self._closed:
             raise MoshiError("this conversation is closed; start a new one")
-        return self._result(None, None)
+        codes = mx.full((self._model.lm.config.num_user_codebooks,), code, mx.int32)
+        return self._result(None, None, codes)
 
-    def _result(self, pcm: np.ndarray | None, heard: np.ndarray | None) -> StepResult:
-        out, reply = step_frame(self._generator, self._codec, pcm)
+    def _result(
+        self, pcm: np.ndarray | None, heard: np.ndarray | None, codes: mx.array | None = None
+    ) -> StepResult:
+        out, reply = step_frame(self._generator, self._codec, pcm, codes)
         token = out.text.item()
         text = self._text.decode(token)
         pcm_out = self._silence.copy() if reply is None else np.array(reply)

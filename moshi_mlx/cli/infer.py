@@ -4,8 +4,10 @@ python -m moshi_mlx infer in.wav -o out.wav [--seed 42] [--voice V --role R] [we
     [--tokens steps.npz]
 
 Hibiki (`--hf-repo kyutai/hibiki-1b-mlx-bf16`, `--cfg-coef`) translates: French speech in,
-English speech (out.wav) and text out. After the source, as Kyutai's `run_inference`, it gets
-the end-of-input frame, then silence until it ends its text (at most `max_tail_frames`).
+English speech (out.wav) and text out. It starts as Kyutai's references do (`lead_in`), and
+after the source, as Kyutai's `run_inference`, it gets the end-of-input frame, then silence until
+it ends its text (at most `max_tail_frames`); the audio of the steps before the delays fill is
+not kept.
 """
 
 from __future__ import annotations
@@ -96,26 +98,38 @@ def max_tail_frames(source_frames: int) -> int:
     return max(source_frames, 125)
 
 
+def lead_in(config: LmConfig, frame_size: int) -> list[np.ndarray | None]:
+    """The frames a translation feeds before its source (None: a step without input), as
+    Kyutai's references start: Hibiki-Zero `max_delay` frames of silence (the `hibiki-zero`
+    package's `generate`); Hibiki one step without input (`moshi.run_inference` feeds the
+    source's first frame twice, and its `LMGen` never reads a first step's input: the model
+    hears the same, and the encoder hears that frame once, as there)."""
+    if config.model_name == "Hibiki-Zero":
+        return [np.zeros(frame_size, np.float32)] * config.max_delay
+    return [None]
+
+
 def translate(
     conversation,
     source_pcm: np.ndarray,
     frame_size: int,
     audio_lag: int,
     on_step: OnStep | None = None,
-    lead_in: int = 0,
+    lead: Sequence[np.ndarray | None] = (),
 ) -> np.ndarray:
-    """Hibiki: `converse` over the source, then its end-of-input frame and silence until the
-    text ends (`max_tail_frames` at most) and the `audio_lag` frames of audio behind that
-    text (the LM's `max_delay`) have played; the translation's audio from the source's start.
-    An end of text sampled before the end of input is not one (Kyutai's rule).
-
-    `lead_in` frames of silence go before the source, their steps' audio not kept (Hibiki-Zero:
-    its `max_delay`, as the `hibiki-zero` package's `generate` warms its `LMGen` up): the
-    model hears the source after them, and the audio starts with the model's first frame, not
-    with the silence a conversation gives while the delays fill."""
-    lead = np.zeros(lead_in * frame_size, np.float32)
-    spoken = converse(conversation, np.concatenate([lead, source_pcm]), frame_size, on_step)
-    replies = [spoken[len(lead) :]]
+    """Hibiki: the `lead` frames (`lead_in`), `converse` over the source, then its
+    end-of-input frame and silence until the text ends (`max_tail_frames` at most) and the
+    `audio_lag` frames of audio behind that text (the LM's `max_delay`) have played; the
+    translation's audio, less the first `audio_lag` steps' (the silence a conversation gives
+    while the delays fill). An end of text sampled before the end of input is not one
+    (Kyutai's rule)."""
+    replies = []
+    for frame in lead:
+        result = conversation.step_without_input() if frame is None else conversation.step(frame)
+        replies.append(result.pcm)
+        if on_step is not None:
+            on_step(result)
+    replies.append(converse(conversation, source_pcm, frame_size, on_step))
     silence = np.zeros(frame_size, np.float32)
     result, ended_at = conversation.end_of_input(), None
     for frame in range(max_tail_frames(-(-len(source_pcm) // frame_size))):
@@ -127,7 +141,7 @@ def translate(
         if ended_at is not None and frame - ended_at >= audio_lag:
             break
         result = conversation.step(silence)
-    return np.concatenate(replies)
+    return np.concatenate(replies)[audio_lag * frame_size :]
 
 
 def check_audio_output(input_path: Path, output: Path, force: bool) -> None:
@@ -180,9 +194,8 @@ def _run(argv: Sequence[str] | None) -> int:
     started = time.monotonic()
     with conversation:
         if model.lm.config.model_type == "hibiki":
-            lag = model.lm.config.max_delay
-            lead_in = lag if model.lm.config.model_name == "Hibiki-Zero" else 0
-            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, show, lead_in)
+            lag, lead = model.lm.config.max_delay, lead_in(model.lm.config, model.frame_size)
+            moshi_pcm = translate(conversation, user_pcm, model.frame_size, lag, show, lead)
         else:
             moshi_pcm = converse(conversation, user_pcm, model.frame_size, on_step=show)
         seed = conversation.seed

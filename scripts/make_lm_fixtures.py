@@ -1,4 +1,4 @@
-"""Golden LM outputs from Kyutai's PyTorch reference, for tests/test_lm_parity.py.
+"""Golden LM outputs from Kyutai's PyTorch reference, for tests/parity/test_lm_parity.py.
 
 Run with the reference environment (torch + moshi), from the repository root:
 

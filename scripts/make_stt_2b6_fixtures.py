@@ -102,7 +102,7 @@ def main() -> None:
                 padding_token_id=config["existing_text_padding_id"],
                 offset_seconds=int(prefix / FRAME_RATE) + timing["audio_delay_seconds"],
             )
-        except TypeError:  # its bug on some last segments (tests/test_stt_words.py)
+        except TypeError:  # its bug on some last segments (tests/parity/test_stt_words.py)
             continue
         if len(timed) >= 3:
             break

@@ -29,7 +29,7 @@ def voice(generator: torch.Generator) -> dict:
 
 
 def persona_voice(generator: torch.Generator) -> dict:
-    """A voice that the tests' tiny PersonaPlex model (tests/tiny_moshi.py: dim 64, 17 streams,
+    """A voice that the tests' tiny PersonaPlex model (tests/helpers/tiny_moshi.py: dim 64, 17 streams,
     max delay 1) takes: embeddings (4, 1, 1, 64) in bf16, a delayed-token buffer (1, 17, 4) of valid
     tokens (text below 100, audio below 2048)."""
     embeddings = 0.1 * torch.randn(4, 1, 1, 64, generator=generator)

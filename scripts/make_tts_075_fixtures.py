@@ -1,6 +1,6 @@
 """Golden outputs of Kyutai's PyTorch TTS in the layout of kyutai/tts-0.75b-en-public (voice
 cloning from an audio prefix, classifier-free guidance by a null row), for
-tests/test_tts_075_parity.py.
+tests/parity/test_tts_075_parity.py.
 
 Run with the reference environment (torch + Kyutai's `moshi` 0.2.13), from the repository
 root, after scripts/make_tts_fixtures.py (whose tokenizer it copies):

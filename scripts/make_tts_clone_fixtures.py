@@ -1,5 +1,5 @@
 """Golden outputs of Kyutai's PyTorch TTS continuing an audio prefix (voice cloning), for
-tests/test_tts_clone_parity.py.
+tests/parity/test_tts_clone_parity.py.
 
 Run with the reference environment (torch + Kyutai's `moshi` 0.2.13), from the repository
 root, after scripts/make_tts_fixtures.py (whose tiny checkpoint, tokenizer and voices it uses):

@@ -1,4 +1,4 @@
-"""Golden text schedules from Kyutai's TTS state machine, for tests/test_tts_machine.py.
+"""Golden text schedules from Kyutai's TTS state machine, for tests/parity/test_tts_machine.py.
 
 Run with the reference environment (torch + Kyutai's `moshi` 0.2.13 + sentencepiece), from
 the repository root:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds /opt/venvs/unmute: Kyutai's Unmute backend (github.com/kyutai-labs/unmute), installed
 # unmodified from a clone passed as UNMUTE_SRC, with the exact versions of its uv.lock (the
-# backend's dependencies only, not its dev group). tests/test_unmute.py runs
+# backend's dependencies only, not its dev group). tests/e2e/test_unmute.py runs
 # `uvicorn unmute.main_websocket:app` from it against our server and skips without it.
 #
 # Unmute asks for Python 3.12 and its code needs it (PEP 695 generics: `class Quest[T]`), so the

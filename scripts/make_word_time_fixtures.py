@@ -1,4 +1,4 @@
-"""Golden word times from Kyutai's own timing function, for tests/test_stt_words.py.
+"""Golden word times from Kyutai's own timing function, for tests/parity/test_stt_words.py.
 
 Run with the reference environment (torch + sentencepiece), from the repository root, after
 fetching github.com/kyutai-labs/delayed-streams-modeling (a bare git directory will do):

@@ -14,7 +14,7 @@ residual stream:
   measured, not built: `write_voice`'s voice (-22 dBFS RMS) gives words at 10 dB down,
   fewer at 15 dB down, none from 20 dB down (about -42 dBFS) on; espeak-ng's speech
   (peaks at full scale) gives only silence codes from 30 dB down. So an echo canceller's residual (20-40 dB down) is silence to this STT,
-  as Kyutai's STT would hear no words in it (tests/test_turn_stt.py checks 30 dB down).
+  as Kyutai's STT would hear no words in it (tests/unit/test_turn_stt.py checks 30 dB down).
 - 2 / 3: the text token written at the previous step was the end-of-padding token 0 / any
   other one (set by the text embedding), 4: a constant 4 (the text embedding too).
 - 5: how much of the last second was speech: the first layer's attention has zero queries

@@ -1,0 +1,113 @@
+"""kyutai/tts-0.75b-en-public's layout (the tiny random checkpoint of tests/fixtures/tts_075)
+through the products: `python -m moshi_mlx tts --hf-repo FOLDER --voice speech.wav` writes
+speech in the recording's voice and refuses a run without one in one line, and `serve`'s
+`/v1/audio/voices` + `/v1/audio/speech` speak in a voice cloned from an upload (the `openai`
+package as the client), its only voices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import soundfile as sf
+from cli_checks import error_line, run_python
+from test_openai_audio import Server, _post_bytes
+from tiny_moshi import cached_tiny_moshi
+
+from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE
+from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.guard import EventTally
+from moshi_mlx.tts.synthesizer import TtsModel
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "tts_075"
+FRAME = 1920
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A folder laid out like the hub repo: config.json naming the files, and a Mimi."""
+    root = tmp_path_factory.mktemp("tts-0.75b-en-public")
+    config = json.loads((FIXTURES / CONFIG_FILE).read_text())
+    files = {
+        CONFIG_FILE: FIXTURES / CONFIG_FILE,
+        config["moshi_name"]: FIXTURES / "weights.safetensors",
+        config["tokenizer_name"]: FIXTURES / "tokenizer.model",
+        MIMI_FILE: cached_tiny_moshi(tmp_path_factory)["mimi"],
+    }
+    for name, path in files.items():
+        (root / name).symlink_to(path)
+    return root
+
+
+def _recording(path: Path, seconds: float = 1.5) -> Path:
+    t = np.arange(int(seconds * 24_000)) / 24_000
+    sf.write(str(path), (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24_000)
+    return path
+
+
+def _tts(folder: Path, tmp_path: Path, *args):
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+        MOSHI_MLX_WEIGHTS=str(tmp_path / "no_weights"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    )
+    return run_python(
+        env, "-m", "moshi_mlx", "tts", "--hf-repo", folder, *args, cwd=tmp_path, timeout=180
+    )
+
+
+def test_the_command_clones_a_recordings_voice(folder, tmp_path):
+    speech = _recording(tmp_path / "speech.wav")
+    out = tmp_path / "out.wav"
+    done = _tts(folder, tmp_path, "--voice", speech, "Hello there.", "-o", out, "--seed", 3)
+    assert done.returncode == 0, done.stderr
+    pcm, rate = sf.read(str(out), dtype="float32")
+    assert rate == 24_000 and len(pcm) >= FRAME and len(pcm) % FRAME == 0
+
+
+def test_the_command_without_a_recording_says_it_needs_one(folder, tmp_path):
+    line = error_line(_tts(folder, tmp_path, "Hello there.", "-o", tmp_path / "x.wav"))
+    assert line.startswith("error: this model clones the voice of a recording: give --voice")
+    speech = _recording(tmp_path / "speech.wav")
+    args = ("--voice", speech, "--voice", "expresso/x.wav", "Hi.", "-o", tmp_path / "y.wav")
+    line = error_line(_tts(folder, tmp_path, *args))
+    assert line == "error: this model takes one recording as its voice and no named voices"
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    thread = ModelThread()
+    thread.start()
+    context = ServeContext(thread, EventTally(logging.getLogger("test")))
+    context.tts = thread.call_soon(lambda: TtsModel.load(folder, dtype=mx.float32)).result(300)
+    context.add_model("tts", "kyutai/tts-0.75b-en-public")
+    server = Server(context)
+    yield server
+    server.close()
+    thread.stop()
+
+
+def test_speech_is_in_a_voice_cloned_from_an_upload_and_in_no_other(server, tmp_path):
+    listed = server.client.get("/audio/voices", cast_to=object)
+    assert listed["data"] == [] and listed["aliases"] == {}
+    with pytest.raises(openai.BadRequestError, match="this model speaks in cloned voices only"):
+        server.client.audio.speech.create(model="tts", voice="alloy", input="Hi there.")
+    url = f"{server.url}/v1/audio/voices"
+    status, voice = _post_bytes(url, _recording(tmp_path / "me.wav").read_bytes())
+    assert status == 200 and voice["id"].startswith("clone-"), voice
+    options = {"model": "tts", "voice": voice["id"], "input": "Hi there.", "response_format": "pcm"}
+    with server.client.audio.speech.with_streaming_response.create(**options) as response:
+        assert response.status_code == 200
+        pcm = response.read()
+    assert len(pcm) >= 2 * FRAME and len(pcm) % (2 * FRAME) == 0

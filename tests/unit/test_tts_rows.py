@@ -1,0 +1,184 @@
+"""TTS streams joining and leaving one batch (`TtsBatch`): each stream's tokens and audio, in a
+batch with others that started earlier or later, equal its run alone (greedy, float32, the
+tiny random checkpoint of tests/fixtures/tts and a tiny random Mimi); and the masked history
+under them (`KVRing.starts`): a row started at position p attends as a stream at 0."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from moshi_mlx.checkpoints.hub import lm_config_of
+from moshi_mlx.checkpoints.mimi import load_mimi
+from moshi_mlx.errors import TtsError
+from moshi_mlx.runtime.sampling import GREEDY
+from moshi_mlx.runtime.tokenizer import load_tokenizer
+from moshi_mlx.testing.checkpoints import load_lm
+from moshi_mlx.tts.batch import TtsBatch
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+from moshi_mlx.tts.voices import load_voice, voice_keys_values
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
+VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
+RUNS = json.loads((FIXTURES / "golden_generate.json").read_text())["runs"]
+TEXTS = [row["text"] for row in RUNS["batch"]["rows"]] + [RUNS["padding_bonus"]["rows"][0]["text"]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_mimi_checkpoint) -> TtsModel:
+    config = lm_config_of(FIXTURES / "weights.safetensors")
+    lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
+    path, mimi_config = tiny_mimi_checkpoint
+    codec = SimpleNamespace(model=load_mimi(path, config.dep_q, mimi_config))
+    return TtsModel(lm, codec, load_tokenizer(FIXTURES / "tokenizer.model"), files=None)
+
+
+def _requests() -> list[TtsRequest]:
+    voices = [VOICES["alice"], VOICES["bob"], VOICES["alice"]]
+    return [
+        TtsRequest(text, (voice,), config)
+        for text, voice, config in zip(TEXTS, voices, (2, 1.5, 2))
+    ]
+
+
+def _alone(model: TtsModel, request: TtsRequest) -> list[tuple]:
+    """Per step of the request run alone: predicted, fed, frame (list or None), pcm."""
+    run = TtsRun(model, [request], GREEDY, GREEDY, seed=0)
+    run.schedules[0].push(model.entries(request.text))
+    run.schedules[0].close()
+    steps = []
+    while not run.finished:
+        step = run.step()
+        frame = None if step.tokens.frame is None else np.array(step.tokens.frame[0]).tolist()
+        steps.append((step.tokens.predicted[0], step.tokens.fed[0], frame, step.pcm[0]))
+    return steps
+
+
+def _assert_same_stream(batched: list, alone: list) -> None:
+    assert len(batched) == len(alone)
+    assert [s[:3] for s in batched] == [s[:3] for s in alone]
+    for (*_, pcm), (*_, pcm_alone) in zip(batched, alone):
+        assert (pcm is None) == (pcm_alone is None)
+        if pcm is not None:
+            np.testing.assert_allclose(pcm, pcm_alone, rtol=0, atol=1e-6)
+
+
+def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
+    """Stream 0 starts at step 0, stream 1 at step 5 in the next row, and stream 2 takes
+    stream 0's row (its history masked, its delayed tokens and Mimi state fresh) when stream 0
+    leaves; every stream's tokens and audio are those of its run alone."""
+    requests = _requests()
+    alone = [_alone(model, request) for request in requests]
+    batch = TtsBatch(model, rows=3, text_sampling=GREEDY, audio_sampling=GREEDY)
+    row_of: dict[int, int] = {}  # stream -> row
+    outputs: dict[int, list] = {stream: [] for stream in range(3)}
+    join_at = {0: 0, 1: 5}
+    step = 0
+    while len(outputs[2]) == 0 or 2 in row_of:
+        for stream, at in join_at.items():
+            if at == step:
+                row_of[stream] = batch.add(requests[stream])
+                batch.close(row_of[stream])
+        stream_of = {row: stream for stream, row in row_of.items()}
+        for out in batch.step():
+            stream = stream_of[out.row]
+            frame = None if out.frame is None else out.frame.tolist()
+            outputs[stream].append((out.predicted, out.fed, frame, out.pcm))
+            if out.finished:
+                batch.remove(out.row)
+                del row_of[stream]
+                if stream == 0:
+                    join_at[2] = step + 1
+        step += 1
+        assert step < 2000
+    assert 1 not in row_of  # stream 1 ended first or meanwhile
+    for stream in range(3):
+        _assert_same_stream(outputs[stream], alone[stream])
+    assert join_at[2] > 5  # stream 2 joined a batch well under way, in row 0
+    assert all(any(s[3] is not None for s in outputs[k]) for k in range(3))
+
+
+def test_a_cloned_voices_stream_joining_a_batch_speaks_as_alone(model):
+    """A stream with an audio prefix (a cloned voice: "no input" text and its codes forced
+    while it lasts, its audio not played) joins a busy batch at step 5 in row 1: its tokens,
+    audio and word times are those of its run alone (`TtsRun`), and row 0's are unchanged."""
+    codes = np.random.default_rng(3).integers(0, model.config.card, (model.config.dep_q, 12))
+    plain, cloned = _requests()[0], replace(_requests()[1], prefix=codes)
+    alone = [_alone(model, request) for request in (plain, cloned)]
+    run = TtsRun(model, [cloned], GREEDY, GREEDY)
+    run.schedules[0].push(model.entries(cloned.text))
+    run.schedules[0].close()
+    while not run.finished:
+        run.step_tokens()
+    batch = TtsBatch(model, rows=2, text_sampling=GREEDY, audio_sampling=GREEDY)
+    outputs: dict[int, list] = {0: [], 1: []}
+    words = None
+    for step in range(2000):
+        if step in (0, 5):
+            batch.close(batch.add(plain if step == 0 else cloned))
+        for out in batch.step():
+            frame = None if out.frame is None else out.frame.tolist()
+            outputs[out.row].append((out.predicted, out.fed, frame, out.pcm))
+            if out.finished:
+                words = batch.words(out.row) if out.row == 1 else words
+                batch.remove(out.row)
+        if not batch.busy_rows:
+            break
+    _assert_same_stream(outputs[0], alone[0])
+    _assert_same_stream(outputs[1], alone[1])
+    assert [fed for _, fed, *_ in outputs[1][:12]] == [-1] * 12
+    assert words == run.words(0) and words[0][1] >= 0
+
+
+def test_rows_are_checked(model):
+    batch = TtsBatch(model, rows=1, text_sampling=GREEDY, audio_sampling=GREEDY)
+    assert batch.step() == []
+    row = batch.add(_requests()[0])
+    with pytest.raises(TtsError, match="all 1 rows"):
+        batch.add(_requests()[1])
+    batch.remove(row)
+    with pytest.raises(TtsError, match="row 0 holds no stream"):
+        batch.push(row, "more")
+
+
+def test_a_row_started_late_attends_as_a_stream_started_at_zero(model):
+    """The temporal transformer, batch of 2: row 1 runs 23 steps of other inputs, then its
+    stream starts (`KVRing.with_row_started`) and runs 30 steps, past the attention window:
+    its outputs equal the same inputs run alone from position 0 to float rounding."""
+    lm = model.lm
+    rng = np.random.default_rng(0)
+    dim, late, steps = lm.config.dim, 23, 30
+    inputs = mx.array(rng.standard_normal((steps, 1, dim)).astype(np.float32))
+    noise = mx.array(rng.standard_normal((late + steps, 2, dim)).astype(np.float32))
+    voice = load_voice(VOICES["alice"], 16)
+    cross_one = voice_keys_values(lm, [[voice]])
+    cross_two = voice_keys_values(lm, [[voice], [voice]])
+    ring = lm.transformer.make_ring(1, mx.float32)
+    alone = []
+    for t in range(steps):
+        ring = ring.grown(t)
+        alone.append(lm.transformer(inputs[t], ring.layers(), cross_one))
+        ring = ring.advanced()
+        mx.eval(alone[-1], ring.state)
+    ring = lm.transformer.make_ring(2, mx.float32)
+    batched = []
+    for t in range(late + steps):
+        if t == late:
+            ring = ring.with_row_started(1)
+        ring = ring.grown(t)
+        x = noise[t] if t < late else mx.concatenate([noise[t][:1], inputs[t - late]])
+        out = lm.transformer(x, ring.layers(), cross_two)
+        ring = ring.advanced()
+        mx.eval(out, ring.state)
+        if t >= late:
+            batched.append(out[1:])
+    assert lm.config.context < steps
+    difference = np.abs(np.array(mx.stack(batched)) - np.array(mx.stack(alone))).max()
+    print(f"largest difference {difference:.2e}")
+    assert difference < 1e-5

@@ -207,17 +207,31 @@ class Mimi(nn.Module):
     def sample_rate(self) -> int:
         return self.config.sample_rate
 
-    def with_codebooks(self, num_codebooks: int) -> Mimi:
-        """This codec on its first `num_codebooks` codebooks (Kyutai's `set_num_codebooks`),
-        sharing its weights: what a TTS generating fewer codebooks decodes with."""
-        if num_codebooks == self.num_codebooks:
+    def with_codebooks(self, num_codebooks: int, bins: int | None = None) -> Mimi:
+        """This codec on its first `num_codebooks` codebooks (Kyutai's `set_num_codebooks`)
+        and, given `bins`, on each one's first `bins` entries (the codes an LM of that card
+        reads and writes: a recording then encodes to codes below `bins`), sharing its
+        weights: what a TTS generating fewer codebooks decodes with."""
+        quantizer = self.config.quantizer
+        bins = quantizer.bins if bins is None else bins
+        if (num_codebooks, bins) == (self.num_codebooks, quantizer.bins):
             return self
         if num_codebooks > self.num_codebooks:
             raise ConfigError(f"this Mimi has {self.num_codebooks} codebooks, not {num_codebooks}")
-        view = Mimi(self.config, num_codebooks)  # checks the semantic codebooks are kept
-        acoustic = num_codebooks - self.config.quantizer.semantic_codebooks
+        if not 1 <= bins <= quantizer.bins:
+            raise ConfigError(f"this Mimi has {quantizer.bins} entries per codebook, not {bins}")
+        config = replace(self.config, quantizer=replace(quantizer, bins=bins))
+        view = Mimi(config, num_codebooks)  # checks the semantic codebooks are kept
+        acoustic = num_codebooks - quantizer.semantic_codebooks
+
+        def cut(name: str, array: mx.array) -> mx.array:
+            if name.endswith("codebooks"):
+                array = array[:acoustic] if name == "quantizer.acoustic.codebooks" else array
+                return array if bins == quantizer.bins else array[:, :bins]
+            return array
+
         weights = [
-            (name, array[:acoustic] if name == "quantizer.acoustic.codebooks" else array)
+            (name, cut(name, array))
             for name, array in tree_flatten(self.parameters())
             if acoustic > 0 or not name.startswith("quantizer.acoustic.")
         ]

@@ -73,9 +73,16 @@ def recording_codes(mimi: Mimi, audio: str | Path | np.ndarray) -> np.ndarray:
 
 class AudioPrefixes:
     """The prefixes of a batch of requests (None: a request without one). `audio_start`
-    (dep_q,): the step at which each codebook's audio starts (its delay plus the TTS's)."""
+    (dep_q,): the step at which each codebook's audio starts (its delay plus the TTS's);
+    `card`: the codes per codebook the LM reads (`TtsError` for a prefix's code outside)."""
 
-    def __init__(self, prefixes: Sequence[np.ndarray | None], dep_q: int, audio_start: np.ndarray):
+    def __init__(
+        self,
+        prefixes: Sequence[np.ndarray | None],
+        dep_q: int,
+        audio_start: np.ndarray,
+        card: int,
+    ):
         self._codes: list[np.ndarray | None] = []
         for prefix in prefixes:
             if prefix is not None:
@@ -85,7 +92,14 @@ class AudioPrefixes:
                         f"an audio prefix is integer codes (codebooks, frames), got "
                         f"{prefix.dtype} {prefix.shape}"
                     )
-                prefix = prefix[:dep_q].astype(np.int32)
+                prefix = prefix[:dep_q].astype(np.int64)
+                if prefix.min() < 0 or prefix.max() >= card:  # the LM's tables have `card` codes
+                    raise TtsError(
+                        f"an audio prefix's codes are 0 to {card - 1} for this model, got "
+                        f"{prefix.min()} to {prefix.max()}",
+                        parameter="prefix",
+                    )
+                prefix = prefix.astype(np.int32)
             self._codes.append(prefix)
         self.dep_q = dep_q
         self.audio_start = np.asarray(audio_start)
@@ -96,7 +110,8 @@ class AudioPrefixes:
     ) -> AudioPrefixes:
         """The prefixes of a batch's requests for a model of `config` whose audio lags its
         text `delay_steps` steps (each codebook starts at its delay plus those)."""
-        return cls(prefixes, config.dep_q, np.array(config.delays[1:]) + delay_steps)
+        audio_start = np.array(config.delays[1:]) + delay_steps
+        return cls(prefixes, config.dep_q, audio_start, config.card)
 
     def length(self, row: int) -> int:
         """Frames of row `row`'s prefix (0: none)."""

@@ -123,8 +123,10 @@ class TtsModel:
 
     @cached_property
     def mimi(self) -> Mimi:
-        """The Mimi that decodes the generated codebooks (the codec's, on `codebooks`)."""
-        return self.codec.model.with_codebooks(self.codebooks)
+        """The Mimi that decodes the generated codebooks and encodes recordings (the codec's,
+        on `codebooks` and the LM's `card` codes each: a recording's codes are ones the LM
+        reads)."""
+        return self.codec.model.with_codebooks(self.codebooks, self.config.card)
 
     @classmethod
     def load(

@@ -2,16 +2,20 @@
 through the products: `python -m moshi_mlx tts --hf-repo FOLDER --voice speech.wav` writes
 speech in the recording's voice and refuses a run without one in one line, and `serve`'s
 `/v1/audio/voices` + `/v1/audio/speech` speak in a voice cloned from an upload (the `openai`
-package as the client), its only voices."""
+package as the client), its only voices; Kyutai's `/api/tts_streaming` refuses it, naming
+`/v1/audio/speech`, in its protocol's Error (an aiohttp msgpack client)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 from pathlib import Path
 
+import aiohttp
 import mlx.core as mx
+import msgpack
 import numpy as np
 import pytest
 import soundfile as sf
@@ -23,6 +27,7 @@ from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
+from moshi_mlx.serve.tts.server import DIRECT_GUIDANCE_REFUSED, TTS_PATH
 from moshi_mlx.tts.synthesizer import TtsModel
 
 openai = pytest.importorskip("openai")
@@ -111,3 +116,32 @@ def test_speech_is_in_a_voice_cloned_from_an_upload_and_in_no_other(server, tmp_
         assert response.status_code == 200
         pcm = response.read()
     assert len(pcm) >= 2 * FRAME and len(pcm) % (2 * FRAME) == 0
+
+
+def test_kyutais_streaming_route_refuses_it_naming_the_route_that_speaks_it(server, tmp_path):
+    """`/api/tts_streaming` (rows of a `TtsBatch`) does not run this model: a msgpack client
+    as Unmute's gets the protocol's one `Error`, naming /v1/audio/speech, then a close (with a
+    cloned voice's id or none); its POST a 400 saying the same; the server serves on."""
+    url = f"{server.url}/v1/audio/voices"
+    status, voice = _post_bytes(url, _recording(tmp_path / "me.wav").read_bytes())
+    assert status == 200, voice
+    address = server.address
+
+    async def refused(query: str):
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"ws://{address}{TTS_PATH}{query}") as ws:
+                reply = msgpack.unpackb((await ws.receive(timeout=10)).data)
+                closing = await ws.receive(timeout=10)
+            body = {"text": "Hi.", "voice": voice["id"]}
+            post = await session.post(f"http://{address}{TTS_PATH}", json=body)
+            return reply, closing.type, post.status, await post.text()
+
+    for query in (f"?format=PcmMessagePack&voice={voice['id']}", ""):
+        reply, closing, status, text = asyncio.run(refused(query))
+        assert reply == {"type": "Error", "message": DIRECT_GUIDANCE_REFUSED}
+        assert "POST /v1/audio/speech" in reply["message"]
+        assert closing in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert status == 400 and text == DIRECT_GUIDANCE_REFUSED
+    options = {"model": "tts", "voice": voice["id"], "input": "Hi.", "response_format": "pcm"}
+    with server.client.audio.speech.with_streaming_response.create(**options) as response:
+        assert response.status_code == 200 and len(response.read()) >= 2 * FRAME

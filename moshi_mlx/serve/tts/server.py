@@ -60,6 +60,10 @@ from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
 
 TTS_PATH = "/api/tts_streaming"
+DIRECT_GUIDANCE_REFUSED = (
+    f"this server's TTS (voices cloned from a recording, as kyutai/tts-0.75b-en-public) is not "
+    f"served on {TTS_PATH}; use POST /v1/audio/speech with a voice from POST /v1/audio/voices"
+)
 SAMPLE_RATE = 24_000
 # Frames waiting for a client that does not read (40 s of audio); past this it is dropped.
 MAX_UNSENT = 500
@@ -198,8 +202,13 @@ class _TtsHandler:
         """The stream's options of its `voice` (a cloned voice's id, or a voice of the server's
         voice repo: `VoiceCatalog.resolve`; none: the default voice) and its query's sampling;
         `TtsError` (parameter "voice") for a voice the server does not offer, a 400 for a bad
-        sampling value, a 503 while the default voice is missing."""
+        sampling value, a 503 while the default voice is missing. A model that clones its
+        voices and is guided by null rows (`LmConfig.direct_guidance`, tts-0.75b-en-public)
+        does not run in a `TtsBatch`: `TtsError` (parameter "model") naming the route that
+        speaks it."""
         model = self.context.tts
+        if model.config.direct_guidance:
+            raise TtsError(DIRECT_GUIDANCE_REFUSED, parameter="model")
         repo = self.context.voice_repo or model.voice_repo
         path, prefix = None, None
         if voice:

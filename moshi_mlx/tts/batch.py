@@ -14,6 +14,12 @@ row and Mimi state start empty, its voices and conditions are written into its r
 text schedule counts its own steps. RoPE being relative, a stream's tokens and audio are
 those it gets alone, up to float rounding (greedy: the same tokens; tested).
 
+A model guided by null rows (tts-0.75b-en-public, `LmConfig.direct_guidance`: voices cloned
+from audio prefixes) runs 2 x `rows` rows: each stream's null row (`rows` + its row) starts
+with it and is masked until its own prefix's end (`TtsStepper.masked_until`), so a stream
+joining a batch in progress speaks as alone too (tests/unit/test_tts_075_rows.py). The
+batch's guidance `cfg_coef` is one for all its streams.
+
 Rows share the step's random key: with sampling (temp > 0) a stream's draws depend on its
 row and on the other rows, not only on its seed. Each row's audio is decoded by its own
 Mimi state (a batch of one), so joins and leaves never disturb another row's audio.
@@ -31,10 +37,10 @@ from moshi_mlx.models.depformer import ZERO_TOKEN
 from moshi_mlx.models.mimi import MimiState
 from moshi_mlx.runtime.batch_rows import BatchRows
 from moshi_mlx.runtime.sampling import Sampling
-from moshi_mlx.tts.conditions import condition_values
+from moshi_mlx.tts.conditions import condition_values, step_conditions
 from moshi_mlx.tts.machine import TextSchedule
 from moshi_mlx.tts.prefix import AudioPrefixes
-from moshi_mlx.tts.stepper import TtsStepper
+from moshi_mlx.tts.stepper import NO_PREFIX, TtsStepper
 from moshi_mlx.tts.synthesizer import (
     FINAL_PADDING,
     SKIPPED_FRAMES,
@@ -97,11 +103,6 @@ class TtsBatch:
         seed: int = 0,
         padding_bonus: float = 0.0,
     ):
-        if model.config.direct_guidance:
-            raise TtsError(
-                "this model (a voice cloned from a recording, guided by null rows) runs through "
-                "TtsModel.stream and synthesize, not in a TtsBatch of rows that come and go"
-            )
         self._busy: BatchRows[_TtsRow] = BatchRows(rows, TtsError)
         self.model = model
         self.rows = rows
@@ -129,11 +130,14 @@ class TtsBatch:
             self._stepper = None  # an idle batch starts again at position 0
         row = self._busy.free_row()
         model, lm = self.model, self.model.lm
-        cross = model.voice_keys_values([request.voices])
-        condition = lm.condition([condition_values(lm.config, request.cfg_coef)])
-        self._write_row(row, condition, cross)
-        feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
         prefix = AudioPrefixes.of([request.prefix], lm.config, model.delay_steps)
+        if lm.config.direct_guidance:
+            self._write_guided_row(row, request, prefix.length(0))
+        else:
+            cross = model.voice_keys_values([request.voices])
+            condition = lm.condition([condition_values(lm.config, request.cfg_coef)])
+            self._write_row(row, condition, cross)
+        feed = TextFeed(model.schedule(), model.entries, model.token_ids.main)
         self._busy[row] = _TtsRow(feed, model.mimi.make_state(), prefix)
         if isinstance(request.text, str):
             feed.push(request.text)
@@ -173,6 +177,48 @@ class TtsBatch:
         stepper.condition = put(stepper.condition, condition)
         stepper.cross = [(put(k, ck), put(v, cv)) for (k, v), (ck, cv) in zip(stepper.cross, cross)]
         mx.eval(stepper.condition, stepper.cross)
+        stepper.start_row(row)
+
+    def _write_guided_row(self, row: int, request: TtsRequest, prefix_frames: int) -> None:
+        """With guidance by null rows (`LmConfig.direct_guidance`): the row's null row masked
+        until its prefix's end (`step_conditions`), the row and its null row started at the
+        current position. The batch's guidance is its first stream's `cfg_coef`; `TtsError`
+        (parameter "cfg_coef") for a stream that asks another."""
+        model, rows = self.model, self.rows
+        conditions = step_conditions(
+            model.lm,
+            [request.voices],
+            [request.cfg_coef],
+            [prefix_frames],
+            model.delay_steps,
+            model.voice_keys_values,
+        )
+        if self._stepper is None:
+            self._stepper = TtsStepper(
+                model.lm,
+                None,
+                None,
+                model.delay_steps,
+                *self._sampling,
+                self._seed,
+                compiled_steps=model.compiled_steps,
+                n_q=model.n_q,
+                padding_bonus=self._padding_bonus,
+                masked_until=[NO_PREFIX] * rows,
+                cfg_coef=conditions.cfg_coef,
+            )
+        stepper = self._stepper
+        if conditions.cfg_coef != stepper.function.cfg_coef:
+            raise TtsError(
+                f"the streams of one batch take one cfg_coef: {stepper.function.cfg_coef}, "
+                f"not {conditions.cfg_coef}",
+                parameter="cfg_coef",
+            )
+        if stepper.masked_until is not None:
+            [until] = conditions.masked_until
+            selected = mx.arange(rows) == row
+            stepper.masked_until = mx.where(selected, until, stepper.masked_until)
+            mx.eval(stepper.masked_until)
         stepper.start_row(row)
 
     def push(self, row: int, text: str) -> None:

@@ -91,14 +91,15 @@ class TtsStepFunction(StepFunction):
         config, delayed, t = self.lm.config, self.delayed_tokens, state.position
         batch = state.tokens.shape[0]
         kv = self.kv_ring(state)
+        guided = self.cfg_coef != 1.0
         if state.starts is None:
             steps = t
             inputs = delayed.inputs(state.tokens, t)  # (B, K)
-        else:
-            steps = (t - state.starts)[:, None]  # (B, 1): each row's own step
+        else:  # the ring's first B rows are the streams' (then, with guidance, their null rows)
+            starts = state.starts[:batch] if guided else state.starts
+            steps = (t - starts)[:, None]  # (B, 1): each row's own step
             current = delayed.column(state.tokens, t)
             inputs = mx.where(steps <= delayed.delays, delayed.start_tokens, current)
-        guided = self.cfg_coef != 1.0
         rows = self._with_null_rows(inputs, steps, masked_until) if guided else inputs
         temporal_out, text_logits = self.lm.step_text(rows, kv, condition, cross)
         if guided:  # the text is not guided: the streams' own logits
@@ -177,8 +178,9 @@ class TtsStepper(Stepper):
         cfg_coef: classifier-free guidance by a null row per stream (1: none; for a model
             without a distilled "cfg" condition, `LmConfig.direct_guidance`).
 
-    `condition` and `cross` (None: a model without them) may be replaced between steps (a
-    batch whose rows change). The streams are `condition`'s rows, else `masked_until`'s, else 1.
+    `condition`, `cross` (None: a model without them) and `masked_until` may be replaced
+    between steps (a batch whose rows change). The streams are `condition`'s rows, else
+    `masked_until`'s, else 1.
     """
 
     def __init__(
@@ -214,9 +216,19 @@ class TtsStepper(Stepper):
         if cfg_coef != 1.0:
             until = [NO_PREFIX] * streams if masked_until is None else masked_until
             self.masked_until = mx.array(until, mx.int32)
+        self.streams = streams
         tokens = function.delayed_tokens.empty(streams)
         rows = streams * (1 if cfg_coef == 1.0 else 2)
         super().__init__(function, StepState.of(tokens, mx.random.key(seed), lm.make_ring(rows)))
+
+    def start_row(self, row: int) -> None:
+        """Start a new stream in row `row` at the next step (`Stepper.start_row`), with
+        guidance its null row too."""
+        super().start_row(row)
+        if self.masked_until is not None:
+            ring = self.ring.with_row_started(self.streams + row)
+            self._state = self._state.with_ring(ring)
+            mx.eval(self._state.starts)
 
     def step(
         self,

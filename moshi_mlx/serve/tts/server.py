@@ -23,6 +23,7 @@ import contextlib
 import logging
 import struct
 from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -60,9 +61,9 @@ from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
 
 TTS_PATH = "/api/tts_streaming"
-DIRECT_GUIDANCE_REFUSED = (
-    f"this server's TTS (voices cloned from a recording, as kyutai/tts-0.75b-en-public) is not "
-    f"served on {TTS_PATH}; use POST /v1/audio/speech with a voice from POST /v1/audio/voices"
+CLONED_VOICES_ONLY = (
+    "this model speaks in cloned voices only: upload a recording to POST /v1/audio/voices and "
+    "give its id as the voice"
 )
 SAMPLE_RATE = 24_000
 # Frames waiting for a client that does not read (40 s of audio); past this it is dropped.
@@ -202,29 +203,19 @@ class _TtsHandler:
         """The stream's options of its `voice` (a cloned voice's id, or a voice of the server's
         voice repo: `VoiceCatalog.resolve`; none: the default voice) and its query's sampling;
         `TtsError` (parameter "voice") for a voice the server does not offer, a 400 for a bad
-        sampling value, a 503 while the default voice is missing. A model that clones its
-        voices and is guided by null rows (`LmConfig.direct_guidance`, tts-0.75b-en-public)
-        does not run in a `TtsBatch`: `TtsError` (parameter "model") naming the route that
-        speaks it."""
+        sampling value, a 503 while the default voice is missing. A model without voice
+        embeddings (tts-0.75b-en-public) speaks in cloned voices only: no voice file, and
+        `TtsError` naming the upload route for any other voice."""
         model = self.context.tts
-        if model.config.direct_guidance:
-            raise TtsError(DIRECT_GUIDANCE_REFUSED, parameter="model")
-        repo = self.context.voice_repo or model.voice_repo
-        path, prefix = None, None
+        prefix = None
         if voice:
             voice, prefix = self.context.cloned_voices.resolve(voice)
-        if voice and prefix is None:
-            catalog = self._catalogs.setdefault(repo, VoiceCatalog(model.config, repo))
-            try:
-                path = await asyncio.to_thread(catalog.resolve, voice)
-            except ApiError as exc:
-                log.warning("voice refused: %s", capped(exc.message))
-                raise TtsError(exc.message, parameter="voice") from None
-        if path is None:
-            try:
-                path = await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)
-            except MoshiError as exc:
-                raise web.HTTPServiceUnavailable(text=without_paths(str(exc))) from None
+        if not model.config.cross_attention:
+            if prefix is None:
+                raise TtsError(CLONED_VOICES_ONLY, parameter="voice")
+            path = None
+        else:
+            path = await self._voice_file(voice if prefix is None else None)
         text, audio = TEXT_SAMPLING, AUDIO_SAMPLING
         try:
             if "temperature" in query:  # one temperature for both, as Kyutai's
@@ -239,6 +230,22 @@ class _TtsHandler:
             raise web.HTTPBadRequest(text=str(exc)) from None
         cfg_coef = config if config is not None else DEFAULT_CFG_COEF
         return SessionOptions(path, cfg_coef, (text, audio), seed, prefix)
+
+    async def _voice_file(self, voice: str | None) -> Path:
+        """The file of `voice` in the server's voice repo (none: the default voice's)."""
+        model = self.context.tts
+        repo = self.context.voice_repo or model.voice_repo
+        if voice:
+            catalog = self._catalogs.setdefault(repo, VoiceCatalog(model.config, repo))
+            try:
+                return await asyncio.to_thread(catalog.resolve, voice)
+            except ApiError as exc:
+                log.warning("voice refused: %s", capped(exc.message))
+                raise TtsError(exc.message, parameter="voice") from None
+        try:
+            return await asyncio.to_thread(resolve_voice, DEFAULT_VOICE, model.config, repo)
+        except MoshiError as exc:
+            raise web.HTTPServiceUnavailable(text=without_paths(str(exc))) from None
 
 
 def _bounded(text: str, low: float, high: float) -> float:

@@ -50,11 +50,11 @@ SessionEvent = AudioFrame | WordSpoken | Finished | Failed
 @dataclass(frozen=True)
 class SessionOptions:
     """How a stream speaks: the voice (a voice file, or an embedding (1, dim, frames) the
-    client sent), the guidance and the sampling (`seed` seeds the batch the stream starts;
+    client sent; None: a model without voice embeddings, which speaks its prefix's), the guidance and the sampling (`seed` seeds the batch the stream starts;
     beside other streams its draws depend on theirs), and the audio prefix of a cloned
     voice (`TtsRequest.prefix`; None: none)."""
 
-    voice: Path | np.ndarray
+    voice: Path | np.ndarray | None
     cfg_coef: float | None
     sampling: tuple[Sampling, Sampling]  # the text's, then the audio's
     seed: int | None = None

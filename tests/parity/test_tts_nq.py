@@ -6,28 +6,26 @@ are."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_moshi import TINY_TTS
+from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm
 
-from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
-from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
-VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
+FIXTURES = TINY_TTS
+VOICES = TINY_TTS_VOICES
 
 
 @pytest.fixture(scope="module")
 def lm():
-    config = lm_config_of(FIXTURES / "weights.safetensors")
-    return load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
+    return load_tiny_tts_lm()
 
 
 def _model(lm, n_q: int | None = None) -> TtsModel:

@@ -12,23 +12,23 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from closeness import norm_relative
+from tiny_moshi import TINY_TTS
+from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm
 
 from moshi_mlx.chat.teacher_forcing import depformer_logits
-from moshi_mlx.checkpoints.hub import lm_config_of
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.runtime.tokenizer import load_tokenizer
 from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import VOICE_TENSOR, load_voice, speaker_condition, voice_keys_values
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
-VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
+FIXTURES = TINY_TTS
+VOICES = TINY_TTS_VOICES
 
 
 @pytest.fixture(scope="module")
 def lm():
-    config = lm_config_of(FIXTURES / "weights.safetensors")
-    return load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
+    return load_tiny_tts_lm()
 
 
 @pytest.fixture(scope="module")

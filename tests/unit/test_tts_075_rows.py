@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
-import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_tts import assert_same_stream, steps_alone, tiny_tts_model
 
-from moshi_mlx.checkpoints.hub import lm_config_of
-from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import TtsError
 from moshi_mlx.runtime.sampling import GREEDY
-from moshi_mlx.runtime.tokenizer import load_tokenizer
-from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.batch import TtsBatch
-from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
+from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts_075"
 GOLDEN = json.loads((FIXTURES / "golden.json").read_text())["runs"]
@@ -29,12 +24,7 @@ GOLDEN = json.loads((FIXTURES / "golden.json").read_text())["runs"]
 
 @pytest.fixture(scope="module")
 def model(tiny_mimi_checkpoint) -> TtsModel:
-    weights = FIXTURES / "weights.safetensors"
-    config = lm_config_of(weights, FIXTURES / "config.json")
-    lm = load_lm(weights, config, dtype=mx.float32)
-    path, mimi_config = tiny_mimi_checkpoint
-    codec = SimpleNamespace(model=load_mimi(path, config.dep_q, mimi_config))
-    return TtsModel(lm, codec, load_tokenizer(FIXTURES / "tokenizer.model"), files=None)
+    return tiny_tts_model(FIXTURES, tiny_mimi_checkpoint, FIXTURES / "config.json")
 
 
 def _requests() -> list[TtsRequest]:
@@ -50,25 +40,12 @@ def _requests() -> list[TtsRequest]:
     return requests
 
 
-def _alone(model: TtsModel, request: TtsRequest) -> list[tuple]:
-    """Per step of the request run alone: predicted, fed, frame (list or None), pcm."""
-    run = TtsRun(model, [request], GREEDY, GREEDY, seed=0)
-    run.schedules[0].push(model.entries(request.text))
-    run.schedules[0].close()
-    steps = []
-    while not run.finished:
-        step = run.step()
-        frame = None if step.tokens.frame is None else np.array(step.tokens.frame[0]).tolist()
-        steps.append((step.tokens.predicted[0], step.tokens.fed[0], frame, step.pcm[0]))
-    return steps
-
-
 def test_cloned_streams_joining_and_leaving_a_batch_speak_as_alone(model):
     """Streams join a batch of 2 rows at steps 0 and 7, and each later one takes the row the
     first stream to end frees (its history, null row, delayed tokens and Mimi state fresh):
     every stream's tokens, frames and audio are those of its run alone."""
     requests = _requests()
-    alone = [_alone(model, request) for request in requests]
+    alone = [steps_alone(model, request) for request in requests]
     batch = TtsBatch(model, rows=2, text_sampling=GREEDY, audio_sampling=GREEDY)
     waiting = list(range(len(requests)))
     stream_of: dict[int, int] = {}  # row -> stream
@@ -88,12 +65,7 @@ def test_cloned_streams_joining_and_leaving_a_batch_speak_as_alone(model):
         if not waiting and not stream_of:
             break
     for stream, steps in outputs.items():
-        assert len(steps) == len(alone[stream]), stream
-        assert [s[:3] for s in steps] == [s[:3] for s in alone[stream]], stream
-        for pcm, pcm_alone in zip([s[3] for s in steps], [s[3] for s in alone[stream]]):
-            assert (pcm is None) == (pcm_alone is None)
-            if pcm is not None:
-                np.testing.assert_allclose(pcm, pcm_alone, rtol=0, atol=1e-5)
+        assert_same_stream(steps, alone[stream], atol=1e-5)
     assert all(any(s[3] is not None for s in steps) for steps in outputs.values())
 
 

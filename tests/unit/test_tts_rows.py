@@ -7,36 +7,28 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
-from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from tiny_moshi import TINY_TTS
+from tiny_tts import TINY_TTS_VOICES, assert_same_stream, steps_alone, tiny_tts_model
 
-from moshi_mlx.checkpoints.hub import lm_config_of
-from moshi_mlx.checkpoints.mimi import load_mimi
 from moshi_mlx.errors import TtsError
 from moshi_mlx.runtime.sampling import GREEDY
-from moshi_mlx.runtime.tokenizer import load_tokenizer
-from moshi_mlx.testing.checkpoints import load_lm
 from moshi_mlx.tts.batch import TtsBatch
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest, TtsRun
 from moshi_mlx.tts.voices import load_voice, voice_keys_values
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
-VOICES = {name: FIXTURES / "voices" / f"{name}.safetensors" for name in ("alice", "bob")}
+FIXTURES = TINY_TTS
+VOICES = TINY_TTS_VOICES
 RUNS = json.loads((FIXTURES / "golden_generate.json").read_text())["runs"]
 TEXTS = [row["text"] for row in RUNS["batch"]["rows"]] + [RUNS["padding_bonus"]["rows"][0]["text"]]
 
 
 @pytest.fixture(scope="module")
 def model(tiny_mimi_checkpoint) -> TtsModel:
-    config = lm_config_of(FIXTURES / "weights.safetensors")
-    lm = load_lm(FIXTURES / "weights.safetensors", config, dtype=mx.float32)
-    path, mimi_config = tiny_mimi_checkpoint
-    codec = SimpleNamespace(model=load_mimi(path, config.dep_q, mimi_config))
-    return TtsModel(lm, codec, load_tokenizer(FIXTURES / "tokenizer.model"), files=None)
+    return tiny_tts_model(FIXTURES, tiny_mimi_checkpoint)
 
 
 def _requests() -> list[TtsRequest]:
@@ -47,34 +39,12 @@ def _requests() -> list[TtsRequest]:
     ]
 
 
-def _alone(model: TtsModel, request: TtsRequest) -> list[tuple]:
-    """Per step of the request run alone: predicted, fed, frame (list or None), pcm."""
-    run = TtsRun(model, [request], GREEDY, GREEDY, seed=0)
-    run.schedules[0].push(model.entries(request.text))
-    run.schedules[0].close()
-    steps = []
-    while not run.finished:
-        step = run.step()
-        frame = None if step.tokens.frame is None else np.array(step.tokens.frame[0]).tolist()
-        steps.append((step.tokens.predicted[0], step.tokens.fed[0], frame, step.pcm[0]))
-    return steps
-
-
-def _assert_same_stream(batched: list, alone: list) -> None:
-    assert len(batched) == len(alone)
-    assert [s[:3] for s in batched] == [s[:3] for s in alone]
-    for (*_, pcm), (*_, pcm_alone) in zip(batched, alone):
-        assert (pcm is None) == (pcm_alone is None)
-        if pcm is not None:
-            np.testing.assert_allclose(pcm, pcm_alone, rtol=0, atol=1e-6)
-
-
 def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
     """Stream 0 starts at step 0, stream 1 at step 5 in the next row, and stream 2 takes
     stream 0's row (its history masked, its delayed tokens and Mimi state fresh) when stream 0
     leaves; every stream's tokens and audio are those of its run alone."""
     requests = _requests()
-    alone = [_alone(model, request) for request in requests]
+    alone = [steps_alone(model, request) for request in requests]
     batch = TtsBatch(model, rows=3, text_sampling=GREEDY, audio_sampling=GREEDY)
     row_of: dict[int, int] = {}  # stream -> row
     outputs: dict[int, list] = {stream: [] for stream in range(3)}
@@ -99,7 +69,7 @@ def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
         assert step < 2000
     assert 1 not in row_of  # stream 1 ended first or meanwhile
     for stream in range(3):
-        _assert_same_stream(outputs[stream], alone[stream])
+        assert_same_stream(outputs[stream], alone[stream], atol=1e-6)
     assert join_at[2] > 5  # stream 2 joined a batch well under way, in row 0
     assert all(any(s[3] is not None for s in outputs[k]) for k in range(3))
 
@@ -110,7 +80,7 @@ def test_a_cloned_voices_stream_joining_a_batch_speaks_as_alone(model):
     audio and word times are those of its run alone (`TtsRun`), and row 0's are unchanged."""
     codes = np.random.default_rng(3).integers(0, model.config.card, (model.config.dep_q, 12))
     plain, cloned = _requests()[0], replace(_requests()[1], prefix=codes)
-    alone = [_alone(model, request) for request in (plain, cloned)]
+    alone = [steps_alone(model, request) for request in (plain, cloned)]
     run = TtsRun(model, [cloned], GREEDY, GREEDY)
     run.schedules[0].push(model.entries(cloned.text))
     run.schedules[0].close()
@@ -130,8 +100,8 @@ def test_a_cloned_voices_stream_joining_a_batch_speaks_as_alone(model):
                 batch.remove(out.row)
         if not batch.busy_rows:
             break
-    _assert_same_stream(outputs[0], alone[0])
-    _assert_same_stream(outputs[1], alone[1])
+    assert_same_stream(outputs[0], alone[0], atol=1e-6)
+    assert_same_stream(outputs[1], alone[1], atol=1e-6)
     assert [fed for _, fed, *_ in outputs[1][:12]] == [-1] * 12
     assert words == run.words(0) and words[0][1] >= 0
 

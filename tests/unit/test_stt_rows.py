@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from batch_rows import run_joining
 from tiny_moshi import cached_tiny_stt, load_tiny_stt
 
 from moshi_mlx.errors import AudioError, MoshiError
@@ -59,30 +60,18 @@ def test_streams_joining_and_leaving_a_batch_transcribe_as_alone(model, mimi_sig
     ]
     alone = [_alone(model, frames) for frames in audio]
     batch = SttBatch(model, rows=2)
-    join_at = {0: 0, 1: 4}
-    row_of: dict[int, int] = {}
-    outputs: dict[int, list] = {stream: [] for stream in range(3)}
-    step = 0
-    while not outputs[2] or 2 in row_of:
-        for stream, at in join_at.items():
-            if at == step:
-                row_of[stream] = batch.add()
-                batch.push(row_of[stream], audio[stream])
-                batch.close(row_of[stream])
-        stream_of = {row: stream for stream, row in row_of.items()}
-        for out in batch.step():
-            stream = stream_of[out.row]
-            outputs[stream].append(_summary(out.step))
-            if out.finished:
-                batch.remove(out.row)
-                del row_of[stream]
-                if stream == 0:
-                    join_at[2] = step + 1
-        step += 1
-        assert step < 1000
+
+    def start(stream: int) -> int:
+        row = batch.add()
+        batch.push(row, audio[stream])
+        batch.close(row)
+        return row
+
+    run = run_joining(batch, start, lambda out: _summary(out.step), second_at=4, limit=1000)
+    outputs = run.outputs
     for stream in range(3):
         _same(outputs[stream], alone[stream])
-    assert join_at[2] > 4  # stream 2 joined a batch under way, in a used row
+    assert run.third_joined_at > 4  # stream 2 joined a batch under way, in a used row
     texts = [step[2] for steps in outputs.values() for step in steps]
     assert any(texts), "the tiny model wrote no text at all: nothing compared"
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 import pytest
+from batch_rows import run_joining
 from tiny_moshi import TINY_TTS
 from tiny_tts import TINY_TTS_VOICES, assert_same_stream, steps_alone, tiny_tts_model
 
@@ -46,31 +47,22 @@ def test_streams_joining_and_leaving_a_batch_speak_as_alone(model):
     requests = _requests()
     alone = [steps_alone(model, request) for request in requests]
     batch = TtsBatch(model, rows=3, text_sampling=GREEDY, audio_sampling=GREEDY)
-    row_of: dict[int, int] = {}  # stream -> row
-    outputs: dict[int, list] = {stream: [] for stream in range(3)}
-    join_at = {0: 0, 1: 5}
-    step = 0
-    while len(outputs[2]) == 0 or 2 in row_of:
-        for stream, at in join_at.items():
-            if at == step:
-                row_of[stream] = batch.add(requests[stream])
-                batch.close(row_of[stream])
-        stream_of = {row: stream for stream, row in row_of.items()}
-        for out in batch.step():
-            stream = stream_of[out.row]
-            frame = None if out.frame is None else out.frame.tolist()
-            outputs[stream].append((out.predicted, out.fed, frame, out.pcm))
-            if out.finished:
-                batch.remove(out.row)
-                del row_of[stream]
-                if stream == 0:
-                    join_at[2] = step + 1
-        step += 1
-        assert step < 2000
-    assert 1 not in row_of  # stream 1 ended first or meanwhile
+
+    def start(stream: int) -> int:
+        row = batch.add(requests[stream])
+        batch.close(row)
+        return row
+
+    def summary(out) -> tuple:
+        frame = None if out.frame is None else out.frame.tolist()
+        return (out.predicted, out.fed, frame, out.pcm)
+
+    run = run_joining(batch, start, summary, second_at=5, limit=2000)
+    outputs = run.outputs
+    assert 1 not in run.open_streams  # stream 1 ended first or meanwhile
     for stream in range(3):
         assert_same_stream(outputs[stream], alone[stream], atol=1e-6)
-    assert join_at[2] > 5  # stream 2 joined a batch well under way, in row 0
+    assert run.third_joined_at > 5  # stream 2 joined a batch well under way, in row 0
     assert all(any(s[3] is not None for s in outputs[k]) for k in range(3))
 
 

@@ -127,27 +127,27 @@ def test_strict_load_names_missing_tensor(tiny_lm_checkpoints, tmp_path, variant
         load_lm(path, LmConfig.tiny())
 
 
-def test_strict_load_names_unexpected_tensor(tiny_lm_checkpoints, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        (
+            "depformer.slices.8.linear_in.weight",
+            r"unexpected tensor\(s\) depformer.slices.8.linear_in",
+        ),
+        (
+            "audio_embs.4.weight",
+            r"audio_embs.4.weight has shape \(64, 64\), expected \(65, 64\)",
+        ),
+    ],
+    ids=["unexpected", "mis-shaped"],
+)
+def test_strict_load_names_unexpected_or_mis_shaped_tensor(
+    tiny_lm_checkpoints, tmp_path, name, match
+):
     path = _rewrite(
-        tiny_lm_checkpoints["bf16"],
-        tmp_path,
-        lambda t: t.update({"depformer.slices.8.linear_in.weight": mx.zeros((64, 64))}),
+        tiny_lm_checkpoints["bf16"], tmp_path, lambda t: t.update({name: mx.zeros((64, 64))})
     )
-    with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) depformer.slices.8.linear_in"):
-        load_lm(path, LmConfig.tiny())
-
-
-def test_strict_load_names_mis_shaped_tensor(tiny_lm_checkpoints, tmp_path):
-    path = _rewrite(
-        tiny_lm_checkpoints["bf16"],
-        tmp_path,
-        lambda t: t.update({"audio_embs.4.weight": mx.zeros((64, 64))}),
-    )
-    with pytest.raises(
-        WeightsError,
-        match=r"audio_embs.4.weight has shape \(64, 64\), expected "
-        r"\(65, 64\)",
-    ):
+    with pytest.raises(WeightsError, match=match):
         load_lm(path, LmConfig.tiny())
 
 

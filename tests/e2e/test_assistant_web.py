@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 import sphn
 from assistant_fakes import FRAMES_PER_WORD, FrameSpeech, ScriptedStt
-from chromium import Chromium, chromium_binary
+from chromium import Chromium, chromium_binary, poll_stats
 from served_app import served, start_guarded, with_routes
 
 from moshi_mlx.assistant import TurnRules
@@ -255,7 +255,6 @@ def test_the_page_greets_in_headless_chromium(tmp_path):
     assert stats["receivedAudioMessages"] > 0 and stats["sentSeconds"] > 0
 
 
-STATS = "window.assistantStats ? JSON.stringify(window.assistantStats) : null"
 CLICK_START = "document.getElementById('start').click()"
 
 
@@ -264,13 +263,7 @@ def _greeted(stats: dict) -> bool:
 
 
 async def _poll(page, done, timeout: float) -> dict | None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        raw = await page.evaluate(STATS)  # None until the page's module has run
-        stats = json.loads(raw) if raw else None
-        if (stats and done(stats)) or asyncio.get_running_loop().time() > deadline:
-            return stats
-        await asyncio.sleep(0.25)
+    return await poll_stats(page, "assistantStats", done, timeout)
 
 
 def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_checkpoint):

@@ -19,7 +19,7 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from chromium import Chromium, chromium_binary
+from chromium import Chromium, chromium_binary, poll_stats
 from tiny_moshi import (
     cached_tiny_moshi,
     cached_tiny_personaplex,
@@ -36,7 +36,6 @@ pytestmark = pytest.mark.skipif(
     chromium_binary() is None,
     reason="chromium not installed (Debian: apt install chromium; scripts/run_tests.sh does it)",
 )
-STATS = "window.moshiStats ? JSON.stringify(window.moshiStats) : null"
 PERSONA_HIDDEN = "document.getElementById('persona').hidden"
 CLICK_START = "document.getElementById('start').click()"
 
@@ -81,14 +80,8 @@ def local_web(tmp_path_factory, tmp_path):
         process.wait(10)
 
 
-async def _poll(page, done, timeout: float) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        raw = await page.evaluate(STATS)  # None until the page's module has run
-        stats = json.loads(raw) if raw else None
-        if (stats and done(stats)) or asyncio.get_running_loop().time() > deadline:
-            return stats
-        await asyncio.sleep(0.25)
+async def _poll(page, done, timeout: float) -> dict | None:
+    return await poll_stats(page, "moshiStats", done, timeout)
 
 
 def _talking(stats: dict) -> bool:

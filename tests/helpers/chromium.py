@@ -163,3 +163,16 @@ class Page:
     async def close(self) -> None:
         self._reader.cancel()
         await self._ws.close()
+
+
+async def poll_stats(page, stats: str, done, timeout: float) -> dict | None:
+    """The page's `window.<stats>` object once `done(stats)` holds, or as it is after `timeout`
+    seconds (None while the page's module has not run)."""
+    script = f"window.{stats} ? JSON.stringify(window.{stats}) : null"
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        raw = await page.evaluate(script)
+        found = json.loads(raw) if raw else None
+        if (found and done(found)) or asyncio.get_running_loop().time() > deadline:
+            return found
+        await asyncio.sleep(0.25)

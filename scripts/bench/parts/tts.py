@@ -54,9 +54,10 @@ class _TimedMimi:
     def __getattr__(self, name: str):
         return getattr(self.mimi, name)
 
-    def with_codebooks(self, num_codebooks: int) -> _TimedMimi:
-        """The Mimi a TTS of `num_codebooks` decodes with, timed into the same list."""
-        view = self.mimi.with_codebooks(num_codebooks)
+    def with_codebooks(self, num_codebooks: int, bins: int | None = None) -> _TimedMimi:
+        """The Mimi a TTS of `num_codebooks` (and card `bins`) decodes with, timed into the
+        same list (`Mimi.with_codebooks`)."""
+        view = self.mimi.with_codebooks(num_codebooks, bins)
         if view is self.mimi:
             return self
         timed = _TimedMimi(view)

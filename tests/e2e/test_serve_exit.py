@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,7 +53,7 @@ def models(tmp_path_factory) -> dict[str, list[str]]:
 
     path = voices / voice_file_name(DEFAULT_VOICE, LmConfig.from_dict(tts_config))
     path.parent.mkdir(parents=True)
-    path.symlink_to(TINY_TTS / "voices" / "alice.safetensors")
+    shutil.copyfile(TINY_TTS / "voices" / "alice.safetensors", path)  # no link out: refused
     return {
         "chat": ["--moshi", *weight_flags(moshi), "--codec", fast_codec()],
         "stt": ["--stt", str(stt)],

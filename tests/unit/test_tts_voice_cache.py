@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from tiny_moshi import load_tiny_tts
+from tiny_tts import TINY_TTS_VOICES
 
 import moshi_mlx.tts.voices as voices_module
 from moshi_mlx.errors import TtsError
@@ -21,9 +22,8 @@ from moshi_mlx.models.lm import Lm
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest
 from moshi_mlx.tts.voices import VOICE_TENSOR, VOICES_KEPT, Voice, VoiceEmbedding
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
-ALICE = FIXTURES / "voices" / "alice.safetensors"
-BOB = FIXTURES / "voices" / "bob.safetensors"
+ALICE = TINY_TTS_VOICES["alice"]
+BOB = TINY_TTS_VOICES["bob"]
 TEXT = "Hi there."
 
 

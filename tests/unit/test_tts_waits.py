@@ -3,18 +3,16 @@ of its frame together and evaluate them in one `mx.eval`, then read only evaluat
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import pytest
 from tiny_moshi import load_tiny_tts
+from tiny_tts import TINY_TTS_VOICES
 
 from moshi_mlx.runtime.sampling import GREEDY
 from moshi_mlx.tts.batch import TtsBatch
 from moshi_mlx.tts.synthesizer import SKIPPED_FRAMES, TtsModel, TtsRequest, TtsRun
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "tts"
-ALICE = FIXTURES / "voices" / "alice.safetensors"
+ALICE = TINY_TTS_VOICES["alice"]
 TEXT = "Hello there, how are you?"
 
 

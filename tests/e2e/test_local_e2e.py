@@ -1,6 +1,7 @@
 """`python -m moshi_mlx.local` against a private PulseAudio server: espeak-ng speech into a
 virtual microphone, Moshi's audio recorded from the null sink's monitor."""
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -50,6 +51,20 @@ def _local(pulse, *args, env: dict | None = None, **kwargs):
     )
 
 
+@contextlib.contextmanager
+def _started(pulse, stderr_path: Path, ready: str, *args, env: dict | None = None, **kwargs):
+    """`python -m moshi_mlx.local ARGS` under `pulse`, its stderr written to `stderr_path`,
+    once that says `ready`; the process is killed on the way out if it still runs."""
+    with open(stderr_path, "w") as stderr:
+        proc = _local(pulse, *args, env=env, stderr=stderr, **kwargs)
+        try:
+            wait_for_text(stderr_path, ready, proc, timeout=90)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 def _run_local(
     pulse, *args, env: dict | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
@@ -87,37 +102,29 @@ def test_conversation_through_pulseaudio(pulse, tmp_path, tmp_path_factory):
     stderr_path, stats_path = tmp_path / "stderr.txt", tmp_path / "stats.json"
     record, transcript = tmp_path / "both.wav", tmp_path / "moshi.txt"
     pulse.start_recording(tmp_path / "speaker.raw")
-    with open(stderr_path, "w") as stderr:
-        proc = _local(
-            pulse,
-            *weight_flags(files),
-            "--seed",
-            1,
-            "--input-device",
-            "pulse",
-            "--output-device",
-            "pulse",
-            "--record",
-            record,
-            "--transcript",
-            transcript,
-            "--stats",
-            stats_path,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
-            pulse.feed_mic(speech)  # real-time paced, then silence
-            time.sleep(RUN_SECONDS)
-            interrupted = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=10)
-            exit_seconds = time.monotonic() - interrupted
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _started(
+        pulse,
+        stderr_path,
+        "Ctrl-C to stop",
+        *weight_flags(files),
+        "--seed",
+        1,
+        *DEVICES,
+        "--record",
+        record,
+        "--transcript",
+        transcript,
+        "--stats",
+        stats_path,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        pulse.feed_mic(speech)  # real-time paced, then silence
+        time.sleep(RUN_SECONDS)
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+        exit_seconds = time.monotonic() - interrupted
     pulse.stop_recording()
     err = stderr_path.read_text()
 
@@ -192,32 +199,27 @@ def test_hibiki_translates_french_speech_with_guidance(pulse, tmp_path, tmp_path
     speech = read_audio(speech_file)
     stderr_path, transcript = tmp_path / "stderr.txt", tmp_path / "hibiki.txt"
     pulse.start_recording(tmp_path / "speaker.raw")
-    with open(stderr_path, "w") as stderr:
-        proc = _local(
-            pulse,
-            *weight_flags(files),
-            "--codec",
-            fast_codec(),
-            *DEVICES,
-            "--seed",
-            1,
-            "--cfg-coef",
-            3.0,
-            "--transcript",
-            transcript,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-        try:
-            wait_for_text(stderr_path, "-> Hibiki -> speaker", proc, timeout=90)
-            pulse.feed_mic(speech)  # real-time paced, then silence
-            time.sleep(len(speech) / 24000 + 2.0)
-            proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _started(
+        pulse,
+        stderr_path,
+        "-> Hibiki -> speaker",
+        *weight_flags(files),
+        "--codec",
+        fast_codec(),
+        *DEVICES,
+        "--seed",
+        1,
+        "--cfg-coef",
+        3.0,
+        "--transcript",
+        transcript,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        pulse.feed_mic(speech)  # real-time paced, then silence
+        time.sleep(len(speech) / 24000 + 2.0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
     pulse.stop_recording()
     err = stderr_path.read_text()
     assert proc.returncode == 0 and "Traceback" not in err and "summary:" in err, err
@@ -261,28 +263,23 @@ def test_persona_prompt_before_the_audio_starts(pulse, tmp_path, tmp_path_factor
     streams start; a Moshi model refuses both in one line."""
     files = cached_tiny_personaplex(tmp_path_factory)
     stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "w") as stderr:
-        proc = _local(
-            pulse,
-            *weight_flags(files),
-            "--codec",
-            fast_codec(),
-            *DEVICES,
-            "--voice",
-            "NATM1",
-            "--role",
-            "You are a tutor.",
-            env={CACHE_ENV: str(tmp_path / "prompts")},
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _started(
+        pulse,
+        stderr_path,
+        "Ctrl-C to stop",
+        *weight_flags(files),
+        "--codec",
+        fast_codec(),
+        *DEVICES,
+        "--voice",
+        "NATM1",
+        "--role",
+        "You are a tutor.",
+        env={CACHE_ENV: str(tmp_path / "prompts")},
+        stdout=subprocess.DEVNULL,
+    ) as proc:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
     err = stderr_path.read_text()
     assert proc.returncode == 0 and "Traceback" not in err, err
     prompt = err.index("[moshi_mlx.chat.persona] prompt (voice NATM1, role of")
@@ -311,35 +308,27 @@ def test_kill_9_leaves_a_readable_recording_and_transcript(pulse, tmp_path, tmp_
     assert refused.returncode == 2 and "does not exist" in refused.stderr, refused.stderr
     assert "loading" not in refused.stderr.lower()  # refused before the model loads
     record.unlink()
-    with open(stderr_path, "w") as stderr:
-        proc = _local(
-            pulse,
-            *weight_flags(files),
-            "--seed",
-            2,
-            "--input-device",
-            "pulse",
-            "--output-device",
-            "pulse",
-            "--record",
-            record,
-            "--transcript",
-            transcript,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
-            talking = time.monotonic()
-            pulse.feed_mic(read_audio(speech_file))
-            time.sleep(3.5)
-            proc.kill()  # SIGKILL: no handler, no close, no flush
-            ran = time.monotonic() - talking
-            out = proc.stdout.read().decode()
-            proc.wait(10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _started(
+        pulse,
+        stderr_path,
+        "Ctrl-C to stop",
+        *weight_flags(files),
+        "--seed",
+        2,
+        *DEVICES,
+        "--record",
+        record,
+        "--transcript",
+        transcript,
+        stdout=subprocess.PIPE,
+    ) as proc:
+        talking = time.monotonic()
+        pulse.feed_mic(read_audio(speech_file))
+        time.sleep(3.5)
+        proc.kill()  # SIGKILL: no handler, no close, no flush
+        ran = time.monotonic() - talking
+        out = proc.stdout.read().decode()
+        proc.wait(10)
     both, rate = sf.read(record)
     assert rate == 24000 and both.shape[1] == 2
     # everything up to the last whole second of the conversation is there
@@ -359,35 +348,27 @@ def _talk_in_the_room(pulse, files, folder, speech, *flags) -> tuple[np.ndarray,
     """Run the app in `pulse`'s room while `speech` is said; its --record and --stats."""
     folder.mkdir()
     record, stats_path, stderr_path = folder / "both.wav", folder / "s.json", folder / "err"
-    with open(stderr_path, "w") as stderr:
-        proc = _local(
-            pulse,
-            *weight_flags(files),
-            "--codec",
-            fast_codec(),
-            "--seed",
-            3,
-            "--input-device",
-            "pulse",
-            "--output-device",
-            "pulse",
-            "--record",
-            record,
-            "--stats",
-            stats_path,
-            *flags,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-        try:
-            wait_for_text(stderr_path, "Ctrl-C to stop", proc, timeout=90)
-            pulse.feed_mic(speech)
-            time.sleep(len(speech) / 24000 + ROOM_SECONDS)
-            proc.send_signal(signal.SIGINT)
-            proc.wait(10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with _started(
+        pulse,
+        stderr_path,
+        "Ctrl-C to stop",
+        *weight_flags(files),
+        "--codec",
+        fast_codec(),
+        "--seed",
+        3,
+        *DEVICES,
+        "--record",
+        record,
+        "--stats",
+        stats_path,
+        *flags,
+        stdout=subprocess.DEVNULL,
+    ) as proc:
+        pulse.feed_mic(speech)
+        time.sleep(len(speech) / 24000 + ROOM_SECONDS)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
     assert proc.returncode == 0, stderr_path.read_text()
     return sf.read(record)[0], json.loads(stats_path.read_text())
 

@@ -55,3 +55,18 @@ def assert_same_stream(batched: list, alone: list, atol: float) -> None:
         assert (pcm is None) == (pcm_alone is None)
         if pcm is not None:
             np.testing.assert_allclose(pcm, pcm_alone, rtol=0, atol=atol)
+
+
+def run_to_the_end(run: TtsRun) -> tuple[list[list], list[list[np.ndarray]]]:
+    """Steps `run` (tokens only) to its end. Returns, per row, each step's [predicted, fed] text
+    tokens and the frames it wrote."""
+    rows = len(run.schedules)
+    logged: list[list] = [[] for _ in range(rows)]
+    frames: list[list[np.ndarray]] = [[] for _ in range(rows)]
+    while not run.finished:
+        tokens = run.step_tokens()
+        for b in range(rows):
+            logged[b].append([tokens.predicted[b], tokens.fed[b]])
+            if tokens.frame is not None:
+                frames[b].append(np.array(tokens.frame[b]))
+    return logged, frames

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from tiny_moshi import TINY_TTS
-from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm
+from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm, run_to_the_end
 
 from moshi_mlx.errors import TtsError
 from moshi_mlx.models.mimi import Mimi, MimiConfig
@@ -44,20 +44,12 @@ def test_fewer_codebooks_equal_the_reference_step_for_step(lm):
     for row, schedule in zip(golden["rows"], run.schedules):
         schedule.push(model.entries(row["text"]))
         schedule.close()
-    logged = [[] for _ in requests]
-    frames = [[] for _ in requests]
-    while not run.finished:
-        tokens = run.step_tokens()
-        for b in range(len(requests)):
-            logged[b].append([tokens.predicted[b], tokens.fed[b]])
-            if tokens.frame is not None:
-                frame = np.array(tokens.frame[b])
-                assert (frame[1 + n_q :] == -1).all()  # the codebooks not generated
-                frames[b].append(frame[: 1 + n_q].tolist())
+    logged, frames = run_to_the_end(run)
     assert run.step_index == golden["steps"]
     for b, row in enumerate(golden["rows"]):
         assert logged[b] == row["logged_text_tokens"]
-        assert frames[b] == row["frames"]
+        assert all((frame[1 + n_q :] == -1).all() for frame in frames[b])  # not generated
+        assert [frame[: 1 + n_q].tolist() for frame in frames[b]] == row["frames"]
         assert run.schedules[b].end_step == row["end_step"]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from closeness import norm_relative
 from tiny_moshi import TINY_TTS
-from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm
+from tiny_tts import TINY_TTS_VOICES, load_tiny_tts_lm, run_to_the_end
 
 from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.runtime.sampling import GREEDY
@@ -133,18 +133,11 @@ def test_greedy_generation_equals_the_reference_step_for_step(lm, run_name):
         ]
         schedule.push(entries)
         schedule.close()
-    logged = [[] for _ in requests]
-    frames = [[] for _ in requests]
-    while not run.finished:
-        tokens = run.step_tokens()
-        for b in range(len(requests)):
-            logged[b].append([tokens.predicted[b], tokens.fed[b]])
-            if tokens.frame is not None:
-                frames[b].append(np.array(tokens.frame[b]).tolist())
+    logged, frames = run_to_the_end(run)
     assert run.step_index == run_golden["steps"] > 3 * lm.config.context
     for b, row in enumerate(run_golden["rows"]):
         assert logged[b] == row["logged_text_tokens"]
-        assert frames[b] == row["frames"]
+        assert [frame.tolist() for frame in frames[b]] == row["frames"]
         schedule = run.schedules[b]
         assert schedule.end_step == row["end_step"]
         assert schedule.consumption_times == row["consumption_times"]

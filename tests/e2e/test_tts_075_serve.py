@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import soundfile as sf
-from cli_checks import error_line, run_python
+from cli_checks import ROOT, error_line, offline_env, run_python
 from test_openai_audio import Server, _post_bytes
 from test_serve_tts import speak_like_unmute
 from tiny_moshi import cached_tiny_moshi
@@ -35,7 +34,6 @@ from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
 openai = pytest.importorskip("openai")
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "tts_075"
 FRAME = 1920
 
@@ -63,15 +61,16 @@ def _recording(path: Path, seconds: float = 1.5) -> Path:
 
 
 def _tts(folder: Path, tmp_path: Path, *args):
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HOME=str(tmp_path / "hf"),
-        MOSHI_MLX_WEIGHTS=str(tmp_path / "no_weights"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-    )
     return run_python(
-        env, "-m", "moshi_mlx", "tts", "--hf-repo", folder, *args, cwd=tmp_path, timeout=180
+        offline_env(tmp_path),
+        "-m",
+        "moshi_mlx",
+        "tts",
+        "--hf-repo",
+        folder,
+        *args,
+        cwd=tmp_path,
+        timeout=180,
     )
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from cli_checks import error_line, run_python
+from cli_checks import ROOT, error_line, offline_env, run_python
 from pulse import PulseServer, pulseaudio_missing_reason
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path("tests/fixtures/tts")  # relative to ROOT, where the command runs
 ALICE = str(FIXTURES / "voices" / "alice.safetensors")
 BOB = str(FIXTURES / "voices" / "bob.safetensors")
@@ -28,15 +26,7 @@ FRAME = 1920  # samples per 80 ms at 24 kHz
 def env(tmp_path_factory, full_mimi_checkpoint) -> dict[str, str]:
     """Offline, no weights folder, this checkout's package; the random Mimi's path."""
     root = tmp_path_factory.mktemp("tts_env")
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HOME=str(root / "hf"),
-        MOSHI_MLX_WEIGHTS=str(root / "no_weights"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-        TEST_MIMI=str(full_mimi_checkpoint),
-    )
-    return env
+    return offline_env(root, TEST_MIMI=str(full_mimi_checkpoint))
 
 
 def _tts(env: dict[str, str], *args, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def offline_env(root: Path, **extra: str) -> dict[str, str]:
+    """This process's environment, offline (hub cache under `root`), with no weights folder
+    (`root`/no_weights) and this checkout's package first on PYTHONPATH; `extra` on top."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(root / "hf"),
+        MOSHI_MLX_WEIGHTS=str(root / "no_weights"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        **extra,
+    )
+    return env
 
 
 def run_python(

@@ -103,3 +103,13 @@ def mimi_signal():
 
 
 # --- end of Mimi section ---------------------------------------------------------------------
+
+
+# --- Audio devices: a private PulseAudio server ------------------------------------------------
+@pytest.fixture(scope="module")
+def pulse(tmp_path_factory):
+    """A private PulseAudio server (tests/helpers/pulse.py) for one test module."""
+    from pulse import PulseServer
+
+    with PulseServer(tmp_path_factory.mktemp("pulse")) as server:
+        yield server

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from assistant_cli import WORD, running_assistant, wait_for, write_model_flags
-from pulse import PulseServer, pulseaudio_missing_reason
+from pulse import pulseaudio_missing_reason
 from tiny_moshi import espeak_speech
 
 from moshi_mlx.audio.wav import read_audio
@@ -51,12 +51,6 @@ pytestmark = [
 ]
 FIRST = "Hello there. Can you tell me what the weather is like today?"
 SECOND = "Wait, stop. Tell me about tomorrow instead."
-
-
-@pytest.fixture(scope="module")
-def pulse(tmp_path_factory):
-    with PulseServer(tmp_path_factory.mktemp("pulse")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

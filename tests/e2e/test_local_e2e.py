@@ -37,12 +37,6 @@ ROOM_SECONDS = 5.0  # Moshi talking alone after the user's speech, in the echo t
 DEVICES = ["--input-device", "pulse", "--output-device", "pulse"]
 
 
-@pytest.fixture(scope="module")
-def pulse(tmp_path_factory):
-    with PulseServer(tmp_path_factory.mktemp("pulse")) as server:
-        yield server
-
-
 def _local(pulse, *args, env: dict | None = None, **kwargs):
     return subprocess.Popen(
         [sys.executable, "-m", "moshi_mlx.local", *map(str, args)],

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from pulse import PulseServer, as_heard, pulseaudio_missing_reason, wait_for_text
+from pulse import as_heard, pulseaudio_missing_reason, wait_for_text
 from tiny_moshi import cached_tiny_stt, espeak_speech, load_tiny_stt, tiny_moshi_command
 
 from moshi_mlx.audio.wav import read_audio
@@ -24,12 +24,6 @@ pytestmark = [
     ),
 ]
 SPEECH = "Hello. Can you hear me? Tell me about the weather today."
-
-
-@pytest.fixture(scope="module")
-def pulse(tmp_path_factory):
-    with PulseServer(tmp_path_factory.mktemp("pulse")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

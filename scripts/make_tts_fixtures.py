@@ -274,9 +274,11 @@ def published_state(model: LMModel) -> dict[str, torch.Tensor]:
     }
 
 
-def save_weights(model: LMModel, path: Path) -> None:
+def save_weights(model: LMModel, path: Path, config: dict = TTS_CONFIG) -> None:
+    """Write `model` in the published layout (bf16, conditioners' tables float32) and check
+    that Kyutai's loader reads back the same tensors under `config`."""
     save_file(published_state(model), str(path))
-    reloaded = loaders.get_moshi_lm(path, lm_kwargs=lm_kwargs(TTS_CONFIG), dtype=torch.float32)
+    reloaded = loaders.get_moshi_lm(path, lm_kwargs=lm_kwargs(config), dtype=torch.float32)
     ours, theirs = model.state_dict(), reloaded.state_dict()
     assert ours.keys() == theirs.keys()
     for name, tensor in ours.items():

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -52,7 +53,7 @@ def tiny_server(tmp_path_factory):
     voices = root / "voices"
     voice = voices / f"{DEFAULT_VOICE}.{FIXTURE_VOICE_ID}.safetensors"  # may hold folders
     voice.parent.mkdir(parents=True)
-    voice.symlink_to(TTS_FIXTURES / "voices" / "alice.safetensors")
+    shutil.copyfile(TTS_FIXTURES / "voices" / "alice.safetensors", voice)  # no link out
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
     env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")

@@ -66,6 +66,7 @@ def test_livekit_plugin_answers_a_reply_request_and_a_spoken_turn(tiny_server, s
         session = model.session()
         generations: asyncio.Queue = asyncio.Queue()
         errors, heard, done = [], [], []
+        both_done = asyncio.Event()
         session.on("generation_created", generations.put_nowait)
         session.on("error", errors.append)
         session.on("input_audio_transcription_completed", heard.append)
@@ -73,6 +74,8 @@ def test_livekit_plugin_answers_a_reply_request_and_a_spoken_turn(tiny_server, s
         def on_event(event: dict) -> None:
             if event["type"] == "response.done":
                 done.append(event["response"]["status"])
+                if len(done) == 2:
+                    both_done.set()
 
         session.on("openai_server_event_received", on_event)
         try:
@@ -91,6 +94,9 @@ def test_livekit_plugin_answers_a_reply_request_and_a_spoken_turn(tiny_server, s
             print(f"spoken turn: {samples} samples, text {text!r}")
             assert samples >= 2 * 24000
             assert any(WORD in event.transcript for event in heard), heard
+            # the plugin ends a generation's streams when it interrupts, before the server's
+            # `response.done` for it arrives
+            await asyncio.wait_for(both_done.wait(), WAIT)
             assert done == ["cancelled", "cancelled"] and not errors, (done, errors)
         finally:
             await session.aclose()

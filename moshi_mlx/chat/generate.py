@@ -174,6 +174,7 @@ class ChatStepFunction(StepFunction):
         inputs = delayed.inputs(tokens, t)
 
         kv = self.kv_ring(state)
+        after = kv.next_position  # t + 1, the one array the advanced ring holds
         batch_inputs = inputs[None]
         if self.guided:  # the same tokens in both rows; only the condition differs
             batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
@@ -188,15 +189,15 @@ class ChatStepFunction(StepFunction):
                 temporal_out,
                 text_logits,
                 key,
-                delayed.column(tokens, t + 1, moshi_rows),
-                delayed.column(given, t + 1),
+                delayed.column(tokens, after, moshi_rows),
+                delayed.column(given, after),
             )
             # The input column's marks are spent; it is written again `width` steps later.
             given = mx.where(mx.arange(delayed.width) == t % delayed.width, False, given)
         else:
             generated, key = self.sample_tokens(temporal_out, text_logits, key)
 
-        tokens = delayed.write_column(tokens, t + 1, generated, moshi_rows)
+        tokens = delayed.write_column(tokens, after, generated, moshi_rows)
         moshi_codes = delayed.frame_out(tokens, t, slice(1, moshi_rows.stop))
         next_state = StepState.of(tokens, key, kv.advanced(), given)
         return StepOutput(

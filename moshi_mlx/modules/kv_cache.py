@@ -300,7 +300,7 @@ class KVRing(BaseState):
         quantized ring the packed slots of positions older than the recent window's, then the
         recent window's written slots."""
         slots = mx.array(np.arange(self.capacity, dtype=np.int32))  # a constant: no operation
-        written = slots < mx.minimum(self.position + 1, self.capacity)
+        written = slots < mx.minimum(self.next_position, self.capacity)
         ages = (self.position - slots) % self.context  # how far back each slot's position is
         if self.quantization is None:
             return self._since_start(written, ages)
@@ -323,6 +323,13 @@ class KVRing(BaseState):
             return visible
         since_start = ages[None] <= (self.position - self.starts)[:, None]
         return (visible[None] & since_start)[:, None, None]
+
+    @cached_property
+    def next_position(self) -> mx.array:
+        """() int32: `position + 1`, one array for the mask, the advanced ring and a step's
+        column write (a compiled
+        step's output is never merged with an equal operation: two would both run)."""
+        return self.position + 1
 
     @cached_property
     def _slot(self) -> mx.array:
@@ -374,7 +381,7 @@ class KVRing(BaseState):
 
     def advanced(self) -> KVRing:
         """This ring after its step: the updated buffers, at the next position."""
-        return self.replaced(self.keys, self.values, self.position + 1)
+        return self.replaced(self.keys, self.values, self.next_position)
 
     def grown(self, position: int) -> KVRing:
         """This ring with room for `position` (the host's count of `position`): the next

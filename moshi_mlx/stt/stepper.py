@@ -54,7 +54,7 @@ class SttStepFunction(StepFunction):
             key, text_key = mx.random.split(state.key)
             noise = gumbel_noise(text_logits.shape, text_key)
         text = self.text_sampling.sample_column(text_logits, noise)  # (B, 1)
-        tokens = delayed.write_column(tokens, t + 1, text, slice(0, 1))
+        tokens = delayed.write_column(tokens, kv.next_position, text, slice(0, 1))
         out = delayed.frame_out(tokens, t, slice(0, 1))[:, 0]
         heads = (
             lm.head_probabilities(temporal_out)

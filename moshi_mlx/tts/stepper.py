@@ -141,7 +141,7 @@ class TtsStepFunction(StepFunction):
             audio = mx.full((batch, config.dep_q), ZERO_TOKEN, mx.int32)
         audio = mx.where(steps < self.audio_start, ZERO_TOKEN, audio)
         column = mx.concatenate([text[:, None], audio], axis=1)  # (B, K)
-        tokens = delayed.write_column(state.tokens, t + 1, column)
+        tokens = delayed.write_column(state.tokens, kv.next_position, column)
         frame = delayed.frame_out(tokens, t)
         return StepOutput(StepState.of(tokens, key, kv.advanced()), predicted, frame, inputs)
 

@@ -48,7 +48,7 @@ from moshi_mlx.modules.kv_quant import KVQuantization
 from moshi_mlx.modules.step_tricks import split_last
 from moshi_mlx.runtime.delayed_tokens import DelayedTokens
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
+from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise, split_key
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
@@ -126,7 +126,7 @@ class ChatStepFunction(StepFunction):
     ) -> tuple[mx.array, mx.array, mx.array, list[mx.array]]:
         """`sample_tokens`, also giving the (guided) text and each codebook's logits."""
         config, guided, audio_sampling = self.lm.config, self.guided, self.audio_sampling
-        key, text_key, audio_key = mx.random.split(key, 3)
+        key, text_key, audio_key = split_key(key, 3)
         if guided:
             text_logits = self._guide(text_logits)
         text_noise = gumbel_noise(text_logits.shape, text_key) if self.text_sampling.draws else None

@@ -327,8 +327,8 @@ class KVRing(BaseState):
     @cached_property
     def next_position(self) -> mx.array:
         """() int32: `position + 1`, one array for the mask, the advanced ring and a step's
-        column write (a compiled
-        step's output is never merged with an equal operation: two would both run)."""
+        column write (a compiled step's output is never merged with an equal operation: two
+        would both run)."""
         return self.position + 1
 
     @cached_property

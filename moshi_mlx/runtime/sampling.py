@@ -77,6 +77,13 @@ def guided_logits(logits: mx.array, cfg_coef: float) -> mx.array:
     return null + (conditioned - null) * cfg_coef
 
 
+def split_key(key: mx.array, count: int = 2) -> list[mx.array]:
+    """`mx.random.split(key, count)`'s keys, each (2,), the same bits: its (count, 2) draw
+    read as one row and split there (one reshape and one split), not split into (1, 2) rows
+    and each squeezed."""
+    return mx.split(mx.random.split(key, count).reshape(-1), count)
+
+
 def gumbel_noise(shape: tuple[int, ...], key: mx.array) -> mx.array:
     """Standard Gumbel noise (float32) of `shape` from `key`."""
     return mx.random.gumbel(shape, key=key)

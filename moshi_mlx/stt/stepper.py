@@ -22,7 +22,7 @@ import numpy as np
 from moshi_mlx.errors import MoshiError, removed_names
 from moshi_mlx.models.lm import Lm
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise
+from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise, split_key
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
@@ -51,7 +51,7 @@ class SttStepFunction(StepFunction):
         temporal_out, text_logits = lm.step_text(inputs, kv)
         key, noise = state.key, None
         if self.text_sampling.draws:  # a greedy step draws nothing: its key stays
-            key, text_key = mx.random.split(state.key)
+            key, text_key = split_key(state.key)
             noise = gumbel_noise(text_logits.shape, text_key)
         text = self.text_sampling.sample_column(text_logits, noise)  # (B, 1)
         tokens = delayed.write_column(tokens, kv.next_position, text, slice(0, 1))

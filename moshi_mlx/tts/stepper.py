@@ -29,7 +29,7 @@ from moshi_mlx.models.lm import Lm
 from moshi_mlx.modules.step_tricks import split_last
 from moshi_mlx.modules.transformer import CrossKV
 from moshi_mlx.runtime.model_memo import ModelMemo
-from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise
+from moshi_mlx.runtime.sampling import Sampling, guided_logits, gumbel_noise, split_key
 from moshi_mlx.runtime.step_state import StepOutput, StepState
 from moshi_mlx.runtime.stepper import StepFunction, Stepper
 
@@ -104,7 +104,7 @@ class TtsStepFunction(StepFunction):
         temporal_out, text_logits = self.lm.step_text(rows, kv, condition, cross)
         if guided:  # the text is not guided: the streams' own logits
             text_logits = text_logits[:batch]
-        key, text_key, audio_key = mx.random.split(state.key, 3)
+        key, text_key, audio_key = split_key(state.key, 3)
         text_logits = text_logits.astype(mx.float32)
         if self.padding_bonus:
             bonus = mx.zeros(text_logits.shape[-1]).at[PAD].add(self.padding_bonus)

@@ -11,7 +11,7 @@ from moshi_mlx.chat.teacher_forcing import depformer_logits
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.models.lm import Lm, LmConfig
 from moshi_mlx.runtime.model_memo import MAX_STEP_FUNCTIONS, ModelMemo
-from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise
+from moshi_mlx.runtime.sampling import GREEDY, Sampling, gumbel_noise, split_key
 from moshi_mlx.testing.checkpoints import load_lm
 
 
@@ -71,6 +71,15 @@ def test_sample_is_a_function_of_the_key():
     assert a.tolist() == b.tolist()
     draws = {tuple(sample(logits, 0.8, 25, mx.random.key(s)).tolist()) for s in range(10)}
     assert len(draws) > 1
+
+
+def test_split_key_gives_mx_random_splits_keys():
+    for seed in range(5):
+        for count in (2, 3):
+            key = mx.random.key(seed)
+            keys = split_key(key, count)
+            assert [k.shape for k in keys] == [(2,)] * count
+            assert [k.tolist() for k in keys] == mx.random.split(key, count).tolist()
 
 
 def test_seeded_generation_repeats_and_seeds_differ(tiny_lm):

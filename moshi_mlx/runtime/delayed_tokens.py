@@ -103,11 +103,12 @@ class DelayedTokens:
         """tokens with tokens[..., k, column % width] = values[..., k] for k in `rows`, the
         columns (K, 1) one per stream, or () one for all: one select over the whole buffer
         (its few columns) against host-made constants, the values padded to every stream
-        where `rows` are not all of them."""
+        where `rows` are several but not all of them (one row's value broadcasts: the select
+        keeps it in that row alone)."""
         count = tokens.shape[-2]
         first, last, stride = rows.indices(count)
         assert stride == 1, "rows are a contiguous slice"
-        if (first, last) != (0, count):
+        if last - first > 1 and (first, last) != (0, count):
             values = mx.pad(values, [(0, 0)] * (values.ndim - 1) + [(first, count - last)])
         in_rows = np.zeros((count, 1), bool)
         in_rows[first:last] = True

@@ -57,6 +57,7 @@ from moshi_mlx.runtime.sampling import GREEDY, Sampling
 from moshi_mlx.serve.app import create_app
 from moshi_mlx.serve.assistant.server import PAGE_PATH as ASSISTANT_PAGE
 from moshi_mlx.serve.chat.service import PAGE_DIR, ChatService, ChatSettings
+from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
 from moshi_mlx.serve.context import API_KEY_QUERY, ServeContext
 from moshi_mlx.serve.guard import ConnectionGuard, EventTally
 from moshi_mlx.serve.http import is_loopback
@@ -358,7 +359,10 @@ async def _load(args: argparse.Namespace, preset: Preset, context: ServeContext)
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
         context.add_model("tts", args.tts)
         tts = context.tts
-        _say(await asyncio.to_thread(default_voice_status, tts.config, tts.voice_repo))
+        if tts.config.cross_attention:
+            _say(await asyncio.to_thread(default_voice_status, tts.config, tts.voice_repo))
+        else:  # no default voice to look for: tts-0.75b-en-public
+            _say(f"TTS: {CLONED_VOICES_ONLY}")
     if args.llm:
         _say(f"loading LLM {args.llm}...")
         context.llm = await thread.call(

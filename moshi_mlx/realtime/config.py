@@ -48,7 +48,7 @@ class SessionConfig:
     kind: str = REALTIME
     model: str = ""
     instructions: str = ""
-    voice: str = DEFAULT_VOICE_NAME
+    voice: str | None = DEFAULT_VOICE_NAME  # None: none yet (a TTS of cloned voices only)
     input_format: AudioFormat = field(default_factory=AudioFormat)
     output_format: AudioFormat = field(default_factory=AudioFormat)
     turn_detection: dict | None = field(default_factory=lambda: {"type": "server_vad"})

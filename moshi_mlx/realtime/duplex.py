@@ -38,8 +38,8 @@ from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.client_events import appended_audio, dispatch, response_metadata
 from moshi_mlx.realtime.config import SessionConfig, SessionError
+from moshi_mlx.realtime.dropped import DroppedAudio
 from moshi_mlx.realtime.formats import FrameCutter
-from moshi_mlx.realtime.session import DroppedAudio
 
 # OpenAI's voice names, and none: the server's default persona voice.
 DEFAULT_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",

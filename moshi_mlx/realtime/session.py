@@ -17,7 +17,6 @@ on the event loop; the models run on the model thread.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -48,56 +47,40 @@ from moshi_mlx.assistant.turns import (
 from moshi_mlx.realtime import events
 from moshi_mlx.realtime.answer import Answer
 from moshi_mlx.realtime.client_events import appended_audio, dispatch, response_metadata
-from moshi_mlx.realtime.config import REALTIME, SessionConfig, SessionError, output_modalities
+from moshi_mlx.realtime.config import (
+    DEFAULT_VOICE_NAME,
+    REALTIME,
+    SessionConfig,
+    SessionError,
+    output_modalities,
+)
+from moshi_mlx.realtime.dropped import DroppedAudio
 from moshi_mlx.realtime.formats import FrameCutter
 from moshi_mlx.realtime.items import ItemLog, message_text
 from moshi_mlx.runtime.model_thread import FRAME_SECONDS, ModelThread
-
-log = logging.getLogger("moshi_mlx.realtime")
 
 # Frames of an answer sent ahead of real time (the client's playback buffer).
 LEAD_FRAMES = 3
 # Seconds of mic audio the STT may fall behind (a client sending faster than real time).
 MAX_INPUT_BACKLOG_SECONDS = 15
-
-
-class DroppedAudio:
-    """Mic audio a session dropped because the model fell behind (`ms`), logged at most once
-    every `LOG_EVERY_SECONDS` (a client is not sent an error: the Realtime API has none for
-    this, and clients such as Pipecat end the session on any error)."""
-
-    LOG_EVERY_SECONDS = 10.0
-
-    def __init__(self, session_id: str):
-        self.session_id = session_id
-        self.ms = 0
-        self._unlogged = 0
-        self._logged_at = -self.LOG_EVERY_SECONDS
-
-    def add(self, ms: int) -> None:
-        self.ms += ms
-        self._unlogged += ms
-        now = time.monotonic()
-        if now - self._logged_at >= self.LOG_EVERY_SECONDS:
-            log.warning(
-                "%s: %d ms of mic audio dropped (the model fell behind)",
-                self.session_id,
-                self._unlogged,
-            )
-            self._logged_at, self._unlogged = now, 0
+VOICE_PARAM = "session.audio.output.voice"
 
 
 @dataclass(frozen=True)
 class SessionParts:
     """What a session runs on: its own STT stream; for the assistant kind the LLM,
     `open_speech(voice)` (on the model thread: a TTS stream in a voice `find_voice(name)`
-    gave) and `find_voice` (a voice name to what `open_speech` takes; SessionError if the
-    server has no such voice)."""
+    gave), `find_voice` (a voice name to what `open_speech` takes; SessionError if the
+    server has no such voice), the `voice` a session starts in (None: none, for a TTS with
+    no default voice; answers are spoken once the client names one) and `no_voice`, the
+    message that refuses a spoken answer until then."""
 
     stt: Listener
     llm: ReplyModel | None = None
     open_speech: Callable[[Any], SpeechStream] | None = None
     find_voice: Callable[[str], Awaitable[Any]] | None = None
+    voice: str | None = DEFAULT_VOICE_NAME
+    no_voice: str = "the session has no voice: set session.audio.output.voice"
 
 
 class RealtimeSession:
@@ -132,9 +115,9 @@ class RealtimeSession:
         self._user_words: list[tuple[str, float]] = []
         self._user_end = 0.0
         self._response: Answer | None = None
-        self._metadata: dict[str, str] | None = (
-            None  # response.create's, while it starts the answer
-        )
+        # response.create's metadata, and whether one is starting the answer now.
+        self._metadata: dict[str, str] | None = None
+        self._creating = False
         self._pump_timer: asyncio.TimerHandle | None = None
         self.assistant: Assistant | None = None
         # Each frame of the answer as it goes out (float32 24 kHz), for an in-process app.
@@ -147,7 +130,7 @@ class RealtimeSession:
     # --- life ---
     async def start(self) -> None:
         """Start the conversation and announce the session (`session.created`)."""
-        if self.speaks and self.parts.find_voice is not None:
+        if self.speaks and self.parts.find_voice is not None and self.config.voice is not None:
             self._voice = await self.parts.find_voice(self.config.voice)
         max_backlog = int(MAX_INPUT_BACKLOG_SECONDS / FRAME_SECONDS)
         self.assistant = Assistant(
@@ -162,7 +145,7 @@ class RealtimeSession:
             on_audio=self._pump,
             max_backlog=max_backlog,
         )
-        self.assistant.speak_answers = self.config.speaks
+        self.assistant.speak_answers = self._voiced(self.config.speaks)
         await self.assistant.start()
         self._emit(events.event("session.created", session=self.config.as_dict(self.id)))
 
@@ -174,7 +157,13 @@ class RealtimeSession:
             await self.assistant.close()
 
     def _open_speech(self) -> SpeechStream:
+        if self.config.voice is None:  # a stream opened ahead: no answer speaks without a voice
+            raise SessionError(self.parts.no_voice, VOICE_PARAM, "voice_not_found")
         return self.parts.open_speech(self._voice)
+
+    def _voiced(self, speaks: bool) -> bool:
+        """Whether an answer that `speaks` by the session's settings is spoken: in a voice."""
+        return speaks and self.config.voice is not None
 
     def _sampling(self) -> ReplySampling:
         tokens = self.config.max_output_tokens or self._base_sampling.max_tokens
@@ -200,19 +189,20 @@ class RealtimeSession:
             self._dropped = dropped
 
     async def _session_update(self, message: dict) -> None:
-        old_voice = self.config.voice
         probe = replace(self.config)
         probe.update(message.get("session"))
-        if self.speaks and probe.voice != old_voice and self.parts.find_voice is not None:
+        renew = self.speaks and probe.voice != self.config.voice
+        if renew and self.parts.find_voice is not None:
             if self._response is not None:
                 raise SessionError("the voice cannot change during a response", "voice")
             self._voice = await self.parts.find_voice(probe.voice)
-            self.assistant.renew_speech()
         self.config = probe
+        if renew:  # the stream opened ahead is in the old voice (or none)
+            self.assistant.renew_speech()
         self.assistant.turns.rules = probe.rules(self._base_rules)
         self.assistant.turns.history.system = probe.instructions
         self.assistant.sampling = self._sampling()
-        self.assistant.speak_answers = probe.speaks
+        self.assistant.speak_answers = self._voiced(probe.speaks)
         self._emit(events.event("session.updated", session=probe.as_dict(self.id)))
 
     async def _append(self, message: dict) -> None:
@@ -293,13 +283,15 @@ class RealtimeSession:
         speaks = self.config.speaks
         if modalities is not None:
             speaks = "audio" in output_modalities(modalities, "response.output_modalities")
+        if speaks and self.config.voice is None:
+            raise SessionError(self.parts.no_voice, VOICE_PARAM, "voice_not_found")
         self.assistant.speak_answers = speaks
-        self._metadata = metadata
+        self._metadata, self._creating = metadata, True
         try:
             started = self.assistant.respond(instructions)
         finally:
-            self.assistant.speak_answers = self.config.speaks
-            self._metadata = None
+            self.assistant.speak_answers = self._voiced(self.config.speaks)
+            self._metadata, self._creating = None, False
         if not started:
             raise SessionError(
                 "the user's turn is being transcribed; the answer follows it",
@@ -425,6 +417,9 @@ class RealtimeSession:
     # --- the answer ---
     def _start_response(self) -> None:
         spoken = self.assistant.answer_speaks
+        if not (spoken or self._creating) and self.config.speaks:  # a turn's answer, no voice
+            message = f"{self.parts.no_voice} (this answer is written only)"
+            self._emit(events.error(message, VOICE_PARAM, "voice_not_found"))
         self._response = Answer(self._emit, self.config, spoken, self._metadata)
         item = self._response.begin()
         self._add_item(item, done=False)

@@ -7,8 +7,9 @@ is a hash of the codes, so the same recording uploaded again is the same voice a
 stored twice. Every route that takes a TTS voice by name resolves it here first
 (`ClonedVoices.resolve`: `/v1/audio/speech`'s `voice`, `/api/tts_streaming`'s `?voice=` and
 `{text, voice}`, a `/v1/realtime` session's voice), and a clone's speech continues that
-recording's voice. The newest `MAX_VOICES` are kept, in memory only (the server's
-`ServeContext.cloned_voices`, one for all routes).
+recording's voice. A TTS of cloned voices only (no voice embeddings: tts-0.75b-en-public)
+takes nothing else (`ClonedVoices.clone_prefix`). The newest `MAX_VOICES` are kept, in memory
+only (the server's `ServeContext.cloned_voices`, one for all routes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from moshi_mlx.tts.voices import DEFAULT_VOICE
 
 ID_PREFIX = "clone-"
 MAX_VOICES = 64  # a prefix is at most 32 x 373 codes: 48 KB each
+CLONED_VOICES_ONLY = (
+    "this model speaks in cloned voices only: upload a recording to POST /v1/audio/voices and "
+    "give its id as the voice"
+)
 
 
 class ClonedVoices:
@@ -64,3 +69,12 @@ class ClonedVoices:
             )
         self._prefixes.move_to_end(voice)
         return DEFAULT_VOICE, prefix
+
+    def clone_prefix(self, voice: str | None) -> np.ndarray:
+        """The audio prefix of the cloned voice `voice` (its id), for a TTS of cloned voices
+        only. `TtsError` (parameter "voice"): `CLONED_VOICES_ONLY` for any other voice or none,
+        `resolve`'s for an id this server does not keep."""
+        prefix = self.resolve(voice)[1] if voice else None
+        if prefix is None:
+            raise TtsError(CLONED_VOICES_ONLY, parameter="voice")
+        return prefix

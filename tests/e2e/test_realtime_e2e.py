@@ -29,10 +29,12 @@ from unmute_backend import free_port, get_json, wait_until
 
 from moshi_mlx.audio.wav import read_audio
 from moshi_mlx.runtime.codec import FRAME_SIZE
+from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
 from moshi_mlx.tts.voices import DEFAULT_VOICE
 
 ROOT = Path(__file__).resolve().parents[2]
 TTS_FIXTURES = ROOT / "tests" / "fixtures" / "tts"
+TTS_075_FIXTURES = ROOT / "tests" / "fixtures" / "tts_075"
 FIXTURE_VOICE_ID = "0badf00d@7"  # the tiny TTS's model id, as voice files name it
 
 
@@ -46,7 +48,7 @@ def speech(tmp_path_factory) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    """The server on a loopback port: (host:port, the LLM's model id)."""
+    """The server on a loopback port: (host:port, the LLM's model id, its log)."""
     root = tmp_path_factory.mktemp("realtime_server")
     flags = write_model_flags(root)
     flags = flags[: flags.index("--voice")]  # serve takes voices from a voice repo
@@ -54,12 +56,27 @@ def tiny_server(tmp_path_factory):
     voice = voices / f"{DEFAULT_VOICE}.{FIXTURE_VOICE_ID}.safetensors"  # may hold folders
     voice.parent.mkdir(parents=True)
     shutil.copyfile(TTS_FIXTURES / "voices" / "alice.safetensors", voice)  # no link out
+    yield from _serve(root, [*flags, "--voice-repo", str(voices)])
+
+
+@pytest.fixture(scope="module")
+def cloning_server(tmp_path_factory):
+    """`tiny_server` with the TTS of tests/fixtures/tts_075 (kyutai/tts-0.75b-en-public's
+    layout: it speaks in voices cloned from uploads only) instead."""
+    root = tmp_path_factory.mktemp("realtime_cloning_server")
+    flags = write_model_flags(root, tts_fixtures=TTS_075_FIXTURES)
+    yield from _serve(root, flags[: flags.index("--voice")])
+
+
+def _serve(root: Path, flags: list[str]):
+    """`python -m moshi_mlx serve FLAGS` on a loopback port, offline, until the end of the
+    module: yields (host:port, the LLM's model id, its log)."""
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(root / "hf"))
     env["MOSHI_MLX_WEIGHTS"] = str(root / "no_weights")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "moshi_mlx", "serve", *flags, "--llm-max-tokens", "16"]
-    command += ["--voice-repo", str(voices), "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     address = f"127.0.0.1:{port}"
     with open(root / "server.log", "wb") as log:
         server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
@@ -113,14 +130,7 @@ def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
     answer to a text turn is spoken in it; an id the server does not keep is an `error`
     event on the voice, and the session goes on."""
     address, llm, log = tiny_server
-    recording = tmp_path / "me.wav"
-    t = np.arange(24_000) / 24_000
-    sf.write(str(recording), (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24_000)
-    upload = urllib.request.Request(
-        f"http://{address}/v1/audio/voices", recording.read_bytes(), method="POST"
-    )
-    with urllib.request.urlopen(upload, timeout=120) as answer:
-        voice_id = json.loads(answer.read())["id"]
+    voice_id = _cloned_voice(address, tmp_path)
 
     async def body():
         async with connected(address, model=llm) as (connection, events):
@@ -130,8 +140,12 @@ def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
             )
             error = (await events.event("error"))["error"]
             assert error["code"] == "voice_not_found" and "unknown cloned voice" in error["message"]
-            await connection.session.update(
-                session={"type": "realtime", "audio": {"output": {"voice": voice_id}}}
+            await connection.session.update(  # two tokens: a second of speech, not twenty
+                session={
+                    "type": "realtime",
+                    "audio": {"output": {"voice": voice_id}},
+                    "max_output_tokens": 2,
+                }
             )
             updated = (await events.event("session.updated"))["session"]
             assert updated["audio"]["output"]["voice"] == voice_id
@@ -146,6 +160,79 @@ def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
             done = events.all[await events.wait("response.done")]["response"]
             assert done["status"] == "completed", done
             assert events.of("response.output_audio.delta")
+
+    try:
+        asyncio.run(asyncio.wait_for(body(), 4 * WAIT))
+    except BaseException:
+        print(log.read_text()[-3000:])
+        raise
+
+
+def _cloned_voice(address: str, tmp_path: Path) -> str:
+    """The id of a voice cloned by `POST /v1/audio/voices` from a second of a tone."""
+    recording = tmp_path / "me.wav"
+    t = np.arange(24_000) / 24_000
+    sf.write(str(recording), (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24_000)
+    upload = urllib.request.Request(
+        f"http://{address}/v1/audio/voices", recording.read_bytes(), method="POST"
+    )
+    with urllib.request.urlopen(upload, timeout=120) as answer:
+        return json.loads(answer.read())["id"]
+
+
+def test_a_tts_of_cloned_voices_only_speaks_an_uploaded_voice_and_refuses_others(
+    cloning_server, tmp_path
+):
+    """A server whose TTS speaks in cloned voices only (kyutai/tts-0.75b-en-public's layout):
+    a session starts with no voice (`null`, not a name it would refuse); an answer to be
+    spoken before one is set, and an OpenAI voice name, are `error` events naming the upload
+    route, and the session goes on; in the id `POST /v1/audio/voices` gives, a text turn is
+    answered in speech."""
+    address, llm, log = cloning_server
+
+    def refused(event: dict) -> None:
+        error = event["error"]
+        assert error["code"] == "voice_not_found", error
+        assert error["param"] == "session.audio.output.voice"
+        assert error["message"] == CLONED_VOICES_ONLY
+
+    async def body():
+        async with connected(address, model=llm) as (connection, events):
+            assert events.all[0]["session"]["audio"]["output"]["voice"] is None
+            await connection.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "What is the weather?"}],
+                }
+            )
+            await connection.response.create()
+            refused(await events.event("error"))
+            for voice in ("marin", {"id": "alloy"}):
+                after = len(events.all)
+                await connection.session.update(
+                    session={"type": "realtime", "audio": {"output": {"voice": voice}}}
+                )
+                refused(await events.event("error", after))
+            assert not events.of("response.created") and not events.of("session.updated")
+            voice_id = _cloned_voice(address, tmp_path)
+            await connection.session.update(  # two tokens: a second of speech, not thirty
+                session={
+                    "type": "realtime",
+                    "audio": {"output": {"voice": voice_id}},
+                    "max_output_tokens": 2,
+                }
+            )
+            updated = (await events.event("session.updated"))["session"]
+            assert updated["audio"]["output"]["voice"] == voice_id
+            await connection.response.create()
+            done = (await events.event("response.done"))["response"]
+            assert done["status"] == "completed", done
+            assert done["audio"]["output"]["voice"] == voice_id
+            deltas = events.of("response.output_audio.delta")
+            pcm = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in deltas), "<i2")
+            assert deltas and len(pcm) == len(deltas) * FRAME_SIZE and np.abs(pcm).max() > 0
+        assert f"TTS: {CLONED_VOICES_ONLY}" in log.read_text()  # said at start-up
 
     try:
         asyncio.run(asyncio.wait_for(body(), 4 * WAIT))

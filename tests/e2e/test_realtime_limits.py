@@ -194,7 +194,7 @@ def test_a_client_that_never_reads_is_closed_with_a_reason(monkeypatch):
 
 
 def test_dropped_mic_audio_is_counted_and_logged_sparingly(caplog):
-    from moshi_mlx.realtime.session import DroppedAudio
+    from moshi_mlx.realtime.dropped import DroppedAudio
 
     dropped = DroppedAudio("sess_x")
     with caplog.at_level("WARNING", logger="moshi_mlx.realtime"):

@@ -16,6 +16,7 @@ from realtime_helpers import (
     LONG_ANSWER,
     LOUD,
     MODELS,
+    NO_VOICE,
     QUIET,
     Parts,
     connected,
@@ -23,7 +24,7 @@ from realtime_helpers import (
     serving,
 )
 
-from moshi_mlx.realtime.config import WORD_TIMINGS
+from moshi_mlx.realtime.config import DEFAULT_VOICE_NAME, WORD_TIMINGS
 from moshi_mlx.realtime.formats import PCMU, AudioFormat
 
 
@@ -59,6 +60,45 @@ def long_answer(parts):
     parts.words = LONG_ANSWER
     yield
     parts.words = ANSWER
+
+
+@pytest.fixture
+def voiceless(parts):
+    """Sessions start with no voice during the test (as on a TTS of cloned voices only)."""
+    parts.voice = None
+    yield
+    parts.voice = DEFAULT_VOICE_NAME
+
+
+def test_a_session_with_no_voice_writes_a_turns_answer_until_one_is_set(address, parts, voiceless):
+    """A session that starts with no voice (`null`): a spoken turn's answer (server VAD) is
+    written, after an `error` on the voice saying why; once the client names a voice, the
+    next turn's answer is spoken."""
+
+    async def body():
+        async with connected(address) as (connection, events):
+            assert events.all[0]["session"]["audio"]["output"]["voice"] is None
+            await speak(connection)
+            done = await events.wait("response.done")
+            error = events.all[await events.wait("error")]["error"]
+            assert error["code"] == "voice_not_found" and NO_VOICE in error["message"]
+            assert error["param"] == "session.audio.output.voice"
+            assert events.kinds().index("error") < events.kinds().index("response.created")
+            written = events.all[done]["response"]
+            assert written["status"] == "completed" and written["output_modalities"] == ["text"]
+            assert "".join(e["delta"] for e in events.of("response.output_text.delta"))
+            assert not events.of("response.output_audio.delta")
+            await connection.session.update(
+                session={"type": "realtime", "audio": {"output": {"voice": "marin"}}}
+            )
+            await events.wait("session.updated")
+            await speak(connection)
+            spoken = (await events.event("response.done", done + 1))["response"]
+            assert spoken["status"] == "completed" and spoken["output_modalities"] == ["audio"]
+            assert events.of("response.output_audio.delta", done) and parts.voices[-1] == "marin"
+            assert len(events.of("error")) == 1
+
+    run(body())
 
 
 def test_a_spoken_turn_with_server_vad(address, parts):

@@ -8,7 +8,6 @@ msgpack client written like Unmute's), a stream joining another's batch speaking
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
@@ -18,17 +17,18 @@ import msgpack
 import numpy as np
 import pytest
 import soundfile as sf
+from assistant_cli import link_tts_folder
 from cli_checks import ROOT, error_line, offline_env, run_python
 from test_openai_audio import Server, _post_bytes
 from test_serve_tts import speak_like_unmute
 from tiny_moshi import cached_tiny_moshi
 
-from moshi_mlx.checkpoints.spec import CONFIG_FILE, MIMI_FILE
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.runtime.sampling import GREEDY
+from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import EventTally
-from moshi_mlx.serve.tts.server import CLONED_VOICES_ONLY, TTS_PATH
+from moshi_mlx.serve.tts.server import TTS_PATH
 from moshi_mlx.tts.batch import TtsBatch
 from moshi_mlx.tts.synthesizer import TtsModel, TtsRequest
 
@@ -41,17 +41,8 @@ FRAME = 1920
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """A folder laid out like the hub repo: config.json naming the files, and a Mimi."""
-    root = tmp_path_factory.mktemp("tts-0.75b-en-public")
-    config = json.loads((FIXTURES / CONFIG_FILE).read_text())
-    files = {
-        CONFIG_FILE: FIXTURES / CONFIG_FILE,
-        config["moshi_name"]: FIXTURES / "weights.safetensors",
-        config["tokenizer_name"]: FIXTURES / "tokenizer.model",
-        MIMI_FILE: cached_tiny_moshi(tmp_path_factory)["mimi"],
-    }
-    for name, path in files.items():
-        (root / name).symlink_to(path)
-    return root
+    root = tmp_path_factory.mktemp("tts_075") / "tts-0.75b-en-public"
+    return link_tts_folder(root, FIXTURES, cached_tiny_moshi(tmp_path_factory)["mimi"])
 
 
 def _recording(path: Path, seconds: float = 1.5) -> Path:

@@ -23,9 +23,11 @@ DEVICES = ["--input-device", "pulse", "--output-device", "pulse"]
 WAIT = 60.0  # seconds any one milestone may take on a loaded machine
 
 
-def write_model_flags(root: Path, voice_gain: float = 1.0) -> list[str]:
-    """Writes the tiny STT, TTS and LLM under `root`; the CLI's flags for them. The STT and
-    the TTS share a tiny Mimi whose decoder is `voice_gain` times louder
+def write_model_flags(
+    root: Path, voice_gain: float = 1.0, tts_fixtures: Path = TTS_FIXTURES
+) -> list[str]:
+    """Writes the tiny STT, TTS (of `tts_fixtures`) and LLM under `root`; the CLI's flags for
+    them. The STT and the TTS share a tiny Mimi whose decoder is `voice_gain` times louder
     (`write_short_memory_mimi`'s `decoder_gain`)."""
     from moshi_mlx.testing.llm import write_tiny_llm
     from moshi_mlx.testing.turn_stt import write_short_memory_mimi, write_turn_taking_stt
@@ -33,17 +35,22 @@ def write_model_flags(root: Path, voice_gain: float = 1.0) -> list[str]:
     mimi = write_short_memory_mimi(root / "tiny_mimi.safetensors", decoder_gain=voice_gain)
     tokenizer = write_tokenizer(root / "tokenizer.model")
     stt = write_turn_taking_stt(root / "stt", mimi, tokenizer, WORD)
-    tts = root / "tts"
-    tts.mkdir()
-    config = json.loads((TTS_FIXTURES / "config.json").read_text())
-    config["mimi_name"] = mimi.name
-    (tts / "config.json").write_text(json.dumps(config))
-    for source in (TTS_FIXTURES / config["moshi_name"], TTS_FIXTURES / config["tokenizer_name"]):
-        (tts / source.name).symlink_to(source)
-    (tts / mimi.name).symlink_to(mimi)
+    tts = link_tts_folder(root / "tts", tts_fixtures, mimi)
     llm = write_tiny_llm(root / "llm")
     voice = TTS_FIXTURES / "voices" / "alice.safetensors"
     return ["--stt", str(stt), "--tts", str(tts), "--llm", str(llm), "--voice", str(voice)]
+
+
+def link_tts_folder(folder: Path, fixtures: Path, mimi: Path) -> Path:
+    """`folder`, made and laid out like a TTS's hub repo: the config of `fixtures` naming its
+    weights and tokenizer and the Mimi `mimi` (each linked); `folder`."""
+    folder.mkdir()
+    config = json.loads((fixtures / "config.json").read_text())
+    config["mimi_name"] = mimi.name
+    (folder / "config.json").write_text(json.dumps(config))
+    for source in (fixtures / config["moshi_name"], fixtures / config["tokenizer_name"], mimi):
+        (folder / source.name).symlink_to(source)
+    return folder
 
 
 def cli_env(pulse: PulseServer, root: Path) -> dict[str, str]:

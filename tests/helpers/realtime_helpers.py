@@ -23,6 +23,7 @@ from moshi_mlx.assistant import TurnRules
 from moshi_mlx.errors import MoshiError
 from moshi_mlx.llm import TextPiece
 from moshi_mlx.realtime import SessionError, SessionParts
+from moshi_mlx.realtime.config import DEFAULT_VOICE_NAME
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.model_thread import ModelThread
 from moshi_mlx.serve.context import ServeContext
@@ -40,6 +41,7 @@ MODELS = {"llm": "scripted-llm", "stt": "scripted-stt", "tts": "scripted-tts",
           "moshi": "scripted-moshi"}  # fmt: skip
 
 WAIT = 30.0  # seconds any one event may take on a loaded machine
+NO_VOICE = "this server has no default voice: name one"
 
 _MODELS_OF_TYPE = {
     typing.get_args(model.model_fields["type"].annotation)[0]: model
@@ -109,10 +111,12 @@ class FakeDuplex:
 
 class Parts:
     """The scripted parts of each session; `llm` is the last session's LLM, `duplexes` the
-    Moshi conversations opened."""
+    Moshi conversations opened; sessions start in `voice` (None: none, as on a TTS of
+    cloned voices only, refused with `NO_VOICE` until one is set)."""
 
     def __init__(self):
         self.words = ANSWER
+        self.voice: str | None = DEFAULT_VOICE_NAME
         self.llm: ScriptedLlm | None = None
         self.voices: list[str] = []
         self.duplexes: list[FakeDuplex] = []
@@ -133,9 +137,11 @@ class Parts:
             self.voices.append(name)
             return name
 
-        return SessionParts(
-            ScriptedStt(True, 0.05), self.llm, lambda voice: FrameSpeech(TONE), find_voice
-        )
+        def speech(voice) -> FrameSpeech:
+            return FrameSpeech(TONE)
+
+        stt = ScriptedStt(True, 0.05)
+        return SessionParts(stt, self.llm, speech, find_voice, self.voice, NO_VOICE)
 
 
 @contextlib.contextmanager

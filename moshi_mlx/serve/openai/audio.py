@@ -274,17 +274,12 @@ class _Speech:
                 await read_json_object(request, self.limits.max_json_bytes), self.limits
             )
             try:
-                voice, prefix = self.cloned.resolve(speech.voice)
+                if self.clones_only:
+                    voice, prefix = None, self.cloned.clone_prefix(speech.voice)
+                else:
+                    voice, prefix = self.cloned.resolve(speech.voice)
             except TtsError as exc:
                 raise ApiError(400, one_line(exc), "voice", "voice_not_found") from None
-            if self.clones_only and prefix is None:
-                raise ApiError(
-                    400,
-                    f"unknown voice {speech.voice[:100]!r}: this model speaks in cloned voices "
-                    f"only (POST a recording to {VOICES_PATH} and name its id)",
-                    "voice",
-                    "voice_not_found",
-                )
             try:
                 voice_file = None
                 if not self.clones_only:

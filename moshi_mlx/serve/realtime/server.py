@@ -36,6 +36,7 @@ from moshi_mlx.realtime.duplex import DuplexRealtimeSession, OpenDuplex
 from moshi_mlx.realtime.events import error
 from moshi_mlx.serve.chat.persona import prompt_choice
 from moshi_mlx.serve.chat.protocol import ProtocolError
+from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
 from moshi_mlx.serve.context import ServeContext
 from moshi_mlx.serve.guard import CLOSE_SECONDS
 from moshi_mlx.serve.openai.errors import ApiError, answers_api_errors, check_bearer_key
@@ -80,9 +81,12 @@ def add_routes(
 def _parts_maker(context: ServeContext) -> MakeParts:
     """A new STT stream per session; for a conversation the server's LLM and TTS streams in
     a voice of the server's voice repo (OpenAI's voice names: the default voice) or a voice
-    cloned by `POST /v1/audio/voices` (its id)."""
+    cloned by `POST /v1/audio/voices` (its id). A TTS of cloned voices only (no voice
+    embeddings: tts-0.75b-en-public) takes a clone's id only: a session starts with no
+    voice, and any other is refused (`CLONED_VOICES_ONLY`), as the TTS routes refuse it."""
     catalog = None
-    if context.tts is not None:
+    clones_only = context.tts is not None and not context.tts.config.cross_attention
+    if context.tts is not None and not clones_only:
         from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
 
         repo = context.voice_repo or context.tts.voice_repo or DEFAULT_VOICE_REPO
@@ -91,6 +95,8 @@ def _parts_maker(context: ServeContext) -> MakeParts:
     async def find_voice(name: str):
         param, code = "session.audio.output.voice", "voice_not_found"
         try:
+            if clones_only:
+                return None, context.cloned_voices.clone_prefix(name)
             name, prefix = context.cloned_voices.resolve(name)
             return await asyncio.to_thread(catalog.resolve, name), prefix
         except TtsError as exc:
@@ -100,7 +106,8 @@ def _parts_maker(context: ServeContext) -> MakeParts:
 
     def open_speech(voice):
         voice_file, prefix = voice
-        return context.tts.stream(voice=voice_file, cfg_coef=DEFAULT_CFG_COEF, prefix=prefix)
+        voices = () if voice_file is None else voice_file
+        return context.tts.stream(voice=voices, cfg_coef=DEFAULT_CFG_COEF, prefix=prefix)
 
     async def make_parts(kind: str) -> SessionParts | OpenDuplex:
         if kind == DUPLEX:
@@ -108,6 +115,9 @@ def _parts_maker(context: ServeContext) -> MakeParts:
         stt = await context.thread.call(context.stt.speech_to_text)
         if kind == TRANSCRIPTION:
             return SessionParts(stt)
+        if clones_only:
+            voice, no_voice = None, CLONED_VOICES_ONLY
+            return SessionParts(stt, context.llm, open_speech, find_voice, voice, no_voice)
         return SessionParts(stt, context.llm, open_speech, find_voice)
 
     return make_parts
@@ -209,7 +219,7 @@ class _RealtimeHandler:
             parts = await self._make_parts(kind)
             if kind == DUPLEX:
                 return DuplexRealtimeSession(parts, SessionConfig(model=model), emit)
-            config = SessionConfig(kind=kind, model=model)
+            config = SessionConfig(kind=kind, model=model, voice=parts.voice)
             thread = self._context.thread
             return RealtimeSession(thread, parts, config, emit, options.rules, options.sampling)
 

@@ -61,10 +61,6 @@ from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE, resolve_voice
 
 TTS_PATH = "/api/tts_streaming"
-CLONED_VOICES_ONLY = (
-    "this model speaks in cloned voices only: upload a recording to POST /v1/audio/voices and "
-    "give its id as the voice"
-)
 SAMPLE_RATE = 24_000
 # Frames waiting for a client that does not read (40 s of audio); past this it is dropped.
 MAX_UNSENT = 500
@@ -207,14 +203,12 @@ class _TtsHandler:
         embeddings (tts-0.75b-en-public) speaks in cloned voices only: no voice file, and
         `TtsError` naming the upload route for any other voice."""
         model = self.context.tts
-        prefix = None
-        if voice:
-            voice, prefix = self.context.cloned_voices.resolve(voice)
         if not model.config.cross_attention:
-            if prefix is None:
-                raise TtsError(CLONED_VOICES_ONLY, parameter="voice")
-            path = None
+            path, prefix = None, self.context.cloned_voices.clone_prefix(voice)
         else:
+            prefix = None
+            if voice:
+                voice, prefix = self.context.cloned_voices.resolve(voice)
             path = await self._voice_file(voice if prefix is None else None)
         text, audio = TEXT_SAMPLING, AUDIO_SAMPLING
         try:

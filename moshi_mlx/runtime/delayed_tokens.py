@@ -88,14 +88,23 @@ class DelayedTokens:
         sampled one step before, already delayed)."""
         return self._write(tokens, step, values, rows)
 
-    def frame_out(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
-        """After step `step` wrote its tokens: those (..., rows) of frame step + 1 - max_delay,
-        each stream read at its delay: the one column of each row that a select keeps, summed
-        (exact: integers, the others zero)."""
-        block = tokens[..., rows, :]
-        columns = (step + 1 - self.max_delay + self.delay_column(rows) + self.width) % self.width
-        slots = mx.array(np.arange(self.width, dtype=np.int32))  # (width,)
-        return mx.where(slots == columns, block, 0).sum(axis=-1)
+    def frame_out(
+        self, tokens: mx.array, step: mx.array, rows: slice | int = slice(None)
+    ) -> mx.array:
+        """After step `step` wrote its tokens: those (..., rows) of frame step + 1 - max_delay
+        (of one row, an int: (...)), each stream read at its delay: the one column of each row
+        that a select keeps, summed (exact: integers, the others zero). The select reads the
+        whole buffer, no slice of it, so that it fuses with the write before it; one row is
+        kept by the select too and summed over rows and columns at once (no slice, no squeeze)."""
+        columns = (
+            step + 1 - self.max_delay + self.delay_column(slice(None)) + self.width
+        ) % self.width
+        selected = mx.array(np.arange(self.width, dtype=np.int32)) == columns  # (K, width)
+        if isinstance(rows, int):
+            kept = np.zeros((tokens.shape[-2], 1), bool)
+            kept[rows] = True
+            return mx.where(selected & mx.array(kept), tokens, 0).sum(axis=(-2, -1))
+        return mx.where(selected, tokens, 0).sum(axis=-1)[..., rows]
 
     def _write(
         self, tokens: mx.array, columns: mx.array, values: mx.array, rows: slice

@@ -55,7 +55,7 @@ class SttStepFunction(StepFunction):
             noise = gumbel_noise(text_logits.shape, text_key)
         text = self.text_sampling.sample_column(text_logits, noise)  # (B, 1)
         tokens = delayed.write_column(tokens, kv.next_position, text, slice(0, 1))
-        out = delayed.frame_out(tokens, t, slice(0, 1))[:, 0]
+        out = delayed.frame_out(tokens, t, 0)  # (B,)
         heads = (
             lm.head_probabilities(temporal_out)
             if config.extra_heads_num_heads

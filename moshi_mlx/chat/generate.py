@@ -175,9 +175,9 @@ class ChatStepFunction(StepFunction):
 
         kv = self.kv_ring(state)
         after = kv.next_position  # t + 1, the one array the advanced ring holds
-        batch_inputs = inputs[None]
+        batch_inputs = inputs  # one row, looked up without a batch axis (`Lm.embed`)
         if self.guided:  # the same tokens in both rows; only the condition differs
-            batch_inputs = mx.concatenate([batch_inputs, batch_inputs])
+            batch_inputs = mx.concatenate([inputs[None], inputs[None]])
         temporal_out, text_logits = self.lm.step_text(batch_inputs, kv, condition)
         key, given = state.key, state.given
         guided_text = guided_audio = None  # a conditioned model's logits

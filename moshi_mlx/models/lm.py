@@ -88,14 +88,18 @@ class Lm(nn.Module):
         return self.transformer.make_ring(batch, probe.dtype, quantization)
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim), or
-        one position's (B, n_q + 1) -> (B, dim).
+        """Sum of the text and audio embeddings; tokens (B, n_q + 1, T) -> (B, T, dim),
+        one position's (B, n_q + 1) -> (B, dim), or one row's (n_q + 1,) -> (1, dim).
 
         Token -1 stands for "no input" and contributes a zero vector.
         """
         stacked = self.stacked_tables
         if stacked is not None and stacked.holds(self.tables):  # one lookup of every stream
+            if tokens.ndim == 1:  # no expansion of the tokens, no squeeze of the sum
+                return stacked(tokens).sum(axis=0, keepdims=True)
             return stacked(tokens).sum(axis=1)
+        if tokens.ndim == 1:
+            tokens = tokens[None]
         if stacked is not None and stacked.holds(self.audio_embs):  # the text's table apart
             text, audio = mx.split(tokens, [1], axis=1)
             text_vectors = zero_no_input(text, self.text_emb(mx.maximum(text, 0)))
@@ -158,8 +162,9 @@ class Lm(nn.Module):
         cross: list[CrossKV] | None = None,
     ) -> tuple[mx.array, mx.array]:
         """The temporal transformer on one position through a `KVRing`, in
-        `mx.compile`-able form: tokens (B, n_q + 1) (or (B, n_q + 1, 1)) -> the normed output
-        (B, dim), which conditions the depformer, and the text logits (B, text_vocab_out).
+        `mx.compile`-able form: tokens (B, n_q + 1) (or (B, n_q + 1, 1), or one row's
+        (n_q + 1,): B = 1) -> the normed output (B, dim), which conditions the depformer, and
+        the text logits (B, text_vocab_out).
         A conditioned model's `condition` (B, dim) is added to the input; a cross-attending
         one attends to `cross` (`cross_keys_values`).
         """

@@ -158,16 +158,17 @@ def test_zero_token_embeds_to_zero():
 @pytest.mark.parametrize("quant", ["bf16", "q4"])
 def test_stacked_streams_embed_as_their_tables(tiny_lm_checkpoints, quant):
     """Once `transpose_weights` stacks the text and audio tables, the input embeddings of
-    several positions and of one position (-1, "no input", included) are the tables' own,
-    bit for bit."""
+    several positions and of one position (-1, "no input", included), with a batch axis or
+    one row without it (its sum kept as (1, dim)), are the tables' own, bit for bit."""
     lm = load_lm(tiny_lm_checkpoints[quant])
     tokens = _random_tokens(lm.config, steps=5) - 1  # some -1
-    before = lm.embed(tokens), lm.embed(tokens[:, :, 2])
+    before = lm.embed(tokens), lm.embed(tokens[:, :, 2]), lm.embed(tokens[0, :, 2])
     mx.eval(transpose_weights(lm))
     assert lm.stacked_tables.holds(lm.tables)
-    after = lm.embed(tokens), lm.embed(tokens[:, :, 2])
-    assert after[1].shape == (1, lm.config.dim)
+    after = lm.embed(tokens), lm.embed(tokens[:, :, 2]), lm.embed(tokens[0, :, 2])
+    assert after[1].shape == after[2].shape == (1, lm.config.dim)
     assert all(mx.array_equal(a, b).item() for a, b in zip(after, before))
+    assert mx.array_equal(after[2], before[1]).item()
 
 
 def test_a_prefill_leaves_the_ring_as_steps_do():

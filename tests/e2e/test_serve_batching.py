@@ -66,14 +66,15 @@ async def _ready(server: LoopbackServer) -> None:
 async def speak(
     address: str, words: list[str], started: asyncio.Event | None = None
 ) -> tuple[list[np.ndarray], list[tuple]]:
-    """One Text per word then Eos, greedy; (audio frames, word timings). `started` is set
-    once 3 frames came."""
+    """The words in one Text, then Eos, greedy; (audio frames, word timings). `started` is
+    set once 3 frames came. One Text: the stream has all its words from its first step (a
+    stream of a batch whose next word has not come reads padding, as Kyutai's server does,
+    so words sent one by one would make the comparison depend on the machine's timing)."""
     url = f"ws://{address}{TTS_PATH}?voice={VOICE}&temperature=0"
     frames, spoken = [], []
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         assert msgpack.unpackb((await ws.receive(timeout=10)).data) == {"type": "Ready"}
-        for word in words:
-            await ws.send_bytes(msgpack.packb({"type": "Text", "text": word}))
+        await ws.send_bytes(msgpack.packb({"type": "Text", "text": " ".join(words)}))
         await ws.send_bytes(msgpack.packb({"type": "Eos"}))
         async for message in ws:
             data = msgpack.unpackb(message.data)

@@ -341,11 +341,20 @@ class _Connection(StoppableConnection):
         await close_ended(self._ws)
         return self._ended(reason)
 
-    def _started(self) -> TtsSession:
-        if self._session is None:
-            self._session = _session(self._options, self._events)
-            self._streams.start(self._session)
-        return self._session
+    def _push(self, text: str | None) -> None:
+        """The client's text (None: its end) to its stream, which starts with its first text:
+        the text is in before the stream joins a batch, so a batch stepping meanwhile does not
+        step it without its first words (padding it would not read alone)."""
+        session, starting = self._session, self._session is None
+        if session is None:
+            session = self._session = _session(self._options, self._events)
+        if text is None:
+            session.end()
+        else:
+            session.push_text(text)
+        if starting:
+            self._streams.start(session)
+        self._context.thread.wake()
 
     async def _receive(self) -> str:
         """Client messages until it leaves (after the end of the text, messages are ignored:
@@ -359,8 +368,7 @@ class _Connection(StoppableConnection):
             if ended and message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
                 continue
             if message.type == aiohttp.WSMsgType.TEXT:
-                self._started().push_text(protocol.text_message(message.data).text)
-                self._context.thread.wake()
+                self._push(protocol.text_message(message.data).text)
                 continue
             if message.type != aiohttp.WSMsgType.BINARY:
                 return "the client left"
@@ -374,11 +382,10 @@ class _Connection(StoppableConnection):
                     raise ProtocolError("send Voice before the first Text")
                 self._options = replace(self._options, voice=parsed.embedding)
             elif isinstance(parsed, protocol.Text):
-                self._started().push_text(parsed.text)
+                self._push(parsed.text)
             else:
-                self._started().end()
+                self._push(None)
                 ended = True
-            self._context.thread.wake()
 
     async def _send(self) -> str:
         """Audio and words as they come; the connection ends with the audio."""

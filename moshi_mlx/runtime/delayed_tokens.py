@@ -113,7 +113,8 @@ class DelayedTokens:
         columns (K, 1) one per stream, or () one for all: one select over the whole buffer
         (its few columns) against host-made constants, the values padded to every stream
         where `rows` are several but not all of them (one row's value broadcasts: the select
-        keeps it in that row alone)."""
+        keeps it in that row alone; a single value, one row of a batch of one, needs no axis
+        for the columns either)."""
         count = tokens.shape[-2]
         first, last, stride = rows.indices(count)
         assert stride == 1, "rows are a contiguous slice"
@@ -123,4 +124,6 @@ class DelayedTokens:
         in_rows[first:last] = True
         slots = mx.array(np.arange(self.width, dtype=np.int32))  # (width,)
         written = (slots == columns % self.width) & mx.array(in_rows)  # (K, width)
-        return mx.where(written, values[..., None].astype(tokens.dtype), tokens)
+        if values.size != 1:
+            values = values[..., None]
+        return mx.where(written, values.astype(tokens.dtype), tokens)

@@ -168,10 +168,10 @@ class ChatStepFunction(StepFunction):
         config, delayed, t = self.lm.config, self.delayed_tokens, state.position
         moshi_rows = slice(0, 1 + config.moshi_codebooks)  # the text, then Moshi's codebooks
         user_rows = slice(moshi_rows.stop, None)
-        tokens = delayed.write_delayed(
-            state.tokens, t + config.user_input_lag, user_codes, user_rows
-        )
-        inputs = delayed.inputs(tokens, t)
+        lag = config.user_input_lag
+        tokens = delayed.write_delayed(state.tokens, t + lag, user_codes, user_rows)
+        # Read as the write leaves it, without reading the written buffer (`column`).
+        inputs = delayed.inputs(state.tokens, t, (user_codes, user_rows, lag))
 
         kv = self.kv_ring(state)
         after = kv.next_position  # t + 1, the one array the advanced ring holds
@@ -189,7 +189,7 @@ class ChatStepFunction(StepFunction):
                 temporal_out,
                 text_logits,
                 key,
-                delayed.column(tokens, after, moshi_rows),
+                delayed.column(state.tokens, after, moshi_rows),  # not the user's rows
                 delayed.column(given, after),
             )
             # The input column's marks are spent; it is written again `width` steps later.

@@ -19,6 +19,10 @@ from moshi_mlx.models.config import LmConfig
 
 UNGENERATED = -2  # a token slot not written yet
 
+# A step's write of tokens ahead into the buffer it reads: (values (..., rows), rows, lag),
+# the tokens of frame step + lag (`DelayedTokens.column`).
+Fresh = tuple[mx.array, slice, int]
+
 
 def delayed_tokens_width(config: LmConfig) -> int:
     """Columns of a generator's delayed tokens: from the oldest column a step reads (its output,
@@ -59,20 +63,44 @@ class DelayedTokens:
         """A buffer (*batch, K, width) with nothing written."""
         return mx.full((*batch, self.delays.shape[0], self.width), UNGENERATED, mx.int32)
 
-    def inputs(self, tokens: mx.array, step: mx.array) -> mx.array:
+    def inputs(self, tokens: mx.array, step: mx.array, fresh: Fresh | None = None) -> mx.array:
         """What step `step` feeds (..., K): its column, each stream's start token while
-        step <= its delay."""
-        return mx.where(step <= self.delays, self.start_tokens, self.column(tokens, step))
+        step <= its delay (`fresh`: as `column`'s)."""
+        column = self.column(tokens, step, fresh=fresh)
+        return mx.where(step <= self.delays, self.start_tokens, column)
 
-    def column(self, tokens: mx.array, step: mx.array, rows: slice = slice(None)) -> mx.array:
+    def column(
+        self,
+        tokens: mx.array,
+        step: mx.array,
+        rows: slice = slice(None),
+        fresh: Fresh | None = None,
+    ) -> mx.array:
         """The tokens (..., rows) at step `step`'s column, as written (no start tokens): one
-        dynamic slice (rows from the first: of their count) and a squeeze."""
+        dynamic slice (rows from the first: of their count) and a squeeze. `fresh` (values,
+        their rows, lag): the tokens of frame step + lag that this step writes into `tokens`
+        (`write_delayed`), the column read as that write leaves it: the streams whose lag +
+        delay is 0 from the values, the others from `tokens`, so that the write has one reader
+        (the step's last write, which it fuses with) where a read after it would be a second."""
+        if fresh is not None and not self.delay_steps:  # no delays on the host: write first
+            values, written, lag = fresh
+            tokens, fresh = self.write_delayed(tokens, step + lag, values, written), None
         first, last, stride = rows.indices(tokens.shape[-2])
         assert stride == 1, "rows are a contiguous slice"
         if first:
             tokens, last = tokens[..., first:last, :], last - first
         size = (*tokens.shape[:-2], last, 1)
-        return mx.slice(tokens, step % self.width, (tokens.ndim - 1,), size).squeeze(-1)
+        column = mx.slice(tokens, step % self.width, (tokens.ndim - 1,), size).squeeze(-1)
+        if fresh is None:
+            return column
+        assert (first, last) == (0, tokens.shape[-2]), "a fresh write is read in every row"
+        values, written, lag = fresh
+        direct = np.zeros(last, bool)
+        for row in range(*written.indices(last)):
+            direct[row] = lag + self.delay_steps[row] == 0
+        if not direct.any():
+            return column
+        return mx.where(mx.array(direct), _padded(values, written, last), column)
 
     def write_delayed(
         self, tokens: mx.array, frame: mx.array, values: mx.array, rows: slice = slice(None)
@@ -118,8 +146,7 @@ class DelayedTokens:
         count = tokens.shape[-2]
         first, last, stride = rows.indices(count)
         assert stride == 1, "rows are a contiguous slice"
-        if last - first > 1 and (first, last) != (0, count):
-            values = mx.pad(values, [(0, 0)] * (values.ndim - 1) + [(first, count - last)])
+        values = _padded(values, rows, count)
         in_rows = np.zeros((count, 1), bool)
         in_rows[first:last] = True
         slots = mx.array(np.arange(self.width, dtype=np.int32))  # (width,)
@@ -127,3 +154,12 @@ class DelayedTokens:
         if values.size != 1:
             values = values[..., None]
         return mx.where(written, values.astype(tokens.dtype), tokens)
+
+
+def _padded(values: mx.array, rows: slice, count: int) -> mx.array:
+    """values (..., rows) aligned with `count` streams: padded to every stream where `rows`
+    are several but not all of them; one row's values as they are (they broadcast)."""
+    first, last, _ = rows.indices(count)
+    if last - first > 1 and (first, last) != (0, count):
+        values = mx.pad(values, [(0, 0)] * (values.ndim - 1) + [(first, count - last)])
+    return values

@@ -39,14 +39,14 @@ class SttStepFunction(StepFunction):
         (B, n_q) -> the next state, the text tokens out (B,), the step's inputs (B, K), the
         text logits (B, text_card) and the heads' probabilities (B, heads, classes)."""
         lm, config, delayed, t = self.lm, self.lm.config, self.delayed_tokens, state.position
-        tokens = delayed.write_delayed(state.tokens, t, codes, slice(1, None))
+        audio = (codes, slice(1, None), 0)  # read as its write leaves it (`column`)
+        tokens = delayed.write_delayed(state.tokens, t, *audio[:2])
         if state.starts is None:
-            inputs = delayed.inputs(tokens, t)  # (B, K)
+            inputs = delayed.inputs(state.tokens, t, audio)  # (B, K)
         else:  # each row's own step decides its start tokens
             steps = (t - state.starts)[:, None]
-            inputs = mx.where(
-                steps <= delayed.delays, delayed.start_tokens, delayed.column(tokens, t)
-            )
+            column = delayed.column(state.tokens, t, fresh=audio)
+            inputs = mx.where(steps <= delayed.delays, delayed.start_tokens, column)
         kv = self.kv_ring(state)
         temporal_out, text_logits = lm.step_text(inputs, kv)
         key, noise = state.key, None

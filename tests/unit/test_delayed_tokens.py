@@ -50,6 +50,34 @@ def test_column_writes_touch_only_their_rows():
     np.testing.assert_array_equal(ring.column(tokens, step, slice(0, 3)), [UNGENERATED, 7, 8])
 
 
+@pytest.mark.parametrize("lag", [0, 1])
+@pytest.mark.parametrize(
+    "rows", [slice(None), slice(1, None), slice(2, 3), slice(9, 10), slice(3, 10)]
+)
+@pytest.mark.parametrize("host_delays", [True, False])
+def test_a_fresh_write_is_read_as_it_leaves_the_column(lag, rows, host_delays):
+    """`column(tokens, t, fresh=(values, rows, lag))` of the tokens before the write is the
+    column of the tokens `write_delayed(tokens, t + lag, values, rows)` leaves, in every row
+    (each stream of `rows` whose lag + delay is 0 from the values), with or without the
+    delays on the host."""
+    config = LmConfig.tiny()
+    ring = DelayedTokens.of(config)
+    if not host_delays:
+        ring = DelayedTokens(ring.delays, ring.start_tokens, ring.max_delay, ring.width)
+    streams = len(config.delays)
+    rng = np.random.default_rng(lag)
+    tokens = mx.array(rng.integers(0, 100, (2, streams, ring.width)).astype(np.int32))
+    count = len(range(*rows.indices(streams)))
+    values = mx.array(rng.integers(100, 200, (2, count)).astype(np.int32))
+    for t in range(2 * ring.width):
+        step = mx.array(t, mx.int32)
+        written = ring.write_delayed(tokens, step + lag, values, rows)
+        fresh = ring.column(tokens, step, fresh=(values, rows, lag))
+        np.testing.assert_array_equal(fresh, ring.column(written, step))
+        inputs = ring.inputs(tokens, step, (values, rows, lag))
+        np.testing.assert_array_equal(inputs, ring.inputs(written, step))
+
+
 def test_a_model_memo_keeps_its_latest_choices_for_its_model_only():
     model, made = object(), []
     cache: ModelMemo[str] = ModelMemo(model, size=2)

@@ -22,8 +22,8 @@ import mlx.core as mx
 from mlx import nn
 
 from moshi_mlx.modules.embeddings import make_embedding
-from moshi_mlx.modules.kv_cache import StepKV
 from moshi_mlx.modules.linear import Linear, StackedLinears
+from moshi_mlx.modules.step_kv import StepKV
 from moshi_mlx.modules.step_tricks import StepWeight, lookup_column, picked_rows, split_last
 from moshi_mlx.modules.transformer import Transformer, TransformerConfig
 

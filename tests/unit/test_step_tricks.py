@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 
-from moshi_mlx.modules.kv_cache import StepKV
+from moshi_mlx.modules.step_kv import StepKV
 from moshi_mlx.modules.step_tricks import rope_tables
 from moshi_mlx.modules.transformer import Attention, TransformerConfig, scaled_dot_product_attention
 

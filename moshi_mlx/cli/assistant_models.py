@@ -16,6 +16,7 @@ from moshi_mlx.cli.common import add_alias, bounded, non_negative_float, positiv
 from moshi_mlx.errors import ConfigError
 from moshi_mlx.runtime.loading import LoadOptions, find_model
 from moshi_mlx.runtime.model_thread import ModelThread
+from moshi_mlx.tts.prefix import request_voices
 from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 from moshi_mlx.tts.voices import DEFAULT_VOICE
 
@@ -47,8 +48,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
     models.add_argument(
         "--voice",
-        default=DEFAULT_VOICE,
-        help="the TTS voice: a name in the voice repo or a .safetensors file (default %(default)s)",
+        metavar="NAME|FILE",
+        help=f"the TTS voice: a name in the voice repo or a .safetensors file (default "
+        f"{DEFAULT_VOICE}), or a recording (.wav, .flac, ...) whose voice it clones, which "
+        "kyutai/tts-0.75b-en-public requires",
     )
     models.add_argument(
         "--system",
@@ -129,16 +132,20 @@ def load_models(
     from moshi_mlx.stt.transcriber import SttModel
     from moshi_mlx.tts.synthesizer import TtsModel
 
+    def load_tts():
+        tts = TtsModel.load(args.tts, voice_repo=args.voice_repo)
+        voices = [args.voice] if args.voice else []
+        return tts, *request_voices(voices, tts.config, tts.mimi)  # a recording: cloned
+
     stt_model = call(f"loading STT {args.stt}", lambda: SttModel.load(args.stt))
-    tts = stt_model and call(
-        f"loading TTS {args.tts}", lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo)
-    )
-    llm = tts and call(f"loading LLM {args.llm}", lambda: LlmModel.load(args.llm))
+    loaded = stt_model and call(f"loading TTS {args.tts}", load_tts)
+    llm = loaded and call(f"loading LLM {args.llm}", lambda: LlmModel.load(args.llm))
     if llm is None:
         return None
+    tts, voices, prefix = loaded
 
     def make_speech():
-        return tts.stream(voice=args.voice, cfg_coef=DEFAULT_CFG_COEF)
+        return tts.stream(voice=voices, cfg_coef=DEFAULT_CFG_COEF, prefix=prefix)
 
     def warm_up():
         speech = make_speech()  # compiles the TTS step and checks the voice

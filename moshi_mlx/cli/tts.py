@@ -49,7 +49,7 @@ from moshi_mlx.files import check_output, folder_problem, written_atomically
 from moshi_mlx.runtime.codec import FRAME_SIZE, SAMPLE_RATE
 from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.speed_plan import SpeedPlan, plan_speed
-from moshi_mlx.tts.prefix import split_recording
+from moshi_mlx.tts.prefix import check_recording, request_voices, split_recording
 from moshi_mlx.tts.stepper import AUDIO_SAMPLING, TEXT_SAMPLING
 from moshi_mlx.tts.synthesizer import (
     DEFAULT_CFG_COEF,
@@ -225,7 +225,7 @@ def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
     """The line's request, its voices checked (read, kept for the run) and the audio prefix
     of the recording it clones, if any; errors name the line."""
     try:
-        _check_voices(model, line.named, line.recording)
+        check_recording(model.config, line.named, line.recording)
         for voice in line.request.voices if model.config.cross_attention else ():
             model.voice(voice)
         if line.pcm is None:
@@ -235,23 +235,6 @@ def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
         raise TtsError(f"{path}:{line.number}: {line.recording}: ", *exc.parts) from None
     except TtsError as exc:
         raise TtsError(f"{path}:{line.number}: ", *exc.parts, parameter=exc.parameter) from None
-
-
-def _check_voices(model: TtsModel, named: int, recording: Path | None) -> None:
-    """A model that attends to no voice embeddings (tts-0.75b-en-public) speaks in the voice
-    of a recording it continues: `TtsError` without one, or with voices given by name."""
-    if model.config.cross_attention:
-        return
-    if recording is None:
-        raise TtsError(
-            "this model clones the voice of a recording: give --voice speech.wav "
-            "(a few seconds of speech; it has no named voices)",
-            parameter="voice",
-        )
-    if named:
-        raise TtsError(
-            "this model takes one recording as its voice and no named voices", parameter="voice"
-        )
 
 
 def _load(args: argparse.Namespace) -> TtsModel:
@@ -413,10 +396,8 @@ def _run_one(args: argparse.Namespace) -> int:
     tokens = Path(args.tokens) if args.tokens else None
     if tokens is not None:
         check_tokens_output(tokens, [Path(args.text_file or "-")], args.force, "text file")
-    voices, recording = split_recording(args.voice or ())
     model = _load(args)
-    _check_voices(model, len(args.voice or ()) - (recording is not None), recording)
-    prefix = model.voice_prefix(recording) if recording is not None else None
+    voices, prefix = request_voices(args.voice or (), model.config, model.mimi)
     speaker = _Speaker(args.output_device) if args.play else None
     stream = model.stream(voices, args.cfg_coef, seed=args.seed, prefix=prefix, **_sampling(args))
     stream.push(text)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from moshi_mlx.audio.wav import read_audio
-from moshi_mlx.errors import AudioError, TtsError
+from moshi_mlx.errors import AudioError, Setting, TtsError
 from moshi_mlx.models.config import LmConfig
 from moshi_mlx.models.mimi import Mimi
 from moshi_mlx.runtime.codec import SAMPLE_RATE
@@ -49,6 +49,38 @@ def split_recording(
             f"one recording to clone a voice from, not {len(recordings)}", parameter="voice"
         )
     return tuple(others) or (DEFAULT_VOICE,), recordings[0] if recordings else None
+
+
+def check_recording(config: LmConfig, named: int, recording: Path | None) -> None:
+    """A model that attends to no voice embeddings (`config.cross_attention` off:
+    tts-0.75b-en-public) speaks in the voice of a recording it continues: `TtsError`
+    (parameter "voice") without one, or with `named` voices given by name or file beside it."""
+    if config.cross_attention:
+        return
+    if recording is None:
+        raise TtsError(
+            "this model clones the voice of a recording: give ",
+            Setting("voice", "speech.wav"),
+            " (a few seconds of speech; it has no named voices)",
+            parameter="voice",
+        )
+    if named:
+        raise TtsError(
+            "this model takes one recording as its voice and no named voices", parameter="voice"
+        )
+
+
+def request_voices(
+    voices: Sequence[Voice], config: LmConfig, mimi: Mimi
+) -> tuple[tuple[Voice, ...], np.ndarray | None]:
+    """What a request naming `voices` (names, embedding files, at most one recording) speaks
+    in: the voices `TtsRequest.voices` takes (`split_recording`) and the audio prefix of the
+    recording among them (`recording_codes`; None: none), checked for the model of `config`
+    (`check_recording`). Runs Mimi: call it on the model thread."""
+    voices = tuple(voices)
+    named, recording = split_recording(voices)
+    check_recording(config, len(voices) - (recording is not None), recording)
+    return named, None if recording is None else recording_codes(mimi, recording)
 
 
 def recording_codes(mimi: Mimi, audio: str | Path | np.ndarray) -> np.ndarray:

@@ -67,7 +67,7 @@ def serving(hears: bool = True):
     context = ServeContext(thread, EventTally(logging.getLogger("test")))
     config = AssistantConfig(rules=TurnRules(ignore_start=0.0), limits=context.limits)
 
-    async def make_parts() -> ConversationParts:
+    async def make_parts(_voice: str | None) -> ConversationParts:
         return ConversationParts(
             ScriptedStt(hears, LOUD_RMS), ScriptedLlm(), lambda: FrameSpeech(ANSWER)
         )
@@ -340,3 +340,76 @@ def test_serve_mounts_the_assistant_on_real_tiny_models(tmp_path, full_mimi_chec
         client.events
     )  # the greeting's first word, spoken
     assert np.abs(client.decoded()).max() > 1e-3  # and its audio (random Mimi: quiet)
+
+
+def test_a_tts_of_cloned_voices_only_needs_a_cloned_voice_on_the_page(tmp_path):
+    """`serve`'s app with the tiny tts-0.75b layout (cloned voices only): a conversation
+    without `?voice=` (the page's own query goes to the websocket), or naming an OpenAI voice,
+    is refused with one 0x05 message saying how to make a voice and name it on the page; in
+    the id `POST /v1/audio/voices` gives, the assistant greets in speech."""
+    from assistant_cli import link_tts_folder
+
+    from moshi_mlx.llm import LlmModel
+    from moshi_mlx.serve.app import create_app
+    from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
+    from moshi_mlx.testing.llm import write_tiny_llm
+    from moshi_mlx.testing.turn_stt import write_short_memory_mimi
+    from moshi_mlx.tts.synthesizer import TtsModel
+
+    fixtures = Path(__file__).parents[1] / "fixtures" / "tts_075"
+    mimi = write_short_memory_mimi(tmp_path / "mimi.safetensors")
+    tts_folder = link_tts_folder(tmp_path / "tts", fixtures, mimi)
+    llm_folder = write_tiny_llm(tmp_path / "llm")
+    recording = tmp_path / "me.wav"
+    tone = 0.3 * np.sin(2 * np.pi * 200 * np.arange(24_000) / 24_000)
+    sf.write(recording, tone.astype(np.float32), 24_000)
+    thread = ModelThread("test-assistant-clone")
+    thread.start()
+
+    def load() -> dict:
+        return {
+            "stt": SimpleNamespace(speech_to_text=lambda: ScriptedStt(hears=False)),
+            "tts": TtsModel.load(tts_folder),
+            "llm": LlmModel.load(llm_folder),
+        }
+
+    context = ServeContext(
+        thread, EventTally(logging.getLogger("test")), **thread.call_soon(load).result(60)
+    )
+
+    async def refusal(session, query: str) -> bytes:
+        async with session.ws_connect(f"ws://{address}{server.SOCKET_PATH}{query}") as ws:
+            return (await ws.receive(timeout=30)).data
+
+    async def main():
+        nonlocal address
+        runner, address = await start_guarded(context, lambda guard: create_app(context, guard))
+        try:
+            async with aiohttp.ClientSession() as session:
+                refused = [await refusal(session, query) for query in ("", "?voice=alloy")]
+                upload = await session.post(
+                    f"http://{address}/v1/audio/voices", data=recording.read_bytes()
+                )
+                voice = (await upload.json())["id"]
+                url = f"ws://{address}{server.SOCKET_PATH}?voice={voice}"
+                async with session.ws_connect(url) as ws:
+                    client = Client(ws)
+                    for _ in range(300):
+                        if client.words and client.audio:
+                            break
+                        await client.send(QUIET, 1)
+                    await ws.close()
+                    await client._reader
+                return refused, client
+        finally:
+            await runner.cleanup()
+            await asyncio.to_thread(thread.stop)
+
+    address = ""
+    refused, client = asyncio.run(main())
+    expected = f"{CLONED_VOICES_ONLY} ({server.NO_VOICE_HINT})"
+    assert expected.endswith("(on this page: open /assistant/?voice=ID)")
+    for message in refused:
+        assert message[0] == Kind.ERROR and message[1:].decode() == expected
+    assert client.kinds[0] == Kind.HANDSHAKE and client.words[0].strip()  # the greeting
+    assert np.abs(client.decoded()).max() > 1e-3  # spoken in the clone's voice

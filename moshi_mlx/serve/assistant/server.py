@@ -12,22 +12,22 @@ guard's caps and deadlines, and a conversation without client audio for
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
 
+from moshi_mlx.errors import TtsError, one_line
 from moshi_mlx.serve.assistant.conversation import (
     AssistantConfig,
     AssistantConnection,
     ConversationParts,
-    MakeParts,
 )
 from moshi_mlx.serve.chat.protocol import refuse
 from moshi_mlx.serve.context import API_KEY_HEADER, API_KEY_QUERY, ServeContext
+from moshi_mlx.serve.conversation_voices import ConversationVoices
 from moshi_mlx.serve.http import origin_allowed
 from moshi_mlx.serve.sessions import Sessions, live_websocket
-from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
-from moshi_mlx.tts.voices import DEFAULT_VOICE
 
 PAGE_PATH = "/assistant/"
 SOCKET_PATH = "/api/assistant"
@@ -35,8 +35,11 @@ PAGE_DIR = Path(__file__).parent / "static"
 # The chat page's files the assistant's page uses as they are.
 SHARED_DIR = Path(__file__).parent.parent / "chat" / "static"
 SHARED_FILES = ("ogg.js", "voice-link.js", "audio-worklet.js", "style.css")
+NO_VOICE_HINT = f"on this page: open {PAGE_PATH}?voice=ID"
 BUSY = "busy: the assistant is talking with someone else (one conversation at a time)"
 _WEBSOCKET_MAX_BYTES = 1 << 20
+# A conversation's parts in the voice its client names (`?voice=`; None: none named).
+VoicedParts = Callable[[str | None], Awaitable[ConversationParts]]
 
 log = logging.getLogger("moshi_mlx.serve.assistant")
 
@@ -45,10 +48,10 @@ def add_routes(
     app: web.Application,
     context: ServeContext,
     config: AssistantConfig | None = None,
-    make_parts: MakeParts | None = None,
+    make_parts: VoicedParts | None = None,
 ) -> None:
     """Mount the page and `SOCKET_PATH` on `app`: conversations with `context`'s STT, TTS
-    and LLM (or the parts `make_parts` gives)."""
+    and LLM (or the parts `make_parts` gives for the voice a client names)."""
     config = config or AssistantConfig(
         limits=context.limits,
         models={role: context.model_names.get(role, "") for role in ("stt", "tts", "llm")},
@@ -65,22 +68,26 @@ def add_routes(
             app.router.add_get(PAGE_PATH + path.name, _file_handler(path))
 
 
-def _parts_maker(context: ServeContext) -> MakeParts:
+def _parts_maker(context: ServeContext) -> VoicedParts:
     """Each conversation's parts: a new STT stream, the server's LLM, TTS streams in the
-    default voice. The first conversation opens one TTS stream first, so that a voice the
-    voice repo lacks is the client's 0x05 error, not an answer that never comes."""
-    voice_checked = False
+    voice the page names (`?voice=`: a voice of the voice repo or a clone's id, as
+    `/v1/realtime` takes one: `ConversationVoices`; none: the default voice). A TTS of cloned
+    voices only has no default voice: a conversation needs a clone's id (`CLONED_VOICES_ONLY`,
+    and how to name it on the page). A TTS stream is opened before the conversation starts, so
+    that a voice the server lacks is the client's 0x05 error, not an answer that never
+    comes."""
+    voices = ConversationVoices(context)
 
-    def make_speech():
-        return context.tts.stream(voice=DEFAULT_VOICE, cfg_coef=DEFAULT_CFG_COEF)
-
-    async def make_parts() -> ConversationParts:
-        nonlocal voice_checked
-        if not voice_checked:
-            await context.thread.call(make_speech)
-            voice_checked = True
+    async def make_parts(voice: str | None) -> ConversationParts:
+        try:
+            found = await voices.find(voice)
+        except TtsError as exc:
+            if not voices.clones_only:
+                raise
+            raise TtsError(f"{one_line(exc)} ({NO_VOICE_HINT})", parameter="voice") from None
+        await context.thread.call(lambda: voices.open(found))
         stt = await context.thread.call(context.stt.speech_to_text)
-        return ConversationParts(stt, context.llm, make_speech)
+        return ConversationParts(stt, context.llm, lambda: voices.open(found))
 
     return make_parts
 
@@ -99,7 +106,7 @@ def _file_handler(path: Path):
 class _AssistantHandler:
     """`SOCKET_PATH`: checks a connection, then runs its conversation if none is running."""
 
-    def __init__(self, context: ServeContext, config: AssistantConfig, make_parts: MakeParts):
+    def __init__(self, context: ServeContext, config: AssistantConfig, make_parts: VoicedParts):
         self._context = context
         self._config = config
         self._make_parts = make_parts
@@ -115,11 +122,14 @@ class _AssistantHandler:
         if not origin_allowed(origin, request.host):
             tally.count("websockets refused for their origin", request.remote)
             raise web.HTTPForbidden(text=f"websocket origin {origin} is not this server")
+        voice = request.query.get("voice") or None
         ws = live_websocket(self._config.limits, max_msg_size=_WEBSOCKET_MAX_BYTES)
         await ws.prepare(request)
         await self.sessions.run(
             request.remote,
-            lambda: AssistantConnection(ws, self._context.thread, self._make_parts, self._config),
+            lambda: AssistantConnection(
+                ws, self._context.thread, lambda: self._make_parts(voice), self._config
+            ),
             lambda: refuse(ws, BUSY),
         )
         return ws

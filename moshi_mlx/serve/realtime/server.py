@@ -38,12 +38,11 @@ from moshi_mlx.serve.chat.persona import prompt_choice
 from moshi_mlx.serve.chat.protocol import ProtocolError
 from moshi_mlx.serve.cloned_voices import CLONED_VOICES_ONLY
 from moshi_mlx.serve.context import ServeContext
+from moshi_mlx.serve.conversation_voices import ConversationVoices
 from moshi_mlx.serve.guard import CLOSE_SECONDS
 from moshi_mlx.serve.openai.errors import ApiError, answers_api_errors, check_bearer_key
-from moshi_mlx.serve.openai.voices import VoiceCatalog
 from moshi_mlx.serve.realtime.connection import MAX_MESSAGE_BYTES, RealtimeConnection
 from moshi_mlx.serve.sessions import Sessions, close_ended, live_websocket
-from moshi_mlx.tts.synthesizer import DEFAULT_CFG_COEF
 
 PATH = "/v1/realtime"
 # Conversations at once (each steps its STT and TTS in real time on the one model thread)
@@ -81,33 +80,18 @@ def add_routes(
 def _parts_maker(context: ServeContext) -> MakeParts:
     """A new STT stream per session; for a conversation the server's LLM and TTS streams in
     a voice of the server's voice repo (OpenAI's voice names: the default voice) or a voice
-    cloned by `POST /v1/audio/voices` (its id). A TTS of cloned voices only (no voice
-    embeddings: tts-0.75b-en-public) takes a clone's id only: a session starts with no
-    voice, and any other is refused (`CLONED_VOICES_ONLY`), as the TTS routes refuse it."""
-    catalog = None
-    clones_only = context.tts is not None and not context.tts.config.cross_attention
-    if context.tts is not None and not clones_only:
-        from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO
-
-        repo = context.voice_repo or context.tts.voice_repo or DEFAULT_VOICE_REPO
-        catalog = VoiceCatalog(context.tts.config, repo)
+    cloned by `POST /v1/audio/voices` (its id), as `ConversationVoices` finds them. A TTS of
+    cloned voices only (no voice embeddings: tts-0.75b-en-public) takes a clone's id only: a
+    session starts with no voice, and any other is refused (`CLONED_VOICES_ONLY`), as the TTS
+    routes refuse it."""
+    voices = None if context.tts is None else ConversationVoices(context)
 
     async def find_voice(name: str):
-        param, code = "session.audio.output.voice", "voice_not_found"
         try:
-            if clones_only:
-                return None, context.cloned_voices.clone_prefix(name)
-            name, prefix = context.cloned_voices.resolve(name)
-            return await asyncio.to_thread(catalog.resolve, name), prefix
+            return await voices.find(name)
         except TtsError as exc:
+            param, code = "session.audio.output.voice", "voice_not_found"
             raise SessionError(one_line(exc), param, code) from None
-        except ApiError as exc:
-            raise SessionError(exc.message, param, code) from None
-
-    def open_speech(voice):
-        voice_file, prefix = voice
-        voices = () if voice_file is None else voice_file
-        return context.tts.stream(voice=voices, cfg_coef=DEFAULT_CFG_COEF, prefix=prefix)
 
     async def make_parts(kind: str) -> SessionParts | OpenDuplex:
         if kind == DUPLEX:
@@ -115,10 +99,10 @@ def _parts_maker(context: ServeContext) -> MakeParts:
         stt = await context.thread.call(context.stt.speech_to_text)
         if kind == TRANSCRIPTION:
             return SessionParts(stt)
-        if clones_only:
+        if voices.clones_only:
             voice, no_voice = None, CLONED_VOICES_ONLY
-            return SessionParts(stt, context.llm, open_speech, find_voice, voice, no_voice)
-        return SessionParts(stt, context.llm, open_speech, find_voice)
+            return SessionParts(stt, context.llm, voices.open, find_voice, voice, no_voice)
+        return SessionParts(stt, context.llm, voices.open, find_voice)
 
     return make_parts
 

@@ -25,21 +25,27 @@ from typing import Any
 import numpy as np
 
 from moshi_mlx.assistant import ReplySampling, TurnRules
+from moshi_mlx.errors import AudioError, TtsError, one_line
 from moshi_mlx.realtime.config import (
     DEFAULT_VOICE_NAME,
     DUPLEX,
     REALTIME,
     TRANSCRIPTION,
     SessionConfig,
+    SessionError,
 )
 from moshi_mlx.realtime.duplex import DuplexRealtimeSession, OpenDuplex
-from moshi_mlx.realtime.session import RealtimeSession, SessionParts
+from moshi_mlx.realtime.session import VOICE_PARAM, RealtimeSession, SessionParts
 from moshi_mlx.runtime.model_thread import ModelThread
 
 # Answer frames kept for `pull` (10 s); past this the oldest go (an app that stopped pulling).
 MAX_PULLED_FRAMES = 125
 
 MakeParts = Callable[[str], Awaitable[SessionParts]]
+CLONED_VOICES_ONLY = (
+    "this model speaks in cloned voices only: set session.audio.output.voice to a recording "
+    "(a .wav, .flac, ... file of a few seconds of speech) whose voice it clones"
+)
 
 
 class LocalSession:
@@ -128,16 +134,27 @@ class LocalRealtime:
         """Sessions on loaded models (`SttModel`, `TtsModel`, `LlmModel`; without the TTS and
         the LLM, transcription only; a `MoshiModel` for full-duplex sessions), loaded on
         `thread`'s MLX thread. An assistant session's `voice` is a voice of the TTS (a name of
-        its voice repo or a file; "alloy" is its default one); a Moshi session's, PersonaPlex's.
+        its voice repo or a file; "alloy" is its default one) or a recording (.wav, .flac,
+        ...) whose voice it clones, as `tts --voice` takes them (`request_voices`); a TTS of
+        cloned voices only (tts-0.75b-en-public) takes a recording only, and a session starts
+        with no voice (`CLONED_VOICES_ONLY`). A Moshi session's voice is PersonaPlex's.
         """
 
         def open_speech(voice):
-            return tts.stream(voice=voice)
+            voices, prefix = voice
+            return tts.stream(voice=voices, prefix=prefix)
 
         async def find_voice(name: str):
+            from moshi_mlx.tts.prefix import request_voices
             from moshi_mlx.tts.voices import DEFAULT_VOICE
 
-            return DEFAULT_VOICE if name == DEFAULT_VOICE_NAME else name
+            voice = DEFAULT_VOICE if name == DEFAULT_VOICE_NAME else name
+            try:
+                return await realtime.thread.call(
+                    lambda: request_voices([voice], tts.config, tts.mimi)
+                )
+            except (TtsError, AudioError) as exc:
+                raise SessionError(one_line(exc), VOICE_PARAM, "voice_not_found") from None
 
         def open_duplex(voice, role):
             from moshi_mlx.chat.duplex import DuplexSession
@@ -150,6 +167,9 @@ class LocalRealtime:
             listener = await realtime.thread.call(stt.speech_to_text)
             if kind == TRANSCRIPTION or tts is None or llm is None:
                 return SessionParts(listener)
+            if not tts.config.cross_attention:  # no voice embeddings: a recording's voice
+                no_voice = CLONED_VOICES_ONLY
+                return SessionParts(listener, llm, open_speech, find_voice, None, no_voice)
             return SessionParts(listener, llm, open_speech, find_voice)
 
         realtime = cls(make_parts, thread, **options)
@@ -193,14 +213,16 @@ class LocalRealtime:
         local = LocalSession(self)
 
         async def start() -> RealtimeSession | DuplexRealtimeSession:
+            duplex = self.duplex and kind == REALTIME
+            parts = await self._make_parts(DUPLEX if duplex else kind)
             config = SessionConfig(kind=kind)
+            if not duplex:
+                config.voice = parts.voice  # None: a TTS of cloned voices only
             if session:
                 config.update(session)
-            if self.duplex and kind == REALTIME:
-                parts = await self._make_parts(DUPLEX)
+            if duplex:
                 realtime = DuplexRealtimeSession(parts, config, local._emit)
             else:
-                parts = await self._make_parts(kind)
                 realtime = RealtimeSession(
                     self.thread, parts, config, local._emit, self._rules, self._sampling
                 )

@@ -103,6 +103,51 @@ def test_load_talks_with_real_tiny_models(tmp_path):
         realtime.close()
 
 
+def test_a_tts_of_cloned_voices_only_speaks_in_a_recordings_voice(tmp_path):
+    """`LocalRealtime.load` with the tiny tts-0.75b layout (cloned voices only): a session
+    starts with no voice; a spoken answer, or a voice name, is an `error` saying to give a
+    recording; a recording as the session's voice is cloned and a text turn answered in it."""
+    import soundfile as sf
+    from assistant_cli import ROOT, write_model_flags
+
+    from moshi_mlx.realtime.local import CLONED_VOICES_ONLY
+
+    flags = write_model_flags(tmp_path, tts_fixtures=ROOT / "tests" / "fixtures" / "tts_075")
+    folders = dict(zip(flags[0:6:2], flags[1:6:2], strict=True))
+    recording = tmp_path / "me.wav"
+    tone = 0.3 * np.sin(2 * np.pi * 200 * np.arange(24_000) / 24_000)
+    sf.write(recording, tone.astype(np.float32), 24_000)
+    realtime = LocalRealtime.load(folders["--stt"], folders["--tts"], folders["--llm"])
+    try:
+        session = realtime.session({"type": "realtime", "max_output_tokens": 4})
+        created = _events_until(session, "session.created")[-1]
+        assert created["session"]["audio"]["output"]["voice"] is None
+        session.send({"type": "conversation.item.create", "item": {"type": "message",
+                      "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
+        session.send({"type": "response.create"})
+        assert _events_until(session, "error")[-1]["error"]["message"] == CLONED_VOICES_ONLY
+        for voice in ("alloy", str(recording.with_name("absent.wav"))):
+            session.send({"type": "session.update", "session": {"type": "realtime",
+                          "audio": {"output": {"voice": voice}}}})  # fmt: skip
+            error = _events_until(session, "error")[-1]["error"]
+            assert error["param"] == "session.audio.output.voice", error
+            assert "give voice=speech.wav" in error["message"], error
+        session.send({"type": "session.update", "session": {"type": "realtime",
+                      "audio": {"output": {"voice": str(recording)}}}})  # fmt: skip
+        updated = _events_until(session, "session.updated")[-1]["session"]
+        assert updated["audio"]["output"]["voice"] == str(recording)
+        session.send({"type": "response.create"})
+        done = _events_until(session, "response.done", timeout=120)[-1]["response"]
+        assert done["status"] == "completed", done
+        frames = []
+        while (frame := session.pull()) is not None:
+            frames.append(frame)
+        assert frames and max(np.abs(f).max() for f in frames) > 0
+        session.close()
+    finally:
+        realtime.close()
+
+
 def test_an_app_talks_to_moshi_in_process():
     """A full-duplex session in process (a fake conversation, see realtime_helpers): a reply
     frame to pull for each mic frame pushed, Moshi's words as events."""

@@ -453,7 +453,8 @@ def _ready(args: argparse.Namespace, context: ServeContext, url: str) -> None:
     if context.stt is not None or context.tts is not None or context.llm is not None:
         served.append("OpenAI's API at /v1")
     if context.stt is not None and context.tts is not None and context.llm is not None:
-        served.append(f"the assistant at {ASSISTANT_PAGE}")
+        clones_only = not context.tts.config.cross_attention  # a clone's id names the voice
+        served.append(f"the assistant at {ASSISTANT_PAGE}{'?voice=ID' if clones_only else ''}")
     _say(f"ready: {url} ({'; '.join(served)}); Ctrl-C to stop")
     if args.browser and context.chat is not None:
         if context.api_keys:  # the page passes its address's key on to /api/chat

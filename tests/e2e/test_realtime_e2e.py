@@ -140,22 +140,8 @@ def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
             )
             error = (await events.event("error"))["error"]
             assert error["code"] == "voice_not_found" and "unknown cloned voice" in error["message"]
-            await connection.session.update(  # two tokens: a second of speech, not twenty
-                session={
-                    "type": "realtime",
-                    "audio": {"output": {"voice": voice_id}},
-                    "max_output_tokens": 2,
-                }
-            )
-            updated = (await events.event("session.updated"))["session"]
-            assert updated["audio"]["output"]["voice"] == voice_id
-            await connection.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "What is the weather?"}],
-                }
-            )
+            await _speak_in(connection, events, voice_id)
+            await _ask(connection)
             await connection.response.create()
             done = events.all[await events.wait("response.done")]["response"]
             assert done["status"] == "completed", done
@@ -166,6 +152,31 @@ def test_a_session_speaks_in_a_voice_cloned_by_upload(tiny_server, tmp_path):
     except BaseException:
         print(log.read_text()[-3000:])
         raise
+
+
+async def _ask(connection) -> None:
+    """A user's text turn in the conversation (no response asked yet)."""
+    await connection.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "What is the weather?"}],
+        }
+    )
+
+
+async def _speak_in(connection, events, voice_id: str) -> None:
+    """The session's voice set to `voice_id`, with answers of two tokens (a second of speech,
+    not twenty or thirty), and the update confirmed."""
+    await connection.session.update(
+        session={
+            "type": "realtime",
+            "audio": {"output": {"voice": voice_id}},
+            "max_output_tokens": 2,
+        }
+    )
+    updated = (await events.event("session.updated"))["session"]
+    assert updated["audio"]["output"]["voice"] == voice_id
 
 
 def _cloned_voice(address: str, tmp_path: Path) -> str:
@@ -199,13 +210,7 @@ def test_a_tts_of_cloned_voices_only_speaks_an_uploaded_voice_and_refuses_others
     async def body():
         async with connected(address, model=llm) as (connection, events):
             assert events.all[0]["session"]["audio"]["output"]["voice"] is None
-            await connection.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "What is the weather?"}],
-                }
-            )
+            await _ask(connection)
             await connection.response.create()
             refused(await events.event("error"))
             for voice in ("marin", {"id": "alloy"}):
@@ -216,15 +221,7 @@ def test_a_tts_of_cloned_voices_only_speaks_an_uploaded_voice_and_refuses_others
                 refused(await events.event("error", after))
             assert not events.of("response.created") and not events.of("session.updated")
             voice_id = _cloned_voice(address, tmp_path)
-            await connection.session.update(  # two tokens: a second of speech, not thirty
-                session={
-                    "type": "realtime",
-                    "audio": {"output": {"voice": voice_id}},
-                    "max_output_tokens": 2,
-                }
-            )
-            updated = (await events.event("session.updated"))["session"]
-            assert updated["audio"]["output"]["voice"] == voice_id
+            await _speak_in(connection, events, voice_id)
             await connection.response.create()
             done = (await events.event("response.done"))["response"]
             assert done["status"] == "completed", done

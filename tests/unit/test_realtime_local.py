@@ -27,6 +27,14 @@ def _events_until(session, kind: str, timeout: float = 30.0) -> list[dict]:
     raise AssertionError(f"no {kind}: {[e['type'] for e in seen]}")
 
 
+def _pulled_frames(session) -> list[np.ndarray]:
+    """The audio frames a session has ready, pulled until none is left."""
+    frames = []
+    while (frame := session.pull()) is not None:
+        frames.append(frame)
+    return frames
+
+
 def test_an_app_talks_to_the_assistant_in_process():
     realtime = LocalRealtime(Parts().make, rules=TurnRules(ignore_start=0.0))
     try:
@@ -94,9 +102,7 @@ def test_load_talks_with_real_tiny_models(tmp_path):
         session.send({"type": "response.create"})
         done = _events_until(session, "response.done", timeout=120)[-1]["response"]
         assert done["status"] == "completed", done
-        frames = []
-        while (frame := session.pull()) is not None:
-            frames.append(frame)
+        frames = _pulled_frames(session)
         assert frames and all(f.shape == (1920,) and f.dtype == np.float32 for f in frames)
         session.close()
     finally:
@@ -139,9 +145,7 @@ def test_a_tts_of_cloned_voices_only_speaks_in_a_recordings_voice(tmp_path):
         session.send({"type": "response.create"})
         done = _events_until(session, "response.done", timeout=120)[-1]["response"]
         assert done["status"] == "completed", done
-        frames = []
-        while (frame := session.pull()) is not None:
-            frames.append(frame)
+        frames = _pulled_frames(session)
         assert frames and max(np.abs(f).max() for f in frames) > 0
         session.close()
     finally:
@@ -162,9 +166,7 @@ def test_an_app_talks_to_moshi_in_process():
         seen = _events_until(session, "response.output_audio_transcript.delta")
         assert seen[-1]["delta"] == "m0 "
         time.sleep(0.3)
-        frames = []
-        while (frame := session.pull()) is not None:
-            frames.append(frame)
+        frames = _pulled_frames(session)
         assert len(frames) == 6 and parts.duplexes[-1].persona == (None, "Be a pirate.")
         session.close()
     finally:

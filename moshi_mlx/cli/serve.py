@@ -359,7 +359,7 @@ async def _load(args: argparse.Namespace, preset: Preset, context: ServeContext)
         context.tts = await thread.call(lambda: TtsModel.load(args.tts, voice_repo=args.voice_repo))
         context.add_model("tts", args.tts)
         tts = context.tts
-        if tts.config.cross_attention:
+        if not tts.clones_only:
             _say(await asyncio.to_thread(default_voice_status, tts.config, tts.voice_repo))
         else:  # no default voice to look for: tts-0.75b-en-public
             _say(f"TTS: {CLONED_VOICES_ONLY}")
@@ -453,7 +453,7 @@ def _ready(args: argparse.Namespace, context: ServeContext, url: str) -> None:
     if context.stt is not None or context.tts is not None or context.llm is not None:
         served.append("OpenAI's API at /v1")
     if context.stt is not None and context.tts is not None and context.llm is not None:
-        clones_only = not context.tts.config.cross_attention  # a clone's id names the voice
+        clones_only = context.tts.clones_only  # a clone's id names the voice
         served.append(f"the assistant at {ASSISTANT_PAGE}{'?voice=ID' if clones_only else ''}")
     _say(f"ready: {url} ({'; '.join(served)}); Ctrl-C to stop")
     if args.browser and context.chat is not None:

@@ -226,7 +226,7 @@ def _request(model: TtsModel, path: str, line: _Line) -> TtsRequest:
     of the recording it clones, if any; errors name the line."""
     try:
         check_recording(model.config, line.named, line.recording)
-        for voice in line.request.voices if model.config.cross_attention else ():
+        for voice in () if model.clones_only else line.request.voices:
             model.voice(voice)
         if line.pcm is None:
             return line.request

@@ -167,7 +167,7 @@ class LocalRealtime:
             listener = await realtime.thread.call(stt.speech_to_text)
             if kind == TRANSCRIPTION or tts is None or llm is None:
                 return SessionParts(listener)
-            if not tts.config.cross_attention:  # no voice embeddings: a recording's voice
+            if tts.clones_only:  # no voice embeddings: a recording's voice
                 no_voice = CLONED_VOICES_ONLY
                 return SessionParts(listener, llm, open_speech, find_voice, None, no_voice)
             return SessionParts(listener, llm, open_speech, find_voice)

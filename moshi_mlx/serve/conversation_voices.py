@@ -33,7 +33,7 @@ class ConversationVoices:
     def __init__(self, context: ServeContext):
         self._context = context
         tts = context.tts
-        self.clones_only = not tts.config.cross_attention
+        self.clones_only = tts.clones_only
         self._catalog = None
         if not self.clones_only:
             from moshi_mlx.checkpoints.spec import DEFAULT_VOICE_REPO

@@ -51,11 +51,18 @@ def split_recording(
     return tuple(others) or (DEFAULT_VOICE,), recordings[0] if recordings else None
 
 
+def clones_only(config: LmConfig) -> bool:
+    """Whether the model of `config` speaks in cloned voices only: it attends to no voice
+    embeddings (`cross_attention` off: tts-0.75b-en-public) and speaks in the voice of a
+    recording it continues (an audio prefix)."""
+    return not config.cross_attention
+
+
 def check_recording(config: LmConfig, named: int, recording: Path | None) -> None:
-    """A model that attends to no voice embeddings (`config.cross_attention` off:
-    tts-0.75b-en-public) speaks in the voice of a recording it continues: `TtsError`
-    (parameter "voice") without one, or with `named` voices given by name or file beside it."""
-    if config.cross_attention:
+    """A model of cloned voices only (`clones_only`) speaks in the voice of a recording it
+    continues: `TtsError` (parameter "voice") without one, or with `named` voices given by name
+    or file beside it."""
+    if not clones_only(config):
         return
     if recording is None:
         raise TtsError(

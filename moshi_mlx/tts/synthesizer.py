@@ -45,7 +45,7 @@ from moshi_mlx.runtime.sampling import Sampling
 from moshi_mlx.runtime.step_state import StepOutput
 from moshi_mlx.tts.conditions import step_conditions
 from moshi_mlx.tts.machine import Entry, Outcomes, TextSchedule, TokenIds, script_to_entries
-from moshi_mlx.tts.prefix import AudioPrefixes, recording_codes
+from moshi_mlx.tts.prefix import AudioPrefixes, clones_only, recording_codes
 from moshi_mlx.tts.stepper import STEP_FUNCTIONS_KEPT, TtsStepFunction, TtsStepper
 from moshi_mlx.tts.text_feed import TextFeed
 from moshi_mlx.tts.token_log import TokenLog, TtsTokens
@@ -165,6 +165,12 @@ class TtsModel:
     @property
     def config(self) -> LmConfig:
         return self.lm.config
+
+    @property
+    def clones_only(self) -> bool:
+        """Whether it speaks in cloned voices only (no voice embeddings:
+        tts-0.75b-en-public; `prefix.clones_only`)."""
+        return clones_only(self.config)
 
     @property
     def delay_steps(self) -> int:

@@ -234,8 +234,7 @@ class _Speech:
         self.tts: TtsModel = context.tts
         self.slots = _Slots(limits.max_speeches, "speech requests")
         self.cloned = context.cloned_voices
-        # A model without voice embeddings (tts-0.75b-en-public) speaks in cloned voices only.
-        self.clones_only = not self.tts.config.cross_attention
+        self.clones_only = self.tts.clones_only
 
     async def clone(self, request: web.Request) -> web.StreamResponse:
         """A voice cloned from the recording in the body: its id (the same for the same

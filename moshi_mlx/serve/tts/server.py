@@ -203,7 +203,7 @@ class _TtsHandler:
         embeddings (tts-0.75b-en-public) speaks in cloned voices only: no voice file, and
         `TtsError` naming the upload route for any other voice."""
         model = self.context.tts
-        if not model.config.cross_attention:
+        if model.clones_only:
             path, prefix = None, self.context.cloned_voices.clone_prefix(voice)
         else:
             prefix = None

@@ -134,7 +134,7 @@ class TtsStreams(RealTimeClock):
         voice = options.voice
         if isinstance(voice, np.ndarray):  # the client's own, kept by its content
             voice = VoiceEmbedding(voice)
-        if not self.model.config.cross_attention:  # its voice is its prefix; one guidance
+        if self.model.clones_only:  # its voice is its prefix; one guidance
             if voice is not None:
                 raise TtsError(
                     "this model speaks in cloned voices only: it takes no Voice embedding",

@@ -59,7 +59,7 @@ from moshi_mlx.tts.synthesizer import (
     TtsStream,
 )
 from moshi_mlx.tts.token_log import TokenLog
-from moshi_mlx.tts.voices import DEFAULT_VOICE, MAX_SPEAKERS
+from moshi_mlx.tts.voices import DEFAULT_VOICE, MAX_SPEAKERS, Voice
 
 PLAY_BUFFER_FRAMES = 50  # 4 s of audio queued for the speakers at most
 
@@ -179,7 +179,7 @@ class _Line:
     request: TtsRequest
     recording: Path | None = None
     pcm: np.ndarray | None = None
-    named: int = 0  # the voices given by name or embedding file, not the recording
+    named: tuple[Voice, ...] = ()  # the voices given by name or file, not the recording
 
 
 def _read_jsonl(path: str) -> list[_Line]:
@@ -214,7 +214,7 @@ def _read_jsonl(path: str) -> list[_Line]:
         except (TtsError, AudioError) as exc:
             raise TtsError(f"{path}:{number}: ", *exc.parts, parameter=exc.parameter) from None
         request = TtsRequest(turns, voices, cfg_coef)
-        named = len(data.get("voices") or ()) - (recording is not None)
+        named = voices if len(data.get("voices") or ()) > (recording is not None) else ()
         requests.append(_Line(number, name, request, recording, pcm, named))
     if not requests:
         raise TtsError(f"{path} holds no request")

@@ -58,15 +58,18 @@ def clones_only(config: LmConfig) -> bool:
     return not config.cross_attention
 
 
-def check_recording(config: LmConfig, named: int, recording: Path | None) -> None:
+def check_recording(config: LmConfig, named: Sequence[Voice], recording: Path | None) -> None:
     """A model of cloned voices only (`clones_only`) speaks in the voice of a recording it
-    continues: `TtsError` (parameter "voice") without one, or with `named` voices given by name
-    or file beside it."""
+    continues: `TtsError` (parameter "voice") without one (naming a voice given like an audio
+    file that is no file), or with `named` voices given by name or file beside it."""
     if not clones_only(config):
         return
     if recording is None:
+        absent = [f"there is no file {voice}; " for voice in named if is_recording(voice)]
         raise TtsError(
-            "this model clones the voice of a recording: give ",
+            "this model clones the voice of a recording: ",
+            *absent[:1],
+            "give ",
             Setting("voice", "speech.wav"),
             " (a few seconds of speech; it has no named voices)",
             parameter="voice",
@@ -86,7 +89,7 @@ def request_voices(
     (`check_recording`). Runs Mimi: call it on the model thread."""
     voices = tuple(voices)
     named, recording = split_recording(voices)
-    check_recording(config, len(voices) - (recording is not None), recording)
+    check_recording(config, named if len(voices) > (recording is not None) else (), recording)
     return named, None if recording is None else recording_codes(mimi, recording)
 
 

@@ -62,6 +62,9 @@ def test_a_tts_of_cloned_voices_only_takes_one_recording(mimi, clones_only, reco
             request_voices(given, clones_only, mimi)
         assert caught.value.parameter == "voice"
         assert "give --voice speech.wav" in caught.value.spelled(as_flag)
+    absent = recording.with_name("absent.wav")  # a typo in a path: the error names it
+    with pytest.raises(TtsError, match=f"there is no file {absent}; give"):
+        request_voices([str(absent)], clones_only, mimi)
     with pytest.raises(TtsError, match="no named voices"):
         request_voices(["alice", str(recording)], clones_only, mimi)
 
